@@ -1,0 +1,285 @@
+"""The public API: save / load / open / compress / decompress."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, Union
+
+import torch
+
+from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, DeviceUnavailableError
+from .format import ContainerReader, ContainerWriter, TensorEntry
+from .pipeline import read_tensor, write_tensor
+from .planner import validate_codec_arg
+from .tree import flatten, unflatten
+
+PathOrFile = Union[str, os.PathLike, BinaryIO]
+MapLocation = Union[None, str, torch.device, dict]
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Open a temporary file beside ``path``; on success fsync it, rename it over ``path``, fsync
+    the directory. On failure remove it, so ``path`` keeps whatever it held before."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with io.open(tmp, "xb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        if isinstance(exc, OSError) and not isinstance(exc, CkptzipError):
+            raise CheckpointWriteError(
+                exc.errno,
+                f"could not write checkpoint {str(path)!r}: {exc.strerror or exc}. Nothing was written "
+                "under that name; any previous file there is untouched",
+            ) from exc
+        raise
+
+
+def _write(f: BinaryIO, obj: Any, codec: str) -> None:
+    flat = flatten(obj)
+    writer = ContainerWriter(f)
+    for item in flat.tensors:
+        write_tensor(writer, item.name, item.tensor, codec)
+    writer.finish(flat.tree)
+
+
+def save(obj: Any, f: PathOrFile, *, codec: str = "auto") -> None:
+    """Save ``obj`` (nested dict/list/tuple of tensors and plain values) to a path or binary file.
+
+    A path is written atomically: to a temporary file, synced, then renamed. ``codec`` is a preset
+    (``"auto"``, ``"fast"``, ``"portable"``) or a codec id applied to every tensor.
+    """
+    validate_codec_arg(codec)
+    if isinstance(f, (str, os.PathLike)):
+        with atomic_file(f) as fh:
+            _write(fh, obj, codec)
+    else:
+        _write(f, obj, codec)
+
+
+def resolve_device(saved: str | None, map_location: MapLocation) -> torch.device:
+    """Where a tensor saved from device ``saved`` goes, following torch.load's ``map_location``."""
+    source = saved or "cpu"
+    if isinstance(map_location, dict):
+        target = map_location.get(source, source)
+    elif map_location is None:
+        target = source
+    elif isinstance(map_location, (str, torch.device)):
+        target = map_location
+    else:
+        raise TypeError(
+            f"map_location must be None, a device string, a torch.device or a dict, got {type(map_location).__name__}"
+        )
+    device = torch.device(target)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError(
+                f"the checkpoint holds tensors saved on {source!r} but CUDA is not available here; "
+                "pass map_location='cpu' to load them on the CPU"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceUnavailableError(
+                f"tensor is to be placed on {device} but only {torch.cuda.device_count()} CUDA devices exist; "
+                "pass map_location (for example 'cuda:0' or {'%s': 'cuda:0'})" % source
+            )
+    elif device.type not in ("cpu", "meta"):
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise DeviceUnavailableError(f"device {device} is not available; pass map_location='cpu'")
+    return device
+
+
+class CheckpointReader:
+    """Lazy access to a checkpoint: the index is read and validated up front, tensors on demand."""
+
+    def __init__(self, f: PathOrFile, *, map_location: MapLocation = None) -> None:
+        self._owned = isinstance(f, (str, os.PathLike))
+        if self._owned:
+            try:
+                f = io.open(f, "rb")  # noqa: SIM115 - closed by close()
+            except FileNotFoundError as exc:
+                raise CheckpointNotFoundError(f"no checkpoint at {str(exc.filename)!r}") from exc
+        self._file: BinaryIO = f  # type: ignore[assignment]
+        try:
+            self._reader = ContainerReader(self._file)
+        except BaseException:
+            self.close()
+            raise
+        self.map_location = map_location
+        self._by_name = {t.name: i for i, t in enumerate(self._reader.tensors)}
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def entries(self) -> list[TensorEntry]:
+        """The tensor table: name, dtype, shape, sizes, codecs of every tensor."""
+        return list(self._reader.tensors)
+
+    def keys(self) -> list[str]:
+        """Tensor names (dotted paths in the saved object)."""
+        return list(self._by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            index = self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no tensor named {name!r} in this checkpoint; it has {len(self)} tensors") from None
+        return self._tensor(index)
+
+    def _tensor(self, index: int) -> torch.Tensor:
+        if index not in self._cache:
+            entry = self._reader.tensors[index]
+            device = resolve_device(entry.device, self.map_location)
+            self._cache[index] = read_tensor(self._reader, entry, device)
+        return self._cache[index]
+
+    def load(self) -> Any:
+        """The whole saved object, every tensor decoded and verified."""
+        return unflatten(self._reader.index.tree, self._tensor, len(self._reader.tensors))
+
+    @property
+    def nbytes(self) -> int:
+        """Total decoded size of all tensors."""
+        return sum(t.nbytes for t in self._reader.tensors)
+
+    @property
+    def compressed_nbytes(self) -> int:
+        """Total stored size of all tensor chunks."""
+        return sum(t.compressed_nbytes for t in self._reader.tensors)
+
+    @property
+    def file_size(self) -> int:
+        return self._reader.file_size
+
+    @property
+    def ratio(self) -> float:
+        """Decoded tensor bytes over stored tensor bytes."""
+        return self.nbytes / self.compressed_nbytes if self.compressed_nbytes else 1.0
+
+    def close(self) -> None:
+        if self._owned:
+            self._file.close()
+
+    def __enter__(self) -> CheckpointReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open(path: PathOrFile, *, map_location: MapLocation = None) -> CheckpointReader:  # noqa: A001
+    """Open a checkpoint for lazy, per-tensor reads: ``ckptzip.open(p)["model.w"]``."""
+    return CheckpointReader(path, map_location=map_location)
+
+
+def load(f: PathOrFile, *, map_location: MapLocation = None) -> Any:
+    """Load what :func:`save` saved; every tensor is verified bit-exact against its checksum."""
+    with CheckpointReader(f, map_location=map_location) as reader:
+        return reader.load()
+
+
+class CompressedTensor:
+    """One compressed tensor: a complete one-tensor .ckz container in memory."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = bytes(data)
+        reader = ContainerReader(io.BytesIO(self._data))
+        if len(reader.tensors) != 1 or reader.index.tree != {"tensor": 0}:
+            raise CkptzipError(
+                f"buffer holds a checkpoint of {len(reader.tensors)} tensors, expected exactly one compressed "
+                "tensor (use ckptzip.load for checkpoints)"
+            )
+        self._entry = reader.tensors[0]
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> CompressedTensor:
+        """Rebuild from :meth:`to_bytes` output; validates structure (checksums at decompress)."""
+        return cls(bytes(data))
+
+    def to_bytes(self) -> bytes:
+        return self._data
+
+    @property
+    def dtype(self) -> torch.dtype:
+        from .format import DTYPES
+
+        return DTYPES[self._entry.dtype]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size(self._entry.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the tensor's data."""
+        return self._entry.nbytes
+
+    @property
+    def compressed_nbytes(self) -> int:
+        """Size of the whole compressed object (container overhead included)."""
+        return len(self._data)
+
+    @property
+    def ratio(self) -> float:
+        return self.nbytes / self.compressed_nbytes
+
+    @property
+    def entry(self) -> TensorEntry:
+        """The tensor's table entry (codecs, chunks)."""
+        return self._entry
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return (
+            f"CompressedTensor(dtype={self.dtype}, shape={tuple(self.shape)}, nbytes={self.nbytes}, "
+            f"compressed_nbytes={self.compressed_nbytes}, ratio={self.ratio:.3f})"
+        )
+
+
+def compress(tensor: torch.Tensor, *, codec: str = "auto") -> CompressedTensor:
+    """Compress one tensor (CUDA tensors on their GPU when nvCOMP is installed)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"compress() takes a torch.Tensor, got {type(tensor).__name__}")
+    validate_codec_arg(codec)
+    buf = io.BytesIO()
+    writer = ContainerWriter(buf)
+    write_tensor(writer, "tensor", flatten(tensor).tensors[0].tensor, codec)
+    writer.finish({"tensor": 0})
+    return CompressedTensor(buf.getvalue())
+
+
+def decompress(ct: CompressedTensor | bytes, *, device: str | torch.device | None = None) -> torch.Tensor:
+    """Decode a :class:`CompressedTensor` (or its bytes) onto ``device`` (default: where it was saved)."""
+    if not isinstance(ct, CompressedTensor):
+        ct = CompressedTensor.from_bytes(ct)
+    reader = ContainerReader(io.BytesIO(ct.to_bytes()))
+    entry = reader.tensors[0]
+    return read_tensor(reader, entry, resolve_device(entry.device, device))

@@ -1,0 +1,50 @@
+"""The codec interface: batched, lossless maps from byte chunks to byte chunks."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+
+class Codec(abc.ABC):
+    """A lossless byte codec on one backend.
+
+    Chunks are 1-D ``torch.uint8`` tensors on the backend's device (``"cpu"`` or ``"cuda"``).
+    ``encode``/``decode`` take many chunks at once so GPU implementations launch once per batch.
+    Two implementations share a ``codec_id`` only if each decodes the other's output.
+    """
+
+    codec_id: ClassVar[str]
+    backend: ClassVar[str]
+    gpu_only: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Compress each chunk independently."""
+
+    @abc.abstractmethod
+    def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
+        """Decompress each chunk; ``raw_sizes[i]`` is the exact decoded size of chunk ``i``."""
+
+    def get_config(self) -> dict[str, Any]:
+        """JSON-able configuration with an ``"id"`` key; enough to rebuild an equal codec."""
+        return {"id": self.codec_id}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Codec:
+        """Build a codec from :meth:`get_config` output."""
+        options = {k: v for k, v in config.items() if k != "id"}
+        return cls(**options)
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.get_config() == other.get_config()  # type: ignore[union-attr]
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(sorted(self.get_config().items()))))
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "id")
+        return f"{type(self).__name__}({options})"

@@ -1,0 +1,173 @@
+"""CPU codecs: raw (stored), zstd (zstandard), deflate (zlib), lz4 (lz4.block, optional)."""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+
+import torch
+import zstandard
+
+from ..errors import CorruptCheckpointError
+from ._threads import parallel_map
+from .base import Codec
+from .registry import mark_unavailable, register
+
+try:
+    import lz4.block as _lz4_block
+except ImportError:  # pragma: no cover - depends on the environment
+    _lz4_block = None
+
+
+def _to_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def _check_size(codec_id: str, index: int, got: int, expected: int) -> None:
+    if got != expected:
+        raise CorruptCheckpointError(
+            f"{codec_id} chunk {index} decoded to {got} bytes, expected {expected}"
+        )
+
+
+class _CpuCodec(Codec):
+    """Shared batching for CPU codecs: one function per chunk, run on the codec thread pool."""
+
+    backend = "cpu"
+
+    def _encode_one(self, data: memoryview) -> bytes:
+        raise NotImplementedError
+
+    def _decode_one(self, data: memoryview, raw_size: int) -> bytes:
+        raise NotImplementedError
+
+    def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        views = [memoryview(c.numpy()) for c in chunks]
+        encoded = parallel_map(self._encode_one, views, sum(c.numel() for c in chunks))
+        return [_to_tensor(e) for e in encoded]
+
+    def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
+        jobs = list(enumerate(zip((memoryview(c.numpy()) for c in chunks), raw_sizes)))
+
+        def run(job: tuple[int, tuple[memoryview, int]]) -> torch.Tensor:
+            index, (data, raw_size) = job
+            try:
+                out = self._decode_one(data, raw_size)
+            except CorruptCheckpointError:
+                raise
+            except Exception as exc:  # each library has its own error type
+                raise CorruptCheckpointError(f"{self.codec_id} chunk {index} does not decode: {exc}") from exc
+            _check_size(self.codec_id, index, len(out), raw_size)
+            return _to_tensor(out)
+
+        return parallel_map(run, jobs, sum(raw_sizes))
+
+
+@register
+class RawCodec(Codec):
+    """Stores bytes as they are: for data no codec shrinks (float mantissa bytes)."""
+
+    codec_id = "raw"
+    backend = "cpu"
+
+    def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return list(chunks)
+
+    def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
+        for index, (chunk, size) in enumerate(zip(chunks, raw_sizes)):
+            _check_size(self.codec_id, index, chunk.numel(), size)
+        return list(chunks)
+
+
+@register
+class RawCodecCuda(RawCodec):
+    """``raw`` on CUDA tensors: no work at all."""
+
+    backend = "cuda"
+
+
+class _ThreadLocalFactory:
+    """zstandard contexts are not thread-safe: one per thread."""
+
+    def __init__(self, make: Callable[[], object]) -> None:
+        self._make = make
+        self._local = threading.local()
+
+    def get(self):  # noqa: ANN201 - the type depends on the factory
+        obj = getattr(self._local, "obj", None)
+        if obj is None:
+            obj = self._local.obj = self._make()
+        return obj
+
+
+@register
+class ZstdCodec(_CpuCodec):
+    """Zstandard frames via python-zstandard; interchangeable with nvCOMP zstd (raw bitstream)."""
+
+    codec_id = "zstd"
+
+    def __init__(self, level: int = 3) -> None:
+        if not isinstance(level, int) or not -7 <= level <= 22:
+            raise ValueError(f"zstd level must be an integer in [-7, 22], got {level!r}")
+        self.level = level
+        self._cctx = _ThreadLocalFactory(lambda: zstandard.ZstdCompressor(level=level, write_content_size=True))
+        self._dctx = _ThreadLocalFactory(zstandard.ZstdDecompressor)
+
+    def get_config(self) -> dict:
+        return {"id": self.codec_id, "level": self.level}
+
+    @classmethod
+    def from_config(cls, config: dict) -> ZstdCodec:
+        return cls(level=config.get("level", 3))
+
+    def _encode_one(self, data: memoryview) -> bytes:
+        return self._cctx.get().compress(data)
+
+    def _decode_one(self, data: memoryview, raw_size: int) -> bytes:
+        return self._dctx.get().decompress(data, max_output_size=raw_size)
+
+
+@register
+class DeflateCodec(_CpuCodec):
+    """Raw DEFLATE (RFC 1951) via zlib; interchangeable with nvCOMP deflate (raw bitstream)."""
+
+    codec_id = "deflate"
+
+    def __init__(self, level: int = 6, **informative: object) -> None:
+        if not isinstance(level, int) or not 0 <= level <= 9:
+            raise ValueError(f"deflate level must be an integer in [0, 9], got {level!r}")
+        self.level = level
+        self._informative = informative
+
+    def get_config(self) -> dict:
+        return {"id": self.codec_id, "level": self.level, **self._informative}
+
+    def _encode_one(self, data: memoryview) -> bytes:
+        compressor = zlib.compressobj(self.level, zlib.DEFLATED, -15)
+        return compressor.compress(data) + compressor.flush()
+
+    def _decode_one(self, data: memoryview, raw_size: int) -> bytes:
+        decompressor = zlib.decompressobj(-15)
+        out = decompressor.decompress(data, raw_size)
+        if decompressor.unconsumed_tail or not decompressor.eof:
+            raise CorruptCheckpointError("deflate chunk holds more data than its declared size, or is cut short")
+        return out
+
+
+if _lz4_block is not None:
+
+    @register
+    class Lz4Codec(_CpuCodec):
+        """LZ4 block format via the ``lz4`` package; interchangeable with nvCOMP lz4 (raw bitstream)."""
+
+        codec_id = "lz4"
+
+        def _encode_one(self, data: memoryview) -> bytes:
+            return _lz4_block.compress(data, store_size=False)
+
+        def _decode_one(self, data: memoryview, raw_size: int) -> bytes:
+            return _lz4_block.decompress(data, uncompressed_size=raw_size)
+
+else:  # pragma: no cover - depends on the environment
+    mark_unavailable("lz4", "cpu", "the lz4 package is not installed (pip install ckptzip[lz4])")

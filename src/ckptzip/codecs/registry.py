@@ -1,0 +1,66 @@
+"""Codec registry: codec id + backend -> implementation class."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import CodecUnavailableError, UnsupportedFormatError
+from .base import Codec
+
+_REGISTRY: dict[tuple[str, str], type[Codec]] = {}
+# Codec ids that exist but whose implementation could not be loaded here, with the reason.
+_UNAVAILABLE: dict[tuple[str, str], str] = {}
+
+GPU_ONLY_IDS = frozenset({"ans", "bitcomp", "gdeflate", "cascaded"})
+KNOWN_IDS = frozenset({"raw", "zstd", "deflate", "lz4"}) | GPU_ONLY_IDS
+
+
+def register(cls: type[Codec]) -> type[Codec]:
+    """Class decorator: make ``cls`` the implementation of its id on its backend."""
+    _REGISTRY[(cls.codec_id, cls.backend)] = cls
+    return cls
+
+
+def mark_unavailable(codec_id: str, backend: str, reason: str) -> None:
+    """Record why an implementation of ``codec_id`` on ``backend`` cannot load here."""
+    _UNAVAILABLE.setdefault((codec_id, backend), reason)
+
+
+def has_codec(codec_id: str, backend: str) -> bool:
+    """Whether ``codec_id`` can run on ``backend`` in this process."""
+    return (codec_id, backend) in _REGISTRY
+
+
+def get_codec(config: dict[str, Any] | str, backend: str) -> Codec:
+    """Return the implementation of a codec config on ``backend`` ("cpu" or "cuda").
+
+    Raises ``UnsupportedFormatError`` for an unknown id and ``CodecUnavailableError`` when the id
+    is known but cannot run on this backend here.
+    """
+    if isinstance(config, str):
+        config = {"id": config}
+    codec_id = config.get("id")
+    if codec_id not in KNOWN_IDS:
+        raise UnsupportedFormatError(
+            f"unknown codec id {codec_id!r}; this ckptzip knows {sorted(KNOWN_IDS)}. "
+            "Upgrade ckptzip to read this file."
+        )
+    cls = _REGISTRY.get((codec_id, backend))
+    if cls is None:
+        raise CodecUnavailableError(_unavailable_message(codec_id, backend))
+    return cls.from_config(config)
+
+
+def _unavailable_message(codec_id: str, backend: str) -> str:
+    reason = _UNAVAILABLE.get((codec_id, backend))
+    if backend == "cpu" and codec_id in GPU_ONLY_IDS:
+        return (
+            f"codec {codec_id!r} is GPU-only (NVIDIA nvCOMP) and has no CPU decoder. "
+            "Load this checkpoint on a machine with a CUDA GPU and `pip install ckptzip[gpu]`, "
+            "or convert it there once for CPU use: `ckptzip convert SRC DST --codec portable`."
+        )
+    if backend == "cuda":
+        why = reason or "nvCOMP is not installed (pip install ckptzip[gpu]) or no CUDA device is visible"
+        return f"codec {codec_id!r} cannot run on the GPU here: {why}."
+    why = reason or "its optional package is not installed"
+    return f"codec {codec_id!r} cannot run on the CPU here: {why}."

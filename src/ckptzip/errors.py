@@ -1,0 +1,39 @@
+"""The one exception hierarchy of ckptzip.
+
+Every error ckptzip raises on purpose derives from :class:`CkptzipError`. Subclasses also derive
+from the matching built-in exception where one exists, so callers can catch either.
+"""
+
+from __future__ import annotations
+
+
+class CkptzipError(Exception):
+    """Root of every error ckptzip raises on purpose."""
+
+
+class CorruptCheckpointError(CkptzipError, ValueError):
+    """A file or buffer is damaged: bad magic, bad checksum, bad structure, truncation."""
+
+
+class UnsupportedFormatError(CkptzipError, ValueError):
+    """The file is a ckptzip file of a format version or feature this reader does not know."""
+
+
+class CodecUnavailableError(CkptzipError, RuntimeError):
+    """A codec or transform cannot run here (needs a GPU, nvCOMP, or an optional package)."""
+
+
+class UnsupportedObjectError(CkptzipError, TypeError):
+    """An object in the state cannot be stored without executing code on load."""
+
+
+class CheckpointNotFoundError(CkptzipError, FileNotFoundError):
+    """No checkpoint (or no valid checkpoint) exists where one was asked for."""
+
+
+class CheckpointWriteError(CkptzipError, OSError):
+    """Writing a checkpoint failed (disk full, permission, I/O); the previous checkpoint is intact."""
+
+
+class DeviceUnavailableError(CkptzipError, RuntimeError):
+    """A tensor is to be placed on a device this machine does not have."""

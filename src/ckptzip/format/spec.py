@@ -1,0 +1,85 @@
+"""Constants and fixed-size structures of the .ckz container (docs/FORMAT.md)."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import CorruptCheckpointError, UnsupportedFormatError
+
+MAGIC = b"\x89CKZ\r\n\x1a\n"
+END_MAGIC = b"CKZINDEX"
+VERSION = (1, 0)
+PREAMBLE_SIZE = 16
+TRAILER_SIZE = 32
+MIN_FILE_SIZE = PREAMBLE_SIZE + TRAILER_SIZE
+MAX_CHUNK_RAW = 1 << 28
+FORMAT_NAME = "ckptzip"
+
+_PREAMBLE = struct.Struct("<8sHHI")
+_TRAILER = struct.Struct("<QQQ8s")
+
+# Name in the index -> torch dtype, for the dtypes this torch build has.
+DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in (
+        "float64 float32 float16 bfloat16 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz "
+        "int64 int32 int16 int8 uint64 uint32 uint16 uint8 bool complex128 complex64"
+    ).split()
+    if isinstance(getattr(torch, name, None), torch.dtype)
+}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def preamble(version: tuple[int, int] = VERSION) -> bytes:
+    """The 16 bytes every file starts with."""
+    return _PREAMBLE.pack(MAGIC, version[0], version[1], 0)
+
+
+@dataclass(frozen=True)
+class Trailer:
+    """The last 32 bytes: where the index is and its hash."""
+
+    index_offset: int
+    index_length: int
+    index_hash: int
+
+    def pack(self) -> bytes:
+        return _TRAILER.pack(self.index_offset, self.index_length, self.index_hash, END_MAGIC)
+
+    @classmethod
+    def unpack(cls, raw: bytes, file_size: int) -> Trailer:
+        """Parse and check the trailer against the file size (FORMAT.md, "Trailer")."""
+        if file_size < MIN_FILE_SIZE:
+            raise CorruptCheckpointError(
+                f"file is {file_size} bytes, shorter than the {MIN_FILE_SIZE} bytes of an empty ckptzip "
+                "file: it is truncated or not a ckptzip file"
+            )
+        offset, length, digest, end = _TRAILER.unpack(raw)
+        if end != END_MAGIC:
+            raise CorruptCheckpointError(
+                f"file does not end with the ckptzip end marker {END_MAGIC!r} (found {end!r}): it is "
+                "truncated, was not written to the end, or is not a ckptzip file"
+            )
+        if offset < PREAMBLE_SIZE or offset + length + TRAILER_SIZE != file_size:
+            raise CorruptCheckpointError(
+                f"trailer places the index at offset {offset} with length {length}, which does not fit "
+                f"a file of {file_size} bytes: the file is damaged or truncated"
+            )
+        return cls(offset, length, digest)
+
+
+def check_preamble(raw: bytes) -> None:
+    """Check magic, version and flags; call only after the index hash (which covers them) matched."""
+    magic, major, minor, flags = _PREAMBLE.unpack(raw)
+    if magic != MAGIC:
+        raise CorruptCheckpointError(f"bad magic {magic!r}, expected {MAGIC!r}: not a ckptzip file")
+    if major != VERSION[0]:
+        raise UnsupportedFormatError(
+            f"file format version {major}.{minor}; this ckptzip reads version {VERSION[0]}.x. "
+            "Install a ckptzip release that supports it."
+        )
+    if flags != 0:
+        raise UnsupportedFormatError(f"file has format flags {flags:#x}; this ckptzip knows none. Upgrade ckptzip.")

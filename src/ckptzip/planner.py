@@ -1,0 +1,123 @@
+"""Choose, per tensor, the transforms and per-stream codecs (the ``codec=`` argument of save).
+
+Presets:
+- ``"auto"``: byte planes for multi-byte dtypes; planes whose sampled order-0 entropy shows
+  structure get the best codec of the backend (GPU: nvCOMP ans; CPU: zstd); near-random planes
+  (float mantissa bytes) are stored raw, since no codec shrinks them and coding them costs time.
+- ``"fast"``: as auto, with the fastest codec of the backend.
+- ``"portable"``: as auto, with zstd everywhere, so the file decodes on machines without a GPU.
+A plain codec id (``"zstd"``, ``"ans"``, ...) applies that codec to every tensor's raw bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .codecs import KNOWN_IDS, Codec, get_codec, has_codec
+from .errors import CkptzipError
+from .transforms import BytePlanes, Transform
+
+PRESETS = ("auto", "fast", "portable")
+SMALL_TENSOR_BYTES = 1 << 12
+RANDOM_ENTROPY_BITS = 7.5
+_SAMPLE_BLOCKS = 64
+_SAMPLE_BLOCK_ELEMENTS = 1024
+
+# Stored chunk size by (codec id, backend): large enough for the entropy coders' tables and
+# the GPU's parallelism, small enough that nvCOMP's zstd decoder stays fast.
+_CHUNK_BYTES = {
+    ("raw", "cpu"): 16 << 20,
+    ("raw", "cuda"): 16 << 20,
+    ("zstd", "cpu"): 1 << 20,
+    ("zstd", "cuda"): 256 << 10,
+    ("ans", "cuda"): 1 << 20,
+    ("bitcomp", "cuda"): 1 << 20,
+}
+_DEFAULT_CHUNK_BYTES = 256 << 10
+_PRESET_CODECS = {
+    ("auto", "cuda"): {"id": "ans", "data_type": "|u1"},
+    ("fast", "cuda"): {"id": "ans", "data_type": "|u1"},
+    ("portable", "cuda"): {"id": "zstd", "level": 3},
+    ("auto", "cpu"): {"id": "zstd", "level": 3},
+    ("fast", "cpu"): {"id": "zstd", "level": 1},
+    ("portable", "cpu"): {"id": "zstd", "level": 3},
+}
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """How one stream is stored."""
+
+    codec: Codec
+    chunk_bytes: int
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """How one tensor is stored: optional transform, then one plan per stream."""
+
+    transform: Transform | None
+    streams: tuple[StreamPlan, ...]
+    backend: str
+
+
+def validate_codec_arg(codec: str) -> None:
+    """Reject an unknown ``codec=`` argument early, with the choices."""
+    if codec not in PRESETS and codec not in KNOWN_IDS:
+        raise CkptzipError(
+            f"codec={codec!r} is neither a preset {list(PRESETS)} nor a codec id {sorted(KNOWN_IDS)}"
+        )
+
+
+def backend_for(device: torch.device, nbytes: int, codec: str) -> str:
+    """Where a tensor is compressed: on its GPU when nvCOMP can and it is not tiny, else on the CPU."""
+    if device.type != "cuda" or nbytes < SMALL_TENSOR_BYTES:
+        return "cpu"
+    probe = codec if codec in KNOWN_IDS else _PRESET_CODECS[(codec, "cuda")]["id"]
+    return "cuda" if has_codec(probe, "cuda") else "cpu"
+
+
+def _stream(codec_config: dict, backend: str) -> StreamPlan:
+    codec = get_codec(codec_config, backend)
+    return StreamPlan(codec, _CHUNK_BYTES.get((codec.codec_id, backend), _DEFAULT_CHUNK_BYTES))
+
+
+def plane_entropies(data: torch.Tensor, itemsize: int) -> list[float]:
+    """Order-0 entropy in bits/byte of each byte plane, from evenly spaced sample blocks."""
+    elements = data.numel() // itemsize
+    per_block = min(_SAMPLE_BLOCK_ELEMENTS, elements)
+    nblocks = min(_SAMPLE_BLOCKS, elements // per_block)
+    starts = torch.linspace(0, elements - per_block, nblocks, device=data.device).long()
+    index = (starts[:, None] + torch.arange(per_block, device=data.device)[None, :]).reshape(-1)
+    sample = data.view(-1, itemsize)[index].long()
+    counts = torch.zeros(itemsize, 256, dtype=torch.float64, device=data.device)
+    counts.scatter_add_(1, sample.t(), torch.ones_like(sample.t(), dtype=torch.float64))
+    p = counts / counts.sum(dim=1, keepdim=True)
+    entropy = -(p * torch.log2(p.clamp_min(1e-300))).sum(dim=1)
+    return [max(0.0, float(e)) for e in entropy.cpu()]
+
+
+def plan_tensor(data: torch.Tensor, dtype: torch.dtype, codec: str, backend: str) -> TensorPlan:
+    """Plan how to store ``data`` (the 1-D uint8 bytes of a tensor of ``dtype``) on ``backend``."""
+    if codec in KNOWN_IDS:
+        return TensorPlan(None, (_stream({"id": codec}, backend),), backend)
+    best = _PRESET_CODECS[(codec, backend)]
+    itemsize = dtype.itemsize
+    if data.numel() < SMALL_TENSOR_BYTES or itemsize == 1 or itemsize not in (2, 4, 8):
+        return TensorPlan(None, (_stream(best if data.numel() else {"id": "raw"}, backend),), backend)
+    transform = BytePlanes(itemsize)
+    if dtype.is_floating_point or dtype.is_complex:
+        coded = [e < RANDOM_ENTROPY_BITS for e in plane_entropies(data, itemsize)]
+    else:
+        coded = [True] * itemsize
+    streams = tuple(_stream(best if c else {"id": "raw"}, backend) for c in coded)
+    return TensorPlan(transform, streams, backend)
+
+
+def entropy_bound(entropies: list[float]) -> float:
+    """Compression ratio an order-0 coder could reach on planes with these entropies."""
+    bits = sum(entropies)
+    return math.inf if bits == 0 else 8 * len(entropies) / bits

@@ -1,0 +1,251 @@
+"""Flatten saved objects into a JSON tree plus a tensor list, and back. Nothing is pickled.
+
+docs/FORMAT.md ("Values") is the specification of this encoding.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import CorruptCheckpointError, UnsupportedObjectError
+
+MAX_DEPTH = 512
+
+
+@dataclass
+class FlatTensor:
+    """A tensor found in the tree, with the dotted path it was first seen at."""
+
+    name: str
+    tensor: torch.Tensor
+
+
+@dataclass
+class Flattened:
+    """Result of :func:`flatten`: the JSON tree and the tensors it refers to by position."""
+
+    tree: Any
+    tensors: list[FlatTensor] = field(default_factory=list)
+
+
+def _join(path: str, key: object) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+class _Flattener:
+    def __init__(self) -> None:
+        self.tensors: list[FlatTensor] = []
+        self._by_view: dict[tuple, int] = {}
+        self._names: set[str] = set()
+
+    def tensor_ref(self, t: torch.Tensor, path: str) -> int:
+        key = _view_key(t)
+        if key is not None and key in self._by_view:
+            return self._by_view[key]
+        name = path or "tensor"
+        unique, n = name, 1
+        while unique in self._names:
+            n += 1
+            unique = f"{name}#{n}"
+        self._names.add(unique)
+        self.tensors.append(FlatTensor(unique, t))
+        index = len(self.tensors) - 1
+        if key is not None:
+            self._by_view[key] = index
+        return index
+
+    def encode(self, obj: Any, path: str, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise UnsupportedObjectError(f"object nested deeper than {MAX_DEPTH} levels at {path!r}")
+        if obj is None or isinstance(obj, (bool, str)):
+            return obj
+        if isinstance(obj, int):
+            return int(obj)
+        if isinstance(obj, float):
+            return {"float": struct.pack(">d", obj).hex()}
+        if isinstance(obj, (bytes, bytearray)):
+            return {"bytes": base64.b64encode(bytes(obj)).decode("ascii")}
+        if isinstance(obj, torch.Tensor):
+            return {"tensor": self.tensor_ref(_plain_tensor(obj, path), path)}
+        if isinstance(obj, np.ndarray):
+            return {"ndarray": self.tensor_ref(_ndarray_to_tensor(obj, path), path)}
+        if isinstance(obj, np.generic):
+            return {"npscalar": [obj.dtype.str, obj.tobytes().hex()]}
+        if isinstance(obj, torch.dtype):
+            return {"dtype": str(obj).removeprefix("torch.")}
+        if isinstance(obj, torch.device):
+            return {"device": str(obj)}
+        if isinstance(obj, torch.Size):
+            return {"size": list(obj)}
+        if isinstance(obj, list):
+            return [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(obj)]
+        if type(obj) is tuple:
+            return {"tuple": [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(obj)]}
+        if isinstance(obj, dict) and type(obj) in (dict, collections.OrderedDict):
+            pairs = [
+                [self.encode(k, path, depth + 1), self.encode(v, _join(path, k), depth + 1)]
+                for k, v in obj.items()
+            ]
+            if isinstance(obj, collections.OrderedDict):
+                meta = getattr(obj, "_metadata", None)
+                return {"odict": pairs, "meta": self.encode(meta, _join(path, "_metadata"), depth + 1)}
+            return {"dict": pairs}
+        raise UnsupportedObjectError(
+            f"cannot store an object of type {type(obj).__module__}.{type(obj).__qualname__} at "
+            f"{path or '<root>'!r}: ckptzip stores tensors, NumPy arrays and plain values (int, float, "
+            "bool, str, bytes, None, dict, list, tuple) so that loading never runs code. Convert it to "
+            "one of those (for example a dict of its fields) before saving."
+        )
+
+
+def _view_key(t: torch.Tensor) -> tuple | None:
+    """Identity of a tensor view, so the same view stored twice is stored once."""
+    if t.numel() == 0:
+        return None
+    return (t.untyped_storage().data_ptr(), t.device, t.dtype, t.storage_offset(), tuple(t.shape), t.stride())
+
+
+def _plain_tensor(t: torch.Tensor, path: str) -> torch.Tensor:
+    if t.layout != torch.strided:
+        raise UnsupportedObjectError(
+            f"tensor at {path!r} has layout {t.layout}; only dense (strided) tensors are stored. "
+            "Call .to_dense() first."
+        )
+    if t.is_quantized or t.is_nested:
+        raise UnsupportedObjectError(f"tensor at {path!r} is quantized or nested; store its dense parts instead.")
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        raise UnsupportedObjectError(
+            f"tensor at {path!r} is a {type(t).__qualname__}; store a plain tensor (for a DTensor use "
+            "ckptzip.dcp, or .full_tensor())."
+        )
+    return t.detach()
+
+
+def _ndarray_to_tensor(a: np.ndarray, path: str) -> torch.Tensor:
+    try:
+        return torch.from_numpy(np.ascontiguousarray(a))
+    except TypeError as exc:
+        raise UnsupportedObjectError(f"NumPy array at {path!r} has dtype {a.dtype}, which torch cannot hold") from exc
+
+
+def flatten(obj: Any) -> Flattened:
+    """Encode ``obj`` as a JSON-able tree; tensors go to a table the tree refers to by position."""
+    flattener = _Flattener()
+    tree = flattener.encode(obj, "", 0)
+    return Flattened(tree, flattener.tensors)
+
+
+class _Unflattener:
+    def __init__(self, tensor: Callable[[int], torch.Tensor], ntensors: int) -> None:
+        self.tensor = tensor
+        self.ntensors = ntensors
+
+    def index(self, value: Any, what: str) -> int:
+        if type(value) is not int or not 0 <= value < self.ntensors:
+            raise CorruptCheckpointError(
+                f"tree refers to {what} {value!r}, expected an index in [0, {self.ntensors})"
+            )
+        return value
+
+    def decode(self, node: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise CorruptCheckpointError(f"tree nested deeper than {MAX_DEPTH} levels")
+        if node is None or isinstance(node, (bool, str, int)) and not isinstance(node, float):
+            return node
+        if isinstance(node, list):
+            return [self.decode(v, depth + 1) for v in node]
+        if not isinstance(node, dict) or not node:
+            raise CorruptCheckpointError(f"tree holds {type(node).__name__} {node!r:.80}, expected a tagged value")
+        tag = next(iter(node))
+        body = node[tag]
+        try:
+            return self._decode_tagged(tag, body, node, depth)
+        except (TypeError, ValueError, KeyError, struct.error) as exc:
+            if isinstance(exc, CorruptCheckpointError):
+                raise
+            raise CorruptCheckpointError(f"tree holds a malformed {tag!r} value: {exc}") from exc
+
+    def _decode_tagged(self, tag: str, body: Any, node: dict, depth: int) -> Any:
+        expected_keys = {"odict": {"odict", "meta"}}.get(tag, {tag})
+        if set(node) != expected_keys:
+            raise CorruptCheckpointError(f"tree value has keys {sorted(node)}, expected {sorted(expected_keys)}")
+        if tag == "float":
+            if not isinstance(body, str) or len(body) != 16:
+                raise ValueError("expected 16 hex digits")
+            return struct.unpack(">d", bytes.fromhex(body))[0]
+        if tag == "bytes":
+            return base64.b64decode(_str(body), validate=True)
+        if tag == "tensor":
+            return self.tensor(self.index(body, "tensor"))
+        if tag == "ndarray":
+            return self.tensor(self.index(body, "array")).cpu().numpy()
+        if tag == "npscalar":
+            dtype, raw = _pair(body)
+            return np.frombuffer(bytes.fromhex(_str(raw)), dtype=np.dtype(_str(dtype)))[0]
+        if tag == "dtype":
+            return _torch_dtype(_str(body))
+        if tag == "device":
+            return torch.device(_str(body))
+        if tag == "size":
+            return torch.Size(_int_list(body))
+        if tag == "tuple":
+            return tuple(self.decode(v, depth + 1) for v in _list(body))
+        if tag in ("dict", "odict"):
+            out: dict = {} if tag == "dict" else collections.OrderedDict()
+            for pair in _list(body):
+                key, value = _pair(pair)
+                key = self.decode(key, depth + 1)
+                try:
+                    out[key] = self.decode(value, depth + 1)
+                except TypeError as exc:
+                    raise CorruptCheckpointError(f"tree holds an unhashable dict key {key!r:.80}") from exc
+            if tag == "odict":
+                meta = self.decode(node["meta"], depth + 1)
+                if meta is not None:
+                    out._metadata = meta  # type: ignore[attr-defined]
+            return out
+        raise CorruptCheckpointError(f"tree holds unknown value tag {tag!r}")
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"expected a string, found {type(v).__name__}")
+    return v
+
+
+def _list(v: Any) -> list:
+    if not isinstance(v, list):
+        raise TypeError(f"expected an array, found {type(v).__name__}")
+    return v
+
+
+def _pair(v: Any) -> Sequence:
+    if not isinstance(v, list) or len(v) != 2:
+        raise TypeError(f"expected a pair, found {v!r:.80}")
+    return v
+
+
+def _int_list(v: Any) -> list[int]:
+    if not isinstance(v, list) or not all(type(x) is int and x >= 0 for x in v):
+        raise TypeError(f"expected a list of non-negative integers, found {v!r:.80}")
+    return v
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown torch dtype {name!r}")
+    return dtype
+
+
+def unflatten(tree: Any, tensor: Callable[[int], torch.Tensor], ntensors: int) -> Any:
+    """Rebuild the saved object; ``tensor(i)`` returns entry i of the tensor table."""
+    return _Unflattener(tensor, ntensors).decode(tree, 0)
