@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,15 @@ saves per month                        1,440
 idle hours per month                  62.6 h
 idle cost per month (8 GPUs)          $2,203
 """, "")
+
+
+def test_documented_examples_match_the_output(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = (Path(__file__).parents[1] / "docs" / "COST.md").read_text(encoding="utf-8")
+    examples = re.findall(r"```console\n\$ ckptzip cost ([^\n]*)\n(.*?)```", doc, flags=re.DOTALL)
+    examples = [(argv, shown) for argv, shown in examples if not shown.startswith("$")]
+    assert len(examples) == 2
+    for argv, shown in examples:
+        assert _run(capsys, *argv.split()) == (0, shown, "")
 
 
 @pytest.mark.parametrize(("flags", "bytes_per_param"), [
@@ -249,6 +259,8 @@ def test_from_bench_reads_the_named_method(capsys: pytest.CaptureFixture[str], t
     ({"methods": [{"name": "zstd", "ratio": 1.1}, {"name": "lz4", "ratio": 1.0}]},
      "method 'ckptzip-auto' not found in {path!r}; it has 'zstd', 'lz4'; pick one with --method"),
     ({"methods": []}, "method 'ckptzip-auto' not found in {path!r}; it has no named methods"),
+    ({"methods": [{"ratio": 1.1}, "zstd", {"name": "lz4", "ratio": 1.0}]},
+     "method 'ckptzip-auto' not found in {path!r}; it has 'lz4'; pick one with --method"),
     ({"methods": [{"name": "ckptzip-auto", "ratio": "1.2"}]},
      "method 'ckptzip-auto' in {path!r} has ratio '1.2'; expected a positive number"),
     ({"methods": [{"name": "ckptzip-auto", "ratio": 0}]}, "has ratio 0; expected a positive number"),

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ckptzip.api import open as open_checkpoint
 from ckptzip.errors import CkptzipError
 
 GIB = 2**30
@@ -222,7 +223,7 @@ def ratio_from_bench(path: str | os.PathLike[str], method: str = DEFAULT_BENCH_M
     if not isinstance(methods, list):
         raise CostInputError(f"benchmark file {os.fspath(path)!r} has no \"methods\" list; expected "
                              '{"methods": [{"name": ..., "ratio": ...}, ...]}')
-    names = [m.get("name") for m in methods if isinstance(m, dict)]
+    names = [m["name"] for m in methods if isinstance(m, dict) and isinstance(m.get("name"), str)]
     for entry in methods:
         if isinstance(entry, dict) and entry.get("name") == method:
             ratio = entry.get("ratio")
@@ -237,10 +238,8 @@ def ratio_from_bench(path: str | os.PathLike[str], method: str = DEFAULT_BENCH_M
 
 def ratio_from_checkpoint(path: str | os.PathLike[str]) -> float:
     """Uncompressed / compressed payload bytes of an existing ``.ckz`` file."""
-    import ckptzip  # the API layer sits below this module; imported late to keep the CLI light
-
     try:
-        with ckptzip.open(path) as reader:
+        with open_checkpoint(path) as reader:
             raw, stored = reader.nbytes, reader.compressed_nbytes
     except CkptzipError:
         raise
