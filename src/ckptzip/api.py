@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Union
 
 import torch
+from tqdm.auto import tqdm
 
 from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, DeviceUnavailableError
 from .format import ContainerReader, ContainerWriter, TensorEntry
@@ -58,26 +59,34 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
         raise
 
 
-def _write(f: BinaryIO, obj: Any, codec: str) -> None:
+def _progress(total: int, enabled: bool, desc: str) -> tqdm:
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not enabled, leave=False)
+
+
+def _write(f: BinaryIO, obj: Any, codec: str, progress: bool) -> None:
     flat = flatten(obj)
     writer = ContainerWriter(f)
-    for item in flat.tensors:
-        write_tensor(writer, item.name, item.tensor, codec)
+    total = sum(item.tensor.numel() * item.tensor.element_size() for item in flat.tensors)
+    with _progress(total, progress, "compress") as bar:
+        for item in flat.tensors:
+            entry = write_tensor(writer, item.name, item.tensor, codec)
+            bar.update(entry.nbytes)
     writer.finish(flat.tree)
 
 
-def save(obj: Any, f: PathOrFile, *, codec: str = "auto") -> None:
+def save(obj: Any, f: PathOrFile, *, codec: str = "auto", progress: bool = False) -> None:
     """Save ``obj`` (nested dict/list/tuple of tensors and plain values) to a path or binary file.
 
     A path is written atomically: to a temporary file, synced, then renamed. ``codec`` is a preset
-    (``"auto"``, ``"fast"``, ``"portable"``) or a codec id applied to every tensor.
+    (``"auto"``, ``"fast"``, ``"portable"``) or a codec id applied to every tensor. ``progress``
+    shows a progress bar on stderr.
     """
     validate_codec_arg(codec)
     if isinstance(f, (str, os.PathLike)):
         with atomic_file(f) as fh:
-            _write(fh, obj, codec)
+            _write(fh, obj, codec, progress)
     else:
-        _write(f, obj, codec)
+        _write(f, obj, codec, progress)
 
 
 def resolve_device(saved: str | None, map_location: MapLocation) -> torch.device:
@@ -129,7 +138,6 @@ class CheckpointReader:
             raise
         self.map_location = map_location
         self._by_name = {t.name: i for i, t in enumerate(self._reader.tensors)}
-        self._cache: dict[int, torch.Tensor] = {}
 
     def entries(self) -> list[TensorEntry]:
         """The tensor table: name, dtype, shape, sizes, codecs of every tensor."""
@@ -153,15 +161,17 @@ class CheckpointReader:
         return self._tensor(index)
 
     def _tensor(self, index: int) -> torch.Tensor:
-        if index not in self._cache:
-            entry = self._reader.tensors[index]
-            device = resolve_device(entry.device, self.map_location)
-            self._cache[index] = read_tensor(self._reader, entry, device)
-        return self._cache[index]
+        entry = self._reader.tensors[index]
+        return read_tensor(self._reader, entry, resolve_device(entry.device, self.map_location))
 
-    def load(self) -> Any:
-        """The whole saved object, every tensor decoded and verified."""
-        return unflatten(self._reader.index.tree, self._tensor, len(self._reader.tensors))
+    def load(self, *, progress: bool = False) -> Any:
+        """The whole saved object, every tensor decoded and verified (read in file order)."""
+        tensors = []
+        with _progress(self.nbytes, progress, "decompress") as bar:
+            for index, entry in enumerate(self._reader.tensors):
+                tensors.append(self._tensor(index))
+                bar.update(entry.nbytes)
+        return unflatten(self._reader.index.tree, tensors.__getitem__, len(tensors))
 
     @property
     def nbytes(self) -> int:
@@ -198,10 +208,10 @@ def open(path: PathOrFile, *, map_location: MapLocation = None) -> CheckpointRea
     return CheckpointReader(path, map_location=map_location)
 
 
-def load(f: PathOrFile, *, map_location: MapLocation = None) -> Any:
+def load(f: PathOrFile, *, map_location: MapLocation = None, progress: bool = False) -> Any:
     """Load what :func:`save` saved; every tensor is verified bit-exact against its checksum."""
     with CheckpointReader(f, map_location=map_location) as reader:
-        return reader.load()
+        return reader.load(progress=progress)
 
 
 class CompressedTensor:

@@ -53,9 +53,12 @@ def write_tensor(writer: ContainerWriter, name: str, tensor: torch.Tensor, codec
     entries = []
     for stream, stream_plan in zip(streams, plan.streams):
         raw = split_chunks(stream, stream_plan.chunk_bytes)
+        codec_config = stream_plan.codec.get_config()
         encoded = _to_host(stream_plan.codec.encode(raw)) if raw else []
+        if sum(e.numel() for e in encoded) >= stream.numel():  # never store a stream expanded
+            encoded, codec_config = _to_host(raw), {"id": "raw"}
         chunks = [writer.write_chunk(e, r.numel()) for e, r in zip(encoded, raw)]
-        entries.append(StreamEntry(stream_plan.codec.get_config(), stream.numel(), chunks))
+        entries.append(StreamEntry(codec_config, stream.numel(), chunks))
     entry = TensorEntry(
         name=name,
         dtype=DTYPE_NAMES[tensor.dtype],

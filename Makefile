@@ -1,0 +1,24 @@
+# The README's two commands: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+# A CPU build is enough for the demo and the tests; set TORCH= to keep the torch you have.
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: demo test install
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
+	$(BIN)/python -m pip install -q -e ".[test]"
+
+demo: $(BIN)/python
+	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
+	$(BIN)/python -m pip install -q -e .
+	$(BIN)/ckptzip demo
+
+test: install
+	$(BIN)/python -m pytest -q

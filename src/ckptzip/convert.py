@@ -1,0 +1,57 @@
+"""Conversions between .ckz and the formats users already have (torch.save, safetensors)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import api
+from .api import atomic_file
+from .errors import CkptzipError, UnsupportedObjectError
+
+
+def is_safetensors(path: str | os.PathLike) -> bool:
+    return Path(path).suffix == ".safetensors"
+
+
+def read_foreign(path: str | os.PathLike) -> Any:
+    """Load a torch.save file (``weights_only=True``: no code runs) or a .safetensors file."""
+    if is_safetensors(path):
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several unrelated types for unreadable files
+        raise CkptzipError(
+            f"could not read {str(path)!r} as a torch.save file with weights_only=True ({exc}). "
+            "Only tensors and plain containers are accepted, so no code from the file runs."
+        ) from exc
+
+
+def write_foreign(obj: Any, path: str | os.PathLike) -> None:
+    """Write ``obj`` as .safetensors (a flat dict of tensors) or as a torch.save file, atomically."""
+    if is_safetensors(path):
+        from safetensors.torch import save
+
+        if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+            raise UnsupportedObjectError(
+                "safetensors holds a flat dict of name -> tensor; this checkpoint holds other values. "
+                "Write a .pt file instead."
+            )
+        data = save({k: v.contiguous() for k, v in obj.items()})
+        with atomic_file(path) as f:
+            f.write(data)
+    else:
+        with atomic_file(path) as f:
+            torch.save(obj, f)
+
+
+def convert(src: str | os.PathLike, dst: str | os.PathLike, *, codec: str, progress: bool = False) -> None:
+    """Re-encode a .ckz file with another codec; GPU-only codecs decode on a GPU when present."""
+    location = "cuda" if torch.cuda.is_available() else "cpu"
+    obj = api.load(src, map_location=location, progress=progress)
+    api.save(obj, dst, codec=codec, progress=progress)

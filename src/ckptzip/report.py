@@ -1,0 +1,93 @@
+"""Per-tensor and per-class ratio tables (``ckptzip inspect``, the demo)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from .format import DTYPES, TensorEntry
+from .training import TENSOR_CLASSES, tensor_class
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def pipeline_label(entry: TensorEntry) -> str:
+    """Short description of how a tensor is stored, e.g. 'planes[raw×3,ans]' or 'zstd'."""
+    ids = entry.codecs
+    if not entry.transforms:
+        return ids[0] if ids else "raw"
+    runs: list[tuple[str, int]] = []
+    for codec_id in ids:
+        if runs and runs[-1][0] == codec_id:
+            runs[-1] = (codec_id, runs[-1][1] + 1)
+        else:
+            runs.append((codec_id, 1))
+    return "planes[" + ",".join(c if n == 1 else f"{c}×{n}" for c, n in runs) + "]"
+
+
+def classify(entry: TensorEntry) -> str:
+    """Tensor class of a table entry (weights, exp_avg, exp_avg_sq, gradients, other)."""
+    return tensor_class(entry.name, torch.empty(entry.shape, dtype=DTYPES[entry.dtype], device="meta"))
+
+
+@dataclass
+class ClassTotal:
+    tensors: int = 0
+    nbytes: int = 0
+    compressed: int = 0
+
+    @property
+    def ratio(self) -> float:
+        return self.nbytes / self.compressed if self.compressed else 1.0
+
+
+def class_totals(entries: Iterable[TensorEntry]) -> dict[str, ClassTotal]:
+    """Totals per tensor class, in the order of ``TENSOR_CLASSES``, plus 'total'."""
+    totals = {name: ClassTotal() for name in (*TENSOR_CLASSES, "total")}
+    for e in entries:
+        for key in (classify(e), "total"):
+            totals[key].tensors += 1
+            totals[key].nbytes += e.nbytes
+            totals[key].compressed += e.compressed_nbytes
+    return {k: v for k, v in totals.items() if v.tensors}
+
+
+def _table(rows: list[list[str]], right: set[int]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def tensor_table(entries: list[TensorEntry], limit: int | None = None) -> str:
+    """One row per tensor: name, dtype, shape, bytes, compressed, ratio, codec, class."""
+    rows = [["tensor", "dtype", "shape", "bytes", "compressed", "ratio", "codec", "class"]]
+    shown = entries if limit is None else sorted(entries, key=lambda e: -e.nbytes)[:limit]
+    for e in shown:
+        ratio = e.nbytes / e.compressed_nbytes if e.compressed_nbytes else 1.0
+        rows.append([
+            e.name, e.dtype, "×".join(map(str, e.shape)) or "()", human_bytes(e.nbytes),
+            human_bytes(e.compressed_nbytes), f"{ratio:.3f}", pipeline_label(e), classify(e),
+        ])
+    return _table(rows, right={3, 4, 5})
+
+
+def class_table(entries: list[TensorEntry]) -> str:
+    """Totals by tensor class with ratios."""
+    rows = [["class", "tensors", "bytes", "compressed", "ratio"]]
+    for name, t in class_totals(entries).items():
+        rows.append([name, str(t.tensors), human_bytes(t.nbytes), human_bytes(t.compressed), f"{t.ratio:.3f}"])
+    return _table(rows, right={1, 2, 3, 4})
