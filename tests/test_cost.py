@@ -34,7 +34,8 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     status, out, err = _run(capsys, *argv, "--json")
     assert (status, err) == (0, "")
-    return json.loads(out)
+    report: dict[str, Any] = json.loads(out)
+    return report
 
 
 def _bench(tmp_path: Path, doc: object) -> str:

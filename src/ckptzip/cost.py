@@ -295,7 +295,7 @@ _non_negative = _number_type(lambda v: v >= 0, "a number >= 0")
 _days = _number_type(lambda v: 0 < v <= 31, "training days per month, in (0, 31]")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Add the ``cost`` subcommand; dispatch the parsed namespace to :func:`run`."""
     defaults = CostInputs()
     p = subparsers.add_parser(
