@@ -1,0 +1,231 @@
+"""CkptzipCheckpointIO with real Lightning Trainers on a tiny CPU model."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+from typing import Any
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+
+import ckptzip  # noqa: E402
+from ckptzip.errors import CheckpointNotFoundError, UnsupportedObjectError  # noqa: E402
+from ckptzip.format.spec import MAGIC  # noqa: E402
+from ckptzip.integrations.lightning import CkptzipCheckpointIO  # noqa: E402
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*does not have many workers:UserWarning"),
+    pytest.mark.filterwarnings("ignore:.*number of training batches.*log_every_n_steps:UserWarning"),
+]
+
+
+def make_module_class(namespace: Any) -> type:
+    class Tiny(namespace.LightningModule):
+        def __init__(self, hidden: int = 8, lr: float = 0.05, name: str = "tiny", extra: Any = None) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = torch.nn.Sequential(torch.nn.Linear(3, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x).squeeze(1), y)
+
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)}
+
+    return Tiny
+
+
+Tiny = make_module_class(pl)
+
+
+def loader() -> torch.utils.data.DataLoader:
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 3, generator=g), torch.randn(16, generator=g))
+    return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def trainer(root: pathlib.Path, max_epochs: int, namespace: Any = pl, **kwargs: Any) -> Any:
+    return namespace.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=max_epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        **kwargs,
+    )
+
+
+def ckz_callback(dirpath: pathlib.Path) -> Any:
+    callback = pl.callbacks.ModelCheckpoint(dirpath=dirpath, save_last=True)
+    callback.FILE_EXTENSION = ".ckz"
+    return callback
+
+
+def assert_identical(a: Any, b: Any, path: str = "") -> None:
+    """Same types, same keys in the same order, bit-identical tensors."""
+    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert (a.dtype, a.shape, a.device) == (b.dtype, b.shape, b.device), path
+        assert torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)), path
+    elif isinstance(a, dict):
+        assert list(a) == list(b), path
+        for key in a:
+            assert_identical(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{path}.{i}")
+    else:
+        assert a == b, path
+
+
+class RecordingIO(CkptzipCheckpointIO):
+    """Keeps a deep copy of every checkpoint dict Lightning hands over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: dict[str, dict] = {}
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        self.saved[str(path)] = copy.deepcopy(checkpoint)
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
+def test_lightning_checkpoint_round_trips_exactly(tmp_path: pathlib.Path) -> None:
+    io = RecordingIO()
+    torch.manual_seed(0)
+    trainer(tmp_path, 2, plugins=[io], callbacks=[ckz_callback(tmp_path / "ckpt")]).fit(Tiny(), loader())
+
+    # save_top_k=1 removed the epoch-0 checkpoint through the plugin
+    assert sorted(pathlib.Path(p).name for p in io.saved) == ["epoch=0-step=4.ckz", "epoch=1-step=8.ckz", "last.ckz"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch=1-step=8.ckz", "last.ckz"]
+    for path, expected in io.saved.items():
+        if "epoch=0" in path:
+            continue
+        assert pathlib.Path(path).read_bytes()[: len(MAGIC)] == MAGIC
+        loaded = io.load_checkpoint(path)
+        assert_identical(loaded, expected)
+        assert set(loaded) >= {"state_dict", "optimizer_states", "lr_schedulers", "loops", "callbacks"}
+        assert loaded["hyper_parameters"] == {"hidden": 8, "lr": 0.05, "name": "tiny", "extra": None}
+
+
+def fit_state(model: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty:UserWarning")
+@pytest.mark.parametrize("io_class", [CkptzipCheckpointIO, pl.plugins.TorchCheckpointIO])
+def test_resume_from_last_matches_uninterrupted_training(tmp_path: pathlib.Path, io_class: type) -> None:
+    torch.manual_seed(0)
+    straight = Tiny()
+    straight_trainer = trainer(tmp_path / "straight", 4, enable_checkpointing=False)
+    straight_trainer.fit(straight, loader())
+
+    ckpt_dir = tmp_path / "ckpt"
+    torch.manual_seed(0)
+    trainer(tmp_path, 2, plugins=[io_class()], callbacks=[ckz_callback(ckpt_dir)]).fit(Tiny(), loader())
+    torch.manual_seed(1)  # different init: everything must come from the checkpoint
+    resumed = Tiny()
+    resumed_trainer = trainer(tmp_path, 4, plugins=[CkptzipCheckpointIO()], callbacks=[ckz_callback(ckpt_dir)])
+    resumed_trainer.fit(resumed, loader(), ckpt_path="last")
+
+    assert resumed_trainer.global_step == straight_trainer.global_step == 16
+    assert_identical(fit_state(resumed), fit_state(straight))
+    assert_identical(resumed_trainer.optimizers[0].state_dict(), straight_trainer.optimizers[0].state_dict())
+
+
+def test_pytorch_lightning_namespace_is_supported(tmp_path: pathlib.Path) -> None:
+    standalone = pytest.importorskip("pytorch_lightning")
+    torch.manual_seed(0)
+    model = make_module_class(standalone)()
+    trainer(tmp_path, 1, namespace=standalone, plugins=[CkptzipCheckpointIO()]).fit(model, loader())
+    (path,) = (tmp_path / "checkpoints").iterdir()
+    assert path.read_bytes()[: len(MAGIC)] == MAGIC
+    assert_identical(ckptzip.load(path)["state_dict"], model.state_dict())
+
+
+def checkpoint_with_unsupported_values() -> dict[str, Any]:
+    return {
+        "state_dict": {"w": torch.arange(4.0)},
+        "hyper_parameters": {"lr": 0.1, "data_dir": pathlib.Path("/data"), "dims": [1, pathlib.Path("/x")]},
+        "callbacks": {pathlib.Path("/key"): 1, "ok": {"n": 2}},
+    }
+
+
+def test_unsupported_value_raises_with_its_path(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(UnsupportedObjectError) as info:
+        CkptzipCheckpointIO().save_checkpoint(checkpoint_with_unsupported_values(), tmp_path / "a.ckpt")
+    message = str(info.value)
+    assert "'hyper_parameters.data_dir'" in message and "PosixPath" in message
+    assert "save_hyperparameters()" in message and "on_unsupported='repr' or 'drop'" in message
+    assert not (tmp_path / "a.ckpt").exists()
+
+
+def test_unsupported_hyperparameter_fails_fit_with_a_clear_error(tmp_path: pathlib.Path) -> None:
+    model = Tiny(extra=pathlib.Path("/data"))
+    with pytest.raises(UnsupportedObjectError, match=r"'hyper_parameters\.extra'"):
+        trainer(tmp_path, 1, plugins=[CkptzipCheckpointIO()]).fit(model, loader())
+
+
+def test_on_unsupported_repr(tmp_path: pathlib.Path) -> None:
+    checkpoint = checkpoint_with_unsupported_values()
+    with pytest.warns(UserWarning, match=r"3 value\(s\).*repr\(\) strings: hyper_parameters\.data_dir \(pathlib"):
+        CkptzipCheckpointIO(on_unsupported="repr").save_checkpoint(checkpoint, tmp_path / "a.ckpt")
+    loaded = ckptzip.load(tmp_path / "a.ckpt")
+    assert loaded["hyper_parameters"] == {"lr": 0.1, "data_dir": "PosixPath('/data')", "dims": [1, "PosixPath('/x')"]}
+    assert loaded["callbacks"] == {"PosixPath('/key')": 1, "ok": {"n": 2}}
+    assert_identical(loaded["state_dict"], checkpoint["state_dict"])
+    assert isinstance(checkpoint["hyper_parameters"]["data_dir"], pathlib.Path)  # caller's dict untouched
+
+
+def test_on_unsupported_drop(tmp_path: pathlib.Path) -> None:
+    with pytest.warns(UserWarning, match=r"left out: hyper_parameters\.data_dir"):
+        CkptzipCheckpointIO(on_unsupported="drop").save_checkpoint(
+            checkpoint_with_unsupported_values(), tmp_path / "a.ckpt"
+        )
+    loaded = ckptzip.load(tmp_path / "a.ckpt")
+    assert loaded["hyper_parameters"] == {"lr": 0.1, "dims": [1, None]}
+    assert loaded["callbacks"] == {"ok": {"n": 2}}
+
+
+@pytest.mark.filterwarnings("error")
+def test_policy_leaves_a_storable_checkpoint_alone(tmp_path: pathlib.Path) -> None:
+    checkpoint = {"state_dict": {"w": torch.ones(2)}, "hyper_parameters": {"lr": 0.1, "betas": (0.9, 0.99)}}
+    CkptzipCheckpointIO(on_unsupported="drop").save_checkpoint(checkpoint, tmp_path / "a.ckpt")
+    assert_identical(ckptzip.load(tmp_path / "a.ckpt"), checkpoint)
+
+
+def test_loads_a_torch_checkpoint_written_before_the_plugin(tmp_path: pathlib.Path) -> None:
+    checkpoint = {"state_dict": {"w": torch.arange(3.0)}, "epoch": 2}
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    assert_identical(CkptzipCheckpointIO().load_checkpoint(tmp_path / "old.ckpt"), checkpoint)
+
+
+def test_remote_paths_go_through_fsspec() -> None:
+    pytest.importorskip("fsspec")
+    io = CkptzipCheckpointIO()
+    checkpoint = {"state_dict": {"w": torch.arange(5, dtype=torch.bfloat16)}, "epoch": 1}
+    io.save_checkpoint(checkpoint, "memory://ckptzip-test/run/a.ckpt")
+    assert_identical(io.load_checkpoint("memory://ckptzip-test/run/a.ckpt"), checkpoint)
+    io.remove_checkpoint("memory://ckptzip-test/run/a.ckpt")
+    with pytest.raises(CheckpointNotFoundError, match="no checkpoint at 'memory://ckptzip-test/run/a.ckpt'"):
+        io.load_checkpoint("memory://ckptzip-test/run/a.ckpt")
+
+
+def test_missing_checkpoint_is_a_file_not_found_error(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        CkptzipCheckpointIO().load_checkpoint(tmp_path / "nope.ckpt")
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match=r"on_unsupported must be one of \('error', 'repr', 'drop'\), got 'pickle'"):
+        CkptzipCheckpointIO(on_unsupported="pickle")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes no storage_options"):
+        CkptzipCheckpointIO().save_checkpoint({}, "x.ckpt", storage_options={"a": 1})
