@@ -1,0 +1,405 @@
+"""CheckpointManager: periodic, asynchronous, atomic checkpoints with retention.
+
+``save`` copies the state into a snapshot (on the GPU for CUDA tensors) and returns; compression,
+device-to-host copies and writes run on one background thread, in step order. A checkpoint is
+visible only once committed (atomic rename locally, commit marker on object stores), so a crash at
+any moment leaves the previous checkpoints loadable. docs/MANAGER.md describes the layout and the
+memory bound.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import operator
+import os
+import random
+import re
+import threading
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from . import api
+from .errors import CheckpointNotFoundError, CorruptCheckpointError
+from .planner import validate_codec_arg
+from .storage import open_storage
+from .tree import flatten, unflatten
+
+__all__ = ["CheckpointManager", "CheckpointSkippedWarning", "capture_rng_state", "restore_rng_state"]
+
+_STEP_NAME = "step_{:08d}.ckz"
+_STEP_PATTERN = re.compile(r"step_(\d{8,})\.ckz")
+_ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
+
+_BufferKey = tuple[torch.device, bool]  # (device, pinned)
+
+
+class CheckpointSkippedWarning(UserWarning):
+    """``restore()`` skipped a damaged checkpoint and fell back to an older one."""
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The global RNG states of Python ``random``, NumPy, torch (CPU) and, once initialized, CUDA.
+
+    Put the result into the saved state and pass it back to :func:`restore_rng_state` after a
+    restore, so random data order, dropout and augmentation continue exactly.
+    """
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Set the global RNGs from :func:`capture_rng_state` output (tensors may be on any device).
+
+    The CUDA states are restored when CUDA is available here; without CUDA they are ignored.
+    """
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([t.cpu() for t in state["cuda"]])
+
+
+@dataclass
+class _Snapshot:
+    tree: Any  # the state flattened by ckptzip.tree, referring to ``tensors`` by position
+    tensors: list[torch.Tensor]  # copies of the state's tensors: views into ``buffers``
+    buffers: list[tuple[_BufferKey, torch.Tensor]]
+    ready: list[torch.cuda.Event]  # recorded after the GPU copies; empty when all copies were synchronous
+
+
+class _SnapshotPool:
+    """Copies states into reusable flat buffers, so the caller may mutate the originals at once.
+
+    A CUDA tensor is copied on a side stream; the caller's current stream waits for that copy
+    before its later work (an optimizer step) runs, so ``take`` returns without a host sync.
+    ``where="device"`` keeps each copy on its tensor's device; ``"host"`` copies CUDA tensors
+    into pinned host memory. Buffers return to the pool after the save that used them.
+    """
+
+    def __init__(self, where: Literal["device", "host"]) -> None:
+        self._where = where
+        self._free: dict[_BufferKey, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+        self._side_streams: dict[torch.device, torch.cuda.Stream] = {}  # caller thread only
+        self._worker_streams: dict[torch.device, torch.cuda.Stream] = {}  # worker thread only
+
+    def _key(self, t: torch.Tensor) -> _BufferKey:
+        if self._where == "host":
+            return torch.device("cpu"), t.is_cuda
+        return t.device, False
+
+    def _acquire(self, key: _BufferKey, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            free = self._free.setdefault(key, [])
+            for i, buf in enumerate(free):
+                if buf.numel() >= nbytes:
+                    return free.pop(i)
+            free.clear()  # all too small for this state: let them go before allocating
+        device, pinned = key
+        return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pinned)
+
+    def take(self, state: Any) -> _Snapshot:
+        """Validate ``state`` (raises :class:`~ckptzip.errors.UnsupportedObjectError`) and copy it."""
+        flat = flatten(state)  # also a deep copy of every non-tensor value
+        sources = [item.tensor for item in flat.tensors]
+        groups: dict[_BufferKey, list[int]] = collections.defaultdict(list)
+        for i, t in enumerate(sources):
+            groups[self._key(t)].append(i)
+        views: dict[int, torch.Tensor] = {}
+        buffers = []
+        for key, members in groups.items():
+            offsets, total = [], 0
+            for i in members:
+                offsets.append(total)
+                total += -(-sources[i].nbytes // _ALIGN) * _ALIGN
+            buf = self._acquire(key, total)
+            buffers.append((key, buf))
+            for i, offset in zip(members, offsets):
+                t = sources[i]
+                views[i] = buf[offset : offset + t.nbytes].view(t.dtype).view(t.shape)
+        copies = [views[i] for i in range(len(sources))]
+        return _Snapshot(flat.tree, copies, buffers, self._copy(sources, copies))
+
+    def _copy(self, sources: list[torch.Tensor], copies: list[torch.Tensor]) -> list[torch.cuda.Event]:
+        by_device: dict[torch.device, list[int]] = collections.defaultdict(list)
+        for i, t in enumerate(sources):
+            by_device[t.device].append(i)
+        ready = []
+        for device, members in by_device.items():
+            dst = [copies[i] for i in members]
+            src = [sources[i] for i in members]
+            if device.type != "cuda":
+                torch._foreach_copy_(dst, src)
+                continue
+            current = torch.cuda.current_stream(device)
+            side = self._side_streams.get(device)
+            if side is None:
+                side = self._side_streams[device] = torch.cuda.Stream(device)
+            side.wait_stream(current)  # the state is final once the caller's queued kernels ran
+            with torch.cuda.stream(side):
+                torch._foreach_copy_(dst, src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+            current.wait_event(done)  # later kernels of the caller may overwrite the sources
+            ready.append(done)
+        return ready
+
+    @contextlib.contextmanager
+    def use(self, snapshot: _Snapshot) -> Iterator[Any]:
+        """In the worker: wait for the copies, rebuild the state, run the body on private CUDA
+        streams, then recycle the buffers."""
+        devices = {key[0] for key, _ in snapshot.buffers if key[0].type == "cuda"}
+        streams = [self._worker_stream(d) for d in devices]
+        try:
+            for event in snapshot.ready:
+                event.synchronize()
+            with contextlib.ExitStack() as stack:
+                for stream in streams:
+                    stack.enter_context(torch.cuda.stream(stream))
+                yield unflatten(snapshot.tree, snapshot.tensors.__getitem__, len(snapshot.tensors))
+        finally:
+            for stream in streams:
+                stream.synchronize()  # nothing may still read a buffer when it is handed out again
+            with self._lock:
+                for key, buf in snapshot.buffers:
+                    self._free.setdefault(key, []).append(buf)
+
+    def _worker_stream(self, device: torch.device) -> torch.cuda.Stream:
+        stream = self._worker_streams.get(device)
+        if stream is None:
+            stream = self._worker_streams[device] = torch.cuda.Stream(device)
+        return stream
+
+    def clear(self) -> None:
+        """Free the pooled buffers."""
+        with self._lock:
+            self._free.clear()
+
+
+def _step_of(name: str) -> int:
+    """The step of a name the storage listed (it matches ``_STEP_PATTERN``)."""
+    return int(name.removeprefix("step_").removesuffix(".ckz"))
+
+
+class CheckpointManager:
+    """Periodic checkpoints of a training run in a directory or an fsspec URL (``s3://bucket/run``).
+
+    Args:
+        directory: local path, ``file://`` URL or any fsspec URL.
+        keep_last: how many committed checkpoints to keep (``None``: all). Older ones are deleted
+            only after a newer one is committed.
+        async_save: save in the background (``save`` returns after the snapshot); ``False`` saves
+            in the caller.
+        codec: codec preset or id for :func:`ckptzip.save`.
+        max_pending: most saves in flight; ``save`` waits for the oldest beyond that. Snapshots
+            hold ``max_pending`` x (state size) of memory, on the GPU for CUDA tensors.
+        snapshot: ``"device"`` snapshots CUDA tensors in GPU memory (shortest stall, compression
+            on the GPU); ``"host"`` copies them into pinned host memory (no extra GPU memory).
+        storage_options: passed to the fsspec filesystem (credentials, ``endpoint_url``, ...).
+
+    One manager writes to a directory at a time; any number may read (``all_steps``, ``restore``).
+    Methods are meant to be called from one thread. Errors of a background save are raised by the
+    next ``save``, ``wait`` or ``close``.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        keep_last: int | None = 3,
+        async_save: bool = True,
+        codec: str = "auto",
+        max_pending: int = 1,
+        snapshot: Literal["device", "host"] = "device",
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"keep_last must be None (keep all) or >= 1, got {keep_last}")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        if snapshot not in ("device", "host"):
+            raise ValueError(f"snapshot must be 'device' or 'host', got {snapshot!r}")
+        validate_codec_arg(codec)
+        self._storage = open_storage(directory, storage_options)
+        self._keep_last = keep_last
+        self._codec = codec
+        self._max_pending = max_pending
+        listing = self._storage.list(_STEP_PATTERN)
+        self._leftovers = listing.partial  # discarded after this manager's first commit
+        self._newest_committed = max(map(_step_of, listing.committed), default=None)
+        self._pending: collections.deque[tuple[int, concurrent.futures.Future[None]]] = collections.deque()
+        self._snapshots = _SnapshotPool(snapshot)
+        self._executor = (
+            concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-save")
+            if async_save
+            else None
+        )
+        self._closed = False
+
+    @property
+    def directory(self) -> str:
+        """Where the checkpoints live, as given."""
+        return self._storage.location
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({self.directory!r}, keep_last={self._keep_last}, pending={len(self._pending)})"
+
+    # ------------------------------------------------------------------------------ saving
+
+    def _newest_step(self) -> int | None:
+        steps = [step for step, _ in self._pending]
+        if self._newest_committed is not None:
+            steps.append(self._newest_committed)
+        return max(steps, default=None)
+
+    def should_save(self, step: int, *, every: int) -> bool:
+        """Whether ``step`` is a multiple of ``every`` and newer than every saved or pending step."""
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        newest = self._newest_step()
+        return step % every == 0 and (newest is None or step > newest)
+
+    def save(self, step: int, state: Any) -> concurrent.futures.Future[None]:
+        """Checkpoint ``state`` as ``step``; returns once the caller may change ``state`` again.
+
+        ``state`` is what :func:`ckptzip.save` accepts (add :func:`capture_rng_state` to resume
+        random streams). The returned future is done when the checkpoint is committed and old
+        ones are retired. Raises first any error of an earlier background save.
+        """
+        if self._closed:
+            raise ValueError(f"{self!r} is closed; create a new CheckpointManager to save")
+        self._reap()
+        step = operator.index(step)
+        newest = self._newest_step()
+        if step < 0 or (newest is not None and step <= newest):
+            raise ValueError(
+                f"cannot save step {step} to {self.directory}: steps must be >= 0 and increase, and step "
+                f"{newest} is already saved or being saved there. Save a larger step, or use a new "
+                "directory for a separate run"
+            )
+        if self._executor is None:
+            self._write(step, state)
+            self._after_commit(step)
+            future: concurrent.futures.Future[None] = concurrent.futures.Future()
+            future.set_result(None)
+            return future
+        while len(self._pending) >= self._max_pending:
+            concurrent.futures.wait([self._pending[0][1]])
+            self._reap()
+        snapshot = self._snapshots.take(state)
+        future = self._executor.submit(self._save_snapshot, step, snapshot)
+        self._pending.append((step, future))
+        return future
+
+    def _save_snapshot(self, step: int, snapshot: _Snapshot) -> None:
+        with self._snapshots.use(snapshot) as state:
+            self._write(step, state)
+        self._after_commit(step)
+
+    def _write(self, step: int, state: Any) -> None:
+        self._storage.write(_STEP_NAME.format(step), lambda f: api.save(state, f, codec=self._codec))
+
+    def _after_commit(self, step: int) -> None:
+        """Record the commit, retire old checkpoints, discard leftovers found at start."""
+        self._newest_committed = step
+        if self._keep_last is not None:
+            committed = sorted(self._storage.list(_STEP_PATTERN).committed, key=_step_of)
+            for name in committed[: -self._keep_last]:
+                self._storage.delete(name)
+        for name in self._leftovers:
+            self._storage.discard_partial(name)
+        self._leftovers = []
+
+    def _reap(self) -> None:
+        """Forget finished saves, oldest first; raise the first failure (later ones stay queued)."""
+        while self._pending and self._pending[0][1].done():
+            _, future = self._pending.popleft()
+            error = future.exception()
+            if error is not None:
+                raise error
+
+    def wait(self) -> None:
+        """Block until every pending save is committed; raise the first unreported failure."""
+        concurrent.futures.wait([future for _, future in self._pending])
+        self._reap()
+
+    def close(self) -> None:
+        """Finish pending saves and free snapshot buffers; raise the first unreported failure.
+
+        If several saves failed, each further ``close()`` raises the next one.
+        """
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        self._snapshots.clear()
+        self._closed = True
+        self._reap()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------- reading
+
+    def all_steps(self) -> list[int]:
+        """Steps of the committed checkpoints, ascending (pending saves are not included)."""
+        return sorted(map(_step_of, self._storage.list(_STEP_PATTERN).committed))
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or ``None`` if there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def _load(self, step: int, map_location: api.MapLocation) -> Any:
+        with self._storage.open(_STEP_NAME.format(step)) as f:
+            return api.load(f, map_location=map_location)
+
+    def restore(self, step: int | None = None, *, map_location: api.MapLocation = None) -> Any:
+        """Load checkpoint ``step``, or the newest valid one when ``step`` is ``None``.
+
+        With ``step=None``, damaged checkpoints are skipped with a :class:`CheckpointSkippedWarning`
+        each. Raises :class:`~ckptzip.errors.CheckpointNotFoundError` if no (valid) checkpoint exists.
+        Pending saves are not waited for; call :meth:`wait` first to restore them.
+        """
+        if step is not None:
+            try:
+                return self._load(operator.index(step), map_location)
+            except FileNotFoundError as exc:
+                raise CheckpointNotFoundError(
+                    f"no committed checkpoint of step {step} in {self.directory}; committed steps: "
+                    f"{self.all_steps()}"
+                ) from exc
+        skipped: list[int] = []
+        while candidates := [s for s in self.all_steps() if s not in skipped]:
+            newest = candidates[-1]
+            try:
+                return self._load(newest, map_location)
+            except (CorruptCheckpointError, FileNotFoundError) as exc:
+                if isinstance(exc, FileNotFoundError) and newest not in self.all_steps():
+                    continue  # retired by the writer after we listed it, so a newer one exists
+                warnings.warn(
+                    f"skipping damaged checkpoint of step {newest} in {self.directory}: {exc}",
+                    CheckpointSkippedWarning,
+                    stacklevel=2,
+                )
+                skipped.append(newest)
+        if skipped:
+            raise CheckpointNotFoundError(
+                f"no valid checkpoint in {self.directory}: all committed ones (steps {sorted(skipped)}) are "
+                "damaged, see the warnings"
+            )
+        raise CheckpointNotFoundError(f"no committed checkpoint in {self.directory}; nothing to restore")
