@@ -128,8 +128,9 @@ class CheckpointReader:
         if self._owned:
             try:
                 f = io.open(f, "rb")  # noqa: SIM115 - closed by close()
-            except FileNotFoundError as exc:
-                raise CheckpointNotFoundError(f"no checkpoint at {str(exc.filename)!r}") from exc
+            except (FileNotFoundError, IsADirectoryError) as exc:
+                what = "a directory, not a checkpoint file" if isinstance(exc, IsADirectoryError) else "missing"
+                raise CheckpointNotFoundError(f"no checkpoint at {str(exc.filename)!r}: the path is {what}") from exc
         self._file: BinaryIO = f  # type: ignore[assignment]
         try:
             self._reader = ContainerReader(self._file)
