@@ -54,9 +54,7 @@ class _CpuCodec(Codec):
             index, (data, raw_size) = job
             try:
                 out = self._decode_one(data, raw_size)
-            except CorruptCheckpointError:
-                raise
-            except Exception as exc:  # each library has its own error type
+            except Exception as exc:  # each library has its own error type; name the chunk
                 raise CorruptCheckpointError(f"{self.codec_id} chunk {index} does not decode: {exc}") from exc
             _check_size(self.codec_id, index, len(out), raw_size)
             return _to_tensor(out)
@@ -125,6 +123,11 @@ class ZstdCodec(_CpuCodec):
         return self._cctx.get().compress(data)
 
     def _decode_one(self, data: memoryview, raw_size: int) -> bytes:
+        # zstandard sizes its output buffer from the frame header when the header has a size,
+        # ignoring max_output_size: check the header first so no unvalidated size is allocated.
+        declared = zstandard.frame_content_size(data)
+        if declared not in (-1, raw_size):  # -1: the header does not record the size
+            raise CorruptCheckpointError(f"zstd frame header declares {declared} bytes, expected {raw_size}")
         return self._dctx.get().decompress(data, max_output_size=raw_size)
 
 
