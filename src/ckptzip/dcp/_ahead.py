@@ -1,0 +1,50 @@
+"""Run per-item work a few items ahead on a thread pool, consuming results in order."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+R = TypeVar("R")
+
+
+class Task(Generic[K, R]):
+    """``run()`` for ``key``; ``inline`` tasks run on the calling thread (GPU work stays on the
+    thread that owns the device's stream)."""
+
+    __slots__ = ("key", "run", "inline")
+
+    def __init__(self, key: K, run: Callable[[], R], *, inline: bool = False) -> None:
+        self.key = key
+        self.run = run
+        self.inline = inline
+
+
+def run_ahead(tasks: Iterable[Task[K, R]], workers: int) -> Iterator[tuple[K, R]]:
+    """Yield ``(key, result)`` for each task, in order, keeping up to ``2 * workers`` in flight.
+
+    ``tasks`` is consumed lazily, so preparing a task (resolving its data) also happens at most
+    that far ahead. An error in a task is raised when its turn comes; later tasks are cancelled.
+    """
+    pending: collections.deque[tuple[K, Future[R]]] = collections.deque()
+    depth = 2 * max(1, workers)
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckptzip-dcp")
+    try:
+        for task in tasks:
+            if task.inline:
+                done: Future[R] = Future()
+                done.set_result(task.run())
+                pending.append((task.key, done))
+            else:
+                pending.append((task.key, pool.submit(task.run)))
+            while len(pending) >= depth:
+                key, future = pending.popleft()
+                yield key, future.result()
+        while pending:
+            key, future = pending.popleft()
+            yield key, future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

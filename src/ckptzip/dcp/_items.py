@@ -1,0 +1,104 @@
+"""One DCP item ⇄ one stored blob: a complete one-tensor ``.ckz`` container."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import MetadataIndex
+
+from ..api import CompressedTensor, compress, decompress
+from ..errors import CkptzipError, CorruptCheckpointError, UnsupportedObjectError
+from ..format import TensorEntry
+from ._metadata import StoredItem
+
+# Non-tensor items are small pickles made by DCP's planner; any codec choice suits them.
+_BYTES_CODEC = "auto"
+
+
+def describe(index: MetadataIndex) -> str:
+    """``item 'model.w' (chunk at offsets [16, 0])``: how messages name a DCP item."""
+    if index.offset is None or len(index.offset) == 0:
+        return f"item {index.fqn!r}"
+    return f"item {index.fqn!r} (chunk at offsets {list(index.offset)})"
+
+
+def pipeline(entry: TensorEntry) -> dict[str, Any]:
+    """The codec pipeline of a stored tensor: its transforms, then one codec per stream."""
+    return {"transforms": entry.transforms, "codecs": [s.codec for s in entry.streams]}
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One item compressed: the blob to store, and what the metadata records about it."""
+
+    blob: bytes
+    pipeline: dict[str, Any]
+    checksum: str
+
+
+def _encoded(ct: CompressedTensor) -> Encoded:
+    return Encoded(ct.to_bytes(), pipeline(ct.entry), ct.entry.checksum)
+
+
+def encode_tensor(tensor: torch.Tensor, codec: str) -> Encoded:
+    """Compress a tensor (on its own GPU when it lives on one and nvCOMP is here)."""
+    return _encoded(compress(tensor.detach(), codec=codec))
+
+
+def encode_bytes(data: io.BytesIO) -> Encoded:
+    """Compress the serialized object DCP's planner produced for a non-tensor item."""
+    raw = data.getvalue()
+    tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    return _encoded(compress(tensor, codec=_BYTES_CODEC))
+
+
+def decode_blob(blob: bytes, stored: StoredItem, device: torch.device, where: str) -> torch.Tensor:
+    """Decode and verify one stored blob on ``device``; errors name the item (``where``).
+
+    A blob whose container disagrees with the pipeline or checksum the metadata recorded for the
+    item belongs to another item or another checkpoint.
+    """
+    try:
+        ct = CompressedTensor.from_bytes(blob)
+        found = _encoded(ct)
+        if (found.pipeline, found.checksum) != (stored.pipeline, stored.checksum):
+            raise CorruptCheckpointError(
+                f"the stored container (codec pipeline {found.pipeline}, checksum {found.checksum}) is not "
+                f"the one the checkpoint metadata recorded (codec pipeline {stored.pipeline}, checksum "
+                f"{stored.checksum}); the data file and the metadata do not belong together"
+            )
+        return decompress(ct, device=device)
+    except CkptzipError as exc:
+        raise type(exc)(f"{where}: {exc}") from exc
+
+
+def check_shape(tensor: torch.Tensor, dtype: torch.dtype, shape: torch.Size, where: str) -> None:
+    """Raise ``CorruptCheckpointError`` unless ``tensor`` is what the metadata says was stored."""
+    if tensor.dtype != dtype or tensor.shape != shape:
+        raise CorruptCheckpointError(
+            f"{where}: the stored tensor is {tensor.dtype} {list(tensor.shape)}, the checkpoint metadata "
+            f"says {dtype} {list(shape)}; the data file and the metadata do not belong together"
+        )
+
+
+def check_safe_object(data: bytes, where: str) -> None:
+    """Refuse a serialized object that torch's ``weights_only`` unpickler would not load.
+
+    DCP's load planner unpickles non-tensor items with ``torch.load(weights_only=False)``, which
+    can run code; this check lets through only what the restricted unpickler accepts (tensors,
+    containers, numbers, strings, ...), so loading runs no code from the file.
+    """
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsupportedObjectError(
+            f"{where} is a pickled Python object that torch's weights_only loader refuses "
+            f"({first_line}). DCP would unpickle it without restriction, which can run code from "
+            "the file. If you trust this checkpoint, load it with "
+            "CompressedStorageReader(path, trusted_objects=True)."
+        ) from exc

@@ -1,0 +1,289 @@
+"""DCP's checkpoint ``Metadata`` as a checksummed ``.ckz`` file, so reading it never unpickles.
+
+DCP's own ``FileSystemWriter`` pickles ``Metadata``. ckptzip writes the same object graph as a
+plain tree (dicts, lists, strings, integers) in a ``.ckz`` container, whose index hash covers every
+byte, and rebuilds ``Metadata`` on load, validating every field (docs/DCP.md, "Metadata file").
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+from ..api import load, save
+from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
+from ._storage import check_name
+
+METADATA_FILE = ".metadata.ckz"
+FORMAT = "ckptzip-dcp"
+FORMAT_VERSION = 1
+
+_DTYPES: dict[str, torch.dtype] = {
+    str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
+}
+_TOP_KEYS = {"format", "version", "dcp_version", "state_dict", "planner_data", "storage_meta", "items"}
+
+
+def metadata_file(rank: int | None) -> str:
+    """Name of the metadata file: one per checkpoint, or one per rank when DCP saves without
+    collectives (``use_collectives=False``)."""
+    return METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}"
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    """Where one DCP item is stored and how: a byte range of a data file holding one complete
+    one-tensor ``.ckz`` container, that container's codec pipeline (its transforms and stream
+    codecs) and its tensor checksum. The container records both too; the copies here bind each
+    blob to its item, so a blob swapped with another item's is detected."""
+
+    file: str
+    offset: int
+    length: int
+    pipeline: dict[str, Any]
+    checksum: str
+
+
+def check_planner_data(planner_data: Any) -> None:
+    """Raise ``UnsupportedObjectError`` unless ``planner_data`` can be stored without pickling.
+
+    DCP's default planners store ``None`` or a mapping from flattened keys to the key path in the
+    original state dict (``dict[str, tuple[str | int, ...]]``); that is what ckptzip stores.
+    """
+    if planner_data is None:
+        return
+    if isinstance(planner_data, dict) and all(
+        isinstance(k, str)
+        and isinstance(v, (tuple, list))
+        and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in v)
+        for k, v in planner_data.items()
+    ):
+        return
+    raise UnsupportedObjectError(
+        f"the save planner produced planner_data of type {type(planner_data).__name__} that is not "
+        "DCP's key mapping (dict[str, tuple[str | int, ...]]); ckptzip stores checkpoint metadata "
+        "as plain data and does not pickle it. Use DCP's DefaultSavePlanner, or a planner whose "
+        "planner_data is such a mapping."
+    )
+
+
+def encode_metadata(metadata: Metadata, items: dict[MetadataIndex, StoredItem]) -> bytes:
+    """The metadata file for ``metadata`` with ``items`` as its storage data."""
+    check_planner_data(metadata.planner_data)
+    state_dict: dict[str, Any] = {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        if isinstance(md, TensorStorageMetadata):
+            state_dict[fqn] = {
+                "type": "tensor",
+                "dtype": str(md.properties.dtype).removeprefix("torch."),
+                "size": list(md.size),
+                "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in md.chunks],
+            }
+        elif isinstance(md, BytesStorageMetadata):
+            state_dict[fqn] = {"type": "bytes"}
+        else:
+            raise UnsupportedObjectError(
+                f"state dict entry {fqn!r} has DCP storage metadata of type {type(md).__name__}, "
+                "which this ckptzip does not know; expected tensor or bytes metadata"
+            )
+    storage_meta = getattr(metadata, "storage_meta", None)
+    document = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "dcp_version": getattr(metadata, "version", None),
+        "state_dict": state_dict,
+        "planner_data": None
+        if metadata.planner_data is None
+        else {k: list(v) for k, v in metadata.planner_data.items()},
+        "storage_meta": None
+        if storage_meta is None
+        else {
+            "checkpoint_id": None if storage_meta.checkpoint_id is None else os.fspath(storage_meta.checkpoint_id),
+            "save_id": storage_meta.save_id,
+            "modules": list(getattr(storage_meta, "modules", [])),
+        },
+        "items": [
+            {
+                "fqn": index.fqn,
+                "offset": None if index.offset is None else list(index.offset),
+                "index": index.index,
+                "file": item.file,
+                "start": item.offset,
+                "length": item.length,
+                "pipeline": item.pipeline,
+                "checksum": item.checksum,
+            }
+            for index, item in items.items()
+        ],
+    }
+    buffer = io.BytesIO()
+    save(document, buffer)
+    return buffer.getvalue()
+
+
+class _Checker:
+    """Typed access to the loaded metadata tree; every failure names the field and the file."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, where: str, expected: str, found: Any) -> CorruptCheckpointError:
+        shown = repr(found)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        return CorruptCheckpointError(
+            f"checkpoint metadata {self.source}: {where} must be {expected}, found {shown}; "
+            "the file is damaged or was not written by ckptzip"
+        )
+
+    def get(self, obj: dict[str, Any], key: str, where: str) -> Any:
+        if key not in obj:
+            raise self.fail(f"{where}.{key}", "present", "nothing")
+        return obj[key]
+
+    def obj(self, value: Any, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(where, "an object", value)
+        return value
+
+    def arr(self, value: Any, where: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(where, "an array", value)
+        return value
+
+    def text(self, value: Any, where: str, *, optional: bool = False) -> Any:
+        if not (isinstance(value, str) or (optional and value is None)):
+            raise self.fail(where, "a string" + (" or null" if optional else ""), value)
+        return value
+
+    def nat(self, value: Any, where: str, *, optional: bool = False) -> Any:
+        if optional and value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise self.fail(where, "a non-negative integer" + (" or null" if optional else ""), value)
+        return value
+
+    def size(self, value: Any, where: str) -> torch.Size:
+        return torch.Size(self.nat(v, f"{where}[{i}]") for i, v in enumerate(self.arr(value, where)))
+
+
+def decode_metadata(data: bytes, source: str) -> Metadata:
+    """Rebuild DCP ``Metadata`` (with :class:`StoredItem` storage data) from its metadata file."""
+    try:
+        document = load(io.BytesIO(data))
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"checkpoint metadata {source} is damaged: {exc}") from exc
+    c = _Checker(source)
+    top = c.obj(document, "the document")
+    if top.get("format") != FORMAT:
+        raise c.fail("field 'format'", repr(FORMAT), top.get("format"))
+    version = c.nat(c.get(top, "version", "document"), "field 'version'")
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            f"checkpoint metadata {source} has ckptzip-dcp version {version}; this ckptzip reads "
+            f"version {FORMAT_VERSION}. Upgrade ckptzip to load this checkpoint."
+        )
+    unknown = set(top) - _TOP_KEYS
+    if unknown:
+        raise c.fail("the document", f"an object with keys {sorted(_TOP_KEYS)}", sorted(unknown))
+
+    metadata = Metadata(
+        state_dict_metadata={
+            fqn: _entry_from_tree(c, entry, f"state_dict[{fqn!r}]")
+            for fqn, entry in c.obj(c.get(top, "state_dict", "document"), "state_dict").items()
+        },
+        planner_data=_planner_data_from_tree(c, c.get(top, "planner_data", "document")),
+        storage_data=_items_from_tree(c, c.get(top, "items", "document")),
+    )
+    # Set after construction: older torch releases have no such constructor arguments.
+    metadata.storage_meta = _storage_meta_from_tree(c, c.get(top, "storage_meta", "document"))
+    metadata.version = c.text(c.get(top, "dcp_version", "document"), "field 'dcp_version'", optional=True)
+    return metadata
+
+
+def _entry_from_tree(c: _Checker, entry: Any, where: str) -> TensorStorageMetadata | BytesStorageMetadata:
+    entry = c.obj(entry, where)
+    kind = c.get(entry, "type", where)
+    if kind == "bytes":
+        return BytesStorageMetadata()
+    if kind != "tensor":
+        raise c.fail(f"{where}.type", "'tensor' or 'bytes'", kind)
+    dtype_name = c.get(entry, "dtype", where)
+    if dtype_name not in _DTYPES:
+        raise c.fail(f"{where}.dtype", "a torch dtype name", dtype_name)
+    chunks = []
+    for i, chunk in enumerate(c.arr(c.get(entry, "chunks", where), f"{where}.chunks")):
+        at = f"{where}.chunks[{i}]"
+        chunk = c.obj(chunk, at)
+        chunks.append(
+            ChunkStorageMetadata(
+                offsets=c.size(c.get(chunk, "offsets", at), f"{at}.offsets"),
+                sizes=c.size(c.get(chunk, "sizes", at), f"{at}.sizes"),
+            )
+        )
+    return TensorStorageMetadata(
+        properties=TensorProperties(dtype=_DTYPES[dtype_name]),
+        size=c.size(c.get(entry, "size", where), f"{where}.size"),
+        chunks=chunks,
+    )
+
+
+def _planner_data_from_tree(c: _Checker, raw: Any) -> dict[str, tuple[str | int, ...]] | None:
+    if raw is None:
+        return None
+    return {
+        key: tuple(
+            p if isinstance(p, str) else c.nat(p, f"planner_data[{key!r}][{i}]")
+            for i, p in enumerate(c.arr(path, f"planner_data[{key!r}]"))
+        )
+        for key, path in c.obj(raw, "planner_data").items()
+    }
+
+
+def _items_from_tree(c: _Checker, raw: Any) -> dict[MetadataIndex, StoredItem]:
+    items: dict[MetadataIndex, StoredItem] = {}
+    for i, item in enumerate(c.arr(raw, "items")):
+        where = f"items[{i}]"
+        item = c.obj(item, where)
+        offset = c.get(item, "offset", where)
+        index = MetadataIndex(
+            fqn=c.text(c.get(item, "fqn", where), f"{where}.fqn"),
+            offset=None if offset is None else c.size(offset, f"{where}.offset"),
+            index=c.nat(c.get(item, "index", where), f"{where}.index", optional=True),
+        )
+        items[index] = StoredItem(
+            file=check_name(c.get(item, "file", where), f"checkpoint metadata {c.source}, {where}"),
+            offset=c.nat(c.get(item, "start", where), f"{where}.start"),
+            length=c.nat(c.get(item, "length", where), f"{where}.length"),
+            pipeline=c.obj(c.get(item, "pipeline", where), f"{where}.pipeline"),
+            checksum=c.text(c.get(item, "checksum", where), f"{where}.checksum"),
+        )
+    return items
+
+
+def _storage_meta_from_tree(c: _Checker, raw: Any) -> StorageMeta | None:
+    if raw is None:
+        return None
+    raw = c.obj(raw, "storage_meta")
+    meta = StorageMeta(
+        checkpoint_id=c.text(c.get(raw, "checkpoint_id", "storage_meta"), "storage_meta.checkpoint_id", optional=True),
+        save_id=c.text(c.get(raw, "save_id", "storage_meta"), "storage_meta.save_id", optional=True),
+    )
+    meta.modules = [
+        c.text(m, f"storage_meta.modules[{i}]")
+        for i, m in enumerate(c.arr(c.get(raw, "modules", "storage_meta"), "storage_meta.modules"))
+    ]
+    return meta

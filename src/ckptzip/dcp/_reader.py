@@ -1,0 +1,218 @@
+"""``CompressedStorageReader``: DCP's ``StorageReader`` for checkpoints ckptzip wrote."""
+
+from __future__ import annotations
+
+import functools
+import io
+import itertools
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from ..codecs._threads import cpu_threads
+from ..errors import CheckpointNotFoundError, CkptzipError, CorruptCheckpointError
+from ._ahead import Task, run_ahead
+from ._items import check_safe_object, check_shape, decode_blob, describe
+from ._metadata import StoredItem, decode_metadata, metadata_file
+from ._storage import CheckpointDir, read_exact
+
+_DCP_METADATA_FILE = ".metadata"
+
+
+class CompressedStorageReader(StorageReader):
+    """Read a DCP checkpoint written by :class:`CompressedStorageWriter`, on any number of ranks::
+
+        dcp.load(state, storage_reader=CompressedStorageReader("ckpt/step100"))
+
+    Every stored chunk is verified (chunk and tensor checksums) before it reaches the state
+    dict; a damaged chunk raises ``CorruptCheckpointError`` naming the item. Shards are decoded on
+    the device of the tensor they load into. Nothing from the files is unpickled by ckptzip;
+    non-tensor values are unpickled by DCP's load planner, and ckptzip first checks that torch's
+    ``weights_only`` unpickler accepts them unless ``trusted_objects=True``.
+
+    Args:
+        trusted_objects: hand non-tensor values to the planner without that check.
+        thread_count: CPU threads decoding items concurrently (default: up to 4).
+        storage_options: fsspec options when ``path`` is a URL.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        trusted_objects: bool = False,
+        thread_count: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.trusted_objects = trusted_objects
+        self.thread_count = thread_count or min(4, cpu_threads())
+        self._storage_options = storage_options
+        self._dir = CheckpointDir(path, storage_options)
+        self.load_id = uuid.uuid4().hex
+        self._items: dict[MetadataIndex, StoredItem] = {}
+        self._chunks: dict[MetadataIndex, tuple[torch.dtype, torch.Size]] = {}
+
+    @property
+    def checkpoint_id(self) -> str:
+        """The checkpoint directory or URL."""
+        return self._dir.path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """Whether a ckptzip DCP checkpoint is at ``checkpoint_id``."""
+        try:
+            return CheckpointDir(checkpoint_id).exists(metadata_file(None))
+        except (CkptzipError, OSError, ValueError):
+            return False
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id:
+            self._dir = CheckpointDir(checkpoint_id, self._storage_options)
+        self._items = {}
+        self._chunks = {}
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """Read the checkpoint's metadata file (a rank's own one when ``rank=`` is given, as DCP
+        asks for checkpoints saved with ``use_collectives=False``)."""
+        name = metadata_file(kwargs.get("rank"))
+        try:
+            data = self._dir.read(name)
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(self._not_found_message(name)) from None
+        metadata = decode_metadata(data, repr(self._dir.location(name)))
+        if metadata.storage_meta is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def _not_found_message(self, name: str) -> str:
+        where = self._dir.location(name)
+        if self._dir.exists(_DCP_METADATA_FILE):
+            return (
+                f"no ckptzip checkpoint metadata at {where!r}: the directory holds a plain DCP checkpoint "
+                "(FileSystemWriter's .metadata); load it with torch.distributed.checkpoint.FileSystemReader"
+            )
+        return (
+            f"no ckptzip checkpoint metadata at {where!r}; the checkpoint does not exist or its save did "
+            "not finish (the metadata file is written last)"
+        )
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._items = metadata.storage_data
+        self._chunks = {
+            MetadataIndex(fqn, chunk.offsets): (md.properties.dtype, chunk.sizes)
+            for fqn, md in metadata.state_dict_metadata.items()
+            if isinstance(md, TensorStorageMetadata)
+            for chunk in md.chunks
+        }
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read each stored item once (however many requests it serves), file by file in offset
+        order, decoding a few items ahead on a thread pool (on the calling thread for GPU targets)."""
+        requests: dict[MetadataIndex, list[ReadItem]] = {}
+        for request in plan.items:
+            requests.setdefault(request.storage_index, []).append(request)
+        located = sorted(
+            ((self._stored(index), index, reqs) for index, reqs in requests.items()),
+            key=lambda entry: (entry[0].file, entry[0].offset),
+        )
+        for name, group in itertools.groupby(located, key=lambda entry: entry[0].file):
+            try:
+                with self._dir.open_read(name) as stream:
+                    tasks = self._decode_tasks(stream, group, planner)
+                    for (index, reqs, targets), value in run_ahead(tasks, self.thread_count):
+                        self._deliver(index, reqs, targets, value, planner)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(
+                    f"data file {self._dir.location(name)!r} of the checkpoint is missing; "
+                    "the checkpoint is incomplete or was partly deleted"
+                ) from None
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    def _stored(self, index: MetadataIndex) -> StoredItem:
+        try:
+            return self._items[index]
+        except KeyError:
+            raise CorruptCheckpointError(
+                f"{describe(index)}: the checkpoint metadata lists no stored data for it"
+            ) from None
+
+    def _where(self, index: MetadataIndex, stored: StoredItem) -> str:
+        return f"{describe(index)} in {self._dir.location(stored.file)!r} at bytes {stored.offset}+{stored.length}"
+
+    def _decode_tasks(
+        self,
+        stream: IO[bytes],
+        group: Iterable[tuple[StoredItem, MetadataIndex, list[ReadItem]]],
+        planner: LoadPlanner,
+    ) -> Iterator[Task[tuple[MetadataIndex, list[ReadItem], list[torch.Tensor]], Any]]:
+        for stored, index, reqs in group:
+            where = self._where(index, stored)
+            blob = read_exact(stream, stored.offset, stored.length, where)
+            if reqs[0].type == LoadItemType.BYTE_IO:
+                yield Task((index, reqs, []), functools.partial(self._decode_bytes, blob, stored, where))
+                continue
+            targets = [planner.resolve_tensor(req).detach() for req in reqs]
+            device = targets[0].device
+            yield Task(
+                (index, reqs, targets),
+                functools.partial(decode_blob, blob, stored, device, where),
+                inline=device.type == "cuda",
+            )
+
+    def _decode_bytes(self, blob: bytes, stored: StoredItem, where: str) -> bytes:
+        decoded = decode_blob(blob, stored, torch.device("cpu"), where)
+        if decoded.dtype != torch.uint8 or decoded.dim() != 1:
+            raise CorruptCheckpointError(
+                f"{where}: a non-tensor value is stored as 1-D uint8 bytes, found {decoded.dtype} "
+                f"{list(decoded.shape)}; the data file and the metadata do not belong together"
+            )
+        data = decoded.numpy().tobytes()
+        if not self.trusted_objects:
+            check_safe_object(data, where)
+        return data
+
+    def _deliver(
+        self,
+        index: MetadataIndex,
+        reqs: list[ReadItem],
+        targets: list[torch.Tensor],
+        value: Any,
+        planner: LoadPlanner,
+    ) -> None:
+        if isinstance(value, bytes):
+            for req in reqs:
+                planner.load_bytes(req, io.BytesIO(value))
+            return
+        where = self._where(index, self._items[index])
+        if index not in self._chunks:
+            raise CorruptCheckpointError(f"{where}: the checkpoint metadata describes no such tensor chunk")
+        check_shape(value, *self._chunks[index], where)
+        for req, target in zip(reqs, targets):
+            piece = value
+            for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
+                piece = piece.narrow(dim, start, length)
+            if piece.shape != target.shape:
+                raise CorruptCheckpointError(
+                    f"{where}: the load plan asks for a {list(piece.shape)} region but its target is "
+                    f"{list(target.shape)}"
+                )
+            target.copy_(piece)
+            planner.commit_tensor(req, target)
