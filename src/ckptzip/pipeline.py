@@ -6,7 +6,7 @@ import torch
 
 from .checksum import format_wsum64, wsum64
 from .codecs import GPU_ONLY_IDS, get_codec, has_codec
-from .errors import CodecUnavailableError, CorruptCheckpointError
+from .errors import CkptzipError, CorruptCheckpointError
 from .format import DTYPE_NAMES, DTYPES, ContainerReader, ContainerWriter, StreamEntry, TensorEntry
 from .planner import backend_for, plan_tensor
 from .transforms import get_transform
@@ -89,8 +89,8 @@ def read_tensor(reader: ContainerReader, entry: TensorEntry, device: torch.devic
     for j, stream in enumerate(entry.streams):
         try:
             codec = get_codec(stream.codec, backend)
-        except CodecUnavailableError as exc:
-            raise CodecUnavailableError(f"tensor {entry.name!r}: {exc}") from exc
+        except CkptzipError as exc:  # unknown id, unavailable here, or invalid options
+            raise type(exc)(f"tensor {entry.name!r} stream {j}: {exc}") from exc
         stored = _to_device(reader.read_stream(entry, j), work_device)
         try:
             decoded = codec.decode(stored, [c.raw_length for c in stream.chunks]) if stored else []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import CodecUnavailableError, UnsupportedFormatError
+from ..errors import CodecUnavailableError, CorruptCheckpointError, UnsupportedFormatError
 from .base import Codec
 
 _REGISTRY: dict[tuple[str, str], type[Codec]] = {}
@@ -34,8 +34,9 @@ def has_codec(codec_id: str, backend: str) -> bool:
 def get_codec(config: dict[str, Any] | str, backend: str) -> Codec:
     """Return the implementation of a codec config on ``backend`` ("cpu" or "cuda").
 
-    Raises ``UnsupportedFormatError`` for an unknown id and ``CodecUnavailableError`` when the id
-    is known but cannot run on this backend here.
+    Raises ``UnsupportedFormatError`` for an unknown id, ``CodecUnavailableError`` when the id
+    is known but cannot run on this backend here, and ``CorruptCheckpointError`` for options the
+    codec rejects.
     """
     if isinstance(config, str):
         config = {"id": config}
@@ -48,7 +49,10 @@ def get_codec(config: dict[str, Any] | str, backend: str) -> Codec:
     cls = _REGISTRY.get((codec_id, backend))
     if cls is None:
         raise CodecUnavailableError(_unavailable_message(codec_id, backend))
-    return cls.from_config(config)
+    try:
+        return cls.from_config(config)
+    except (TypeError, ValueError) as exc:
+        raise CorruptCheckpointError(f"codec configuration {config!r:.200} is invalid: {exc}") from exc
 
 
 def _unavailable_message(codec_id: str, backend: str) -> str:
