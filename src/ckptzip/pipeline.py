@@ -14,7 +14,7 @@ from .transforms import get_transform
 
 def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's elements in C order as a 1-D uint8 tensor on the same device (no copy if contiguous)."""
-    t = tensor.detach()
+    t = tensor.detach().resolve_conj().resolve_neg()  # lazy conj/neg views have no byte view
     if not t.is_contiguous():
         t = t.contiguous()
     flat = t.reshape(-1)
