@@ -1,0 +1,460 @@
+"""GPU codecs on NVIDIA nvCOMP (``nvidia-nvcomp-cu12/cu13`` >= 6.0, ``from nvidia import nvcomp``).
+
+Every codec stores nvCOMP's ``RAW`` bitstream: each chunk is one bare stream of its format, with no
+nvCOMP header. So ``zstd`` chunks are standard zstd frames, ``deflate`` chunks raw RFC 1951 streams
+and ``lz4`` chunks LZ4 *blocks*, interchangeable with the CPU codecs; ``ans``, ``bitcomp``,
+``gdeflate`` and ``cascaded`` are NVIDIA formats that only nvCOMP decodes. Options a RAW decoder
+needs (such as ``data_type``) live in the codec config, which the container stores.
+
+Contract, beyond :class:`~ckptzip.codecs.base.Codec`:
+
+- One ``encode``/``decode`` call hands nvCOMP the whole batch (one ``BatchArray``) on the current
+  torch CUDA stream. ``encode`` waits for the compressed sizes; ``decode`` waits for nvCOMP's
+  result so it can report a bad chunk. Nothing else synchronises with the host.
+- Chunks must be non-empty (``ValueError`` otherwise) and at most ``max_chunk_bytes``; with a
+  multi-byte ``data_type`` their sizes must be whole elements.
+- The returned chunks are views into one buffer allocated per call, which stays alive while any
+  of them does; copy them (e.g. to the host) to release it.
+- nvCOMP's zstd, deflate, gdeflate, bitcomp and cascaded decoders are only defined on valid input
+  (nvCOMP known issue): verify stored bytes before decoding them.
+- nvCOMP codec objects are costly to create and not thread-safe; they are cached per thread, per
+  algorithm, options, chunk capacity, device and stream.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from ..errors import CodecUnavailableError, CorruptCheckpointError
+from .base import Codec
+from .registry import mark_unavailable, register
+
+_MIN_NVCOMP_MAJOR = 6
+_INSTALL_HINT = "pip install {}ckptzip[gpu], or ckptzip[gpu-cu13] for CUDA 13"
+
+# Largest chunk each format accepts (nvCOMP 6.0 headers, nvcomp<Format>CompressionMaxAllowedChunkSize).
+# zstd allows 2 GiB - 1; ckptzip caps it at 1 GiB so the chunk size it configures is a power of two.
+MAX_CHUNK_BYTES: dict[str, int] = {
+    "zstd": 1 << 30,
+    "deflate": 1 << 31,
+    "gdeflate": 1 << 31,
+    "lz4": 1 << 24,
+    "ans": 1 << 24,
+    "bitcomp": 1 << 24,
+    "cascaded": 1 << 24,
+}
+# Address alignment nvCOMP needs for every input and output chunk: the larger of the format's
+# compression and decompression requirements (nvcomp<Format>Required*Alignment, nvCOMP 6.0).
+_ALIGNMENT = {"zstd": 8, "deflate": 8, "gdeflate": 8, "lz4": 4, "ans": 16, "bitcomp": 8, "cascaded": 8}
+_ITEMSIZE = {"|u1": 1, "<u2": 2, "<u4": 4, "<f2": 2, "<f4": 4}
+_MIN_CHUNK_CAPACITY = 1 << 16  # nvCOMP's default uncomp_chunk_size
+_MAX_CACHED_ENGINES = 16
+
+
+def _why_unavailable(cuda_available: bool, nvcomp_problem: str | None) -> str | None:
+    """Why the GPU codecs cannot run here, or None when they can."""
+    problems = [nvcomp_problem] if nvcomp_problem else []
+    if not cuda_available:
+        problems.append("no CUDA device is visible (torch.cuda.is_available() is False)")
+    return " and ".join(problems) or None
+
+
+def _load_nvcomp(import_it: bool) -> tuple[Any, str | None]:
+    """Import ``nvidia.nvcomp`` (or only look for it); return the module and what is wrong with it."""
+    try:
+        installed = importlib.util.find_spec("nvidia.nvcomp") is not None
+    except ImportError:  # no ``nvidia`` package at all
+        installed = False
+    if not installed:
+        return None, f"nvidia.nvcomp is not installed ({_INSTALL_HINT.format('')})"
+    if not import_it:
+        return None, None
+    try:
+        from nvidia import nvcomp as module  # type: ignore[import-not-found]  # ships no stubs
+    except Exception as exc:  # a broken wheel or missing libnvcomp raises more than ImportError
+        return None, f"nvidia.nvcomp fails to import ({type(exc).__name__}: {exc}); reinstall it ({_INSTALL_HINT.format('')})"
+    version = str(getattr(module, "__version__", "0"))
+    major = version.split(".")[0]
+    if not major.isdigit() or int(major) < _MIN_NVCOMP_MAJOR:
+        return None, (
+            f"nvidia.nvcomp {version} is older than the {_MIN_NVCOMP_MAJOR}.0 ckptzip needs; "
+            f"upgrade it ({_INSTALL_HINT.format('-U ')})"
+        )
+    return module, None
+
+
+_CUDA_AVAILABLE = torch.cuda.is_available()
+_nv, _problem = _load_nvcomp(import_it=_CUDA_AVAILABLE)
+UNAVAILABLE_REASON: str | None = _why_unavailable(_CUDA_AVAILABLE, _problem)
+
+
+class _Engine:
+    """One ``nvcomp.Codec`` bound to a device, a stream and a chunk capacity (not thread-safe)."""
+
+    def __init__(self, algorithm: str, options: dict[str, Any], capacity: int, device: int, stream: int) -> None:
+        self.stream = stream
+        self.codec = _nv.Codec(
+            algorithm=algorithm,
+            device_id=device,
+            cuda_stream=stream,
+            uncomp_chunk_size=capacity,
+            bitstream_kind=_nv.BitstreamKind.RAW,
+            **options,
+        )
+        self._max_compressed: dict[int, int] = {}
+
+    def max_compressed(self, chunk: torch.Tensor) -> int:
+        """Upper bound of the compressed size of a chunk of this size."""
+        size = chunk.numel()
+        bound = self._max_compressed.get(size)
+        if bound is None:
+            array = _nv.as_array(chunk, cuda_stream=self.stream)
+            bound = self._max_compressed[size] = int(self.codec.get_max_comp_buffer_size(array))
+        return bound
+
+
+_ENGINES = threading.local()
+
+
+def _engine(key: tuple[Any, ...], make: Callable[[], _Engine]) -> _Engine:
+    """The calling thread's engine for ``key``, created on first use (small LRU)."""
+    engines: OrderedDict[tuple[Any, ...], _Engine] | None = getattr(_ENGINES, "lru", None)
+    if engines is None:
+        engines = _ENGINES.lru = OrderedDict()
+    engine = engines.get(key)
+    if engine is None:
+        engine = engines[key] = make()
+        if len(engines) > _MAX_CACHED_ENGINES:
+            engines.popitem(last=False)
+    else:
+        engines.move_to_end(key)
+    return engine
+
+
+def _slots(sizes: Sequence[int], alignment: int) -> tuple[list[int], int]:
+    """Offsets that place ``sizes`` back to back at ``alignment``, and the total length."""
+    offsets, end = [], 0
+    for size in sizes:
+        offsets.append(end)
+        end += -(-size // alignment) * alignment
+    return offsets, end
+
+
+def _views(buffer: torch.Tensor, offsets: Sequence[int], sizes: Sequence[int]) -> list[torch.Tensor]:
+    """``buffer[offsets[i] : offsets[i] + sizes[i]]`` for every i, in one split."""
+    ends = [*offsets[1:], buffer.numel()]
+    pieces = [n for off, end, size in zip(offsets, ends, sizes) for n in (size, end - off - size)]
+    return list(buffer.split(pieces))[::2]
+
+
+def _pack(chunks: Sequence[torch.Tensor], sizes: Sequence[int], alignment: int) -> tuple[torch.Tensor, list[int]]:
+    """Copy chunks into one new buffer at aligned offsets (one concatenation)."""
+    offsets, total = _slots(sizes, alignment)
+    ends = [*offsets[1:], total]
+    gaps = [end - off - size for off, end, size in zip(offsets, ends, sizes)]
+    zeros = torch.zeros(sum(gaps), dtype=torch.uint8, device=chunks[0].device).split(gaps)
+    return torch.cat([t for pair in zip(chunks, zeros) for t in pair]), offsets
+
+
+def _as_batch(chunks: Sequence[torch.Tensor], sizes: Sequence[int], alignment: int, stream: int) -> Any:
+    """An nvCOMP ``BatchArray`` over the chunks: zero-copy when they share one allocation at aligned
+    addresses (chunks split from one stream), else over an aligned packed copy."""
+    storage = chunks[0].untyped_storage()
+    base_ptr = storage.data_ptr()
+    if all(c.untyped_storage().data_ptr() == base_ptr and c.data_ptr() % alignment == 0 for c in chunks):
+        base = torch.empty(0, dtype=torch.uint8, device=chunks[0].device).set_(storage)
+        return _nv.as_arrays(base, [c.data_ptr() - base_ptr for c in chunks], list(sizes), cuda_stream=stream)
+    packed, offsets = _pack(chunks, sizes, alignment)
+    return _nv.as_arrays(packed, offsets, list(sizes), cuda_stream=stream)
+
+
+def _describe(t: torch.Tensor) -> str:
+    layout = "" if t.is_contiguous() else ", non-contiguous"
+    return f"a {t.dim()}-D {t.dtype} tensor on {t.device}{layout}"
+
+
+def _choice(codec_id: str, name: str, value: Any, allowed: Sequence[int] | Sequence[str]) -> Any:
+    """``value`` if it is one of ``allowed`` (same type: no bools or floats for ints), else ``ValueError``."""
+    if type(value) is not type(allowed[0]) or value not in allowed:
+        raise ValueError(f"codec {codec_id!r} option {name} must be one of {list(allowed)}, got {value!r}")
+    return value
+
+
+class _NvcompCodec(Codec):
+    """Batched nvCOMP codec on CUDA tensors; subclasses name the format and validate options."""
+
+    backend: ClassVar[str] = "cuda"
+    algorithm: ClassVar[str]  # nvCOMP's algorithm name
+    max_chunk_bytes: ClassVar[int]
+    alignment: ClassVar[int]
+    option_names: ClassVar[tuple[str, ...]] = ()
+    # Options of the interchangeable CPU codec that only steer its encoder: accepted, then dropped.
+    cpu_encoder_options: ClassVar[frozenset[str]] = frozenset()
+
+    _options: dict[str, Any]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.max_chunk_bytes = MAX_CHUNK_BYTES[cls.codec_id]
+        cls.alignment = _ALIGNMENT[cls.codec_id]
+
+    def __init__(self) -> None:
+        self._options = {}
+
+    def get_config(self) -> dict[str, Any]:
+        return {"id": self.codec_id, **self._options}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Codec:
+        options = {k: v for k, v in config.items() if k != "id" and k not in cls.cpu_encoder_options}
+        unknown = sorted(set(options) - set(cls.option_names))
+        if unknown:
+            raise ValueError(
+                f"codec {cls.codec_id!r} on the GPU has no option(s) {unknown}; "
+                f"it takes {list(cls.option_names) or 'no options'}"
+            )
+        return cls(**options)
+
+    @property
+    def _itemsize(self) -> int:
+        return _ITEMSIZE[self._options.get("data_type", "|u1")]
+
+    def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Compress each chunk; returns exact-size views into one new buffer."""
+        chunks = list(chunks)
+        if not chunks:
+            return []
+        self._require_nvcomp()
+        device = self._check_chunks(chunks)
+        sizes = [c.numel() for c in chunks]
+        self._check_sizes(sizes, ValueError, "has")
+        with torch.cuda.device(device):
+            engine = self._engine_for(device, max(sizes))
+            source = _as_batch(chunks, sizes, self.alignment, engine.stream)
+            bounds = [engine.max_compressed(c) for c in chunks]
+            offsets, total = _slots(bounds, self.alignment)
+            out = torch.empty(total, dtype=torch.uint8, device=device)
+            target = _nv.as_arrays(out, offsets, bounds, cuda_stream=engine.stream)
+            encoded = engine.codec.encode(source, out=target)
+            compressed = [int(n) for n in encoded.buffer_sizes]  # waits for the sizes
+        return _views(out, offsets, compressed)
+
+    def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
+        """Decompress each chunk to exactly ``raw_sizes[i]`` bytes; views into one new buffer.
+
+        Raises ``CorruptCheckpointError`` naming the chunk when nvCOMP rejects one or reports
+        another decoded size.
+        """
+        chunks, raw_sizes = list(chunks), [int(n) for n in raw_sizes]
+        if len(chunks) != len(raw_sizes):
+            raise ValueError(f"codec {self.codec_id!r}: {len(chunks)} chunks but {len(raw_sizes)} raw sizes")
+        if not chunks:
+            return []
+        self._require_nvcomp()
+        device = self._check_chunks(chunks)
+        self._check_sizes(raw_sizes, CorruptCheckpointError, "decodes to")
+        for index, chunk in enumerate(chunks):
+            if chunk.numel() == 0:
+                raise CorruptCheckpointError(f"{self.codec_id} chunk {index} is empty; a compressed chunk has bytes")
+        with torch.cuda.device(device):
+            try:
+                out, offsets, decoded = self._decode_batch(device, chunks, raw_sizes)
+            except torch.OutOfMemoryError:
+                raise
+            except (RuntimeError, ValueError) as exc:  # what nvCOMP raises for a stream it rejects
+                culprit = self._find_corrupt(device, chunks, raw_sizes)
+                if culprit is None:
+                    raise
+                raise culprit from exc
+        for index, (got, expected) in enumerate(zip(decoded, raw_sizes)):
+            if got != expected:
+                raise CorruptCheckpointError(
+                    f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {expected}"
+                )
+        return _views(out, offsets, raw_sizes)
+
+    def _decode_batch(
+        self, device: torch.device, chunks: list[torch.Tensor], raw_sizes: list[int]
+    ) -> tuple[torch.Tensor, list[int], list[int]]:
+        """Decode into one new buffer; return it, the chunk offsets and the sizes nvCOMP reports."""
+        engine = self._engine_for(device, max(raw_sizes))
+        source = _as_batch(chunks, [c.numel() for c in chunks], self.alignment, engine.stream)
+        offsets, total = _slots(raw_sizes, self.alignment)
+        out = torch.empty(total, dtype=torch.uint8, device=device)
+        target = _nv.as_arrays(out, offsets, raw_sizes, cuda_stream=engine.stream)
+        # A config built from the raw sizes spares nvCOMP a synchronising parse of every stream.
+        config = engine.codec.decompression_config(engine.codec.compression_config(raw_sizes))
+        decoded = engine.codec.decode(source, out=target, decompression_config=config)
+        return out, offsets, [int(n) for n in decoded.buffer_sizes]  # waits for nvCOMP's result
+
+    def _find_corrupt(
+        self, device: torch.device, chunks: list[torch.Tensor], raw_sizes: list[int]
+    ) -> CorruptCheckpointError | None:
+        """After a failed batch, decode chunk by chunk to name the bad one (None: none fails alone)."""
+        for index, (chunk, raw_size) in enumerate(zip(chunks, raw_sizes)):
+            try:
+                _, _, (got,) = self._decode_batch(device, [chunk], [raw_size])
+            except torch.OutOfMemoryError:
+                raise
+            except (RuntimeError, ValueError) as exc:
+                return CorruptCheckpointError(f"{self.codec_id} chunk {index} does not decode on the GPU: {exc}")
+            if got != raw_size:
+                return CorruptCheckpointError(
+                    f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {raw_size}"
+                )
+        return None
+
+    def _require_nvcomp(self) -> None:
+        if _nv is None:
+            raise CodecUnavailableError(f"codec {self.codec_id!r} cannot run on the GPU here: {UNAVAILABLE_REASON}.")
+
+    def _engine_for(self, device: torch.device, largest: int) -> _Engine:
+        """The cached engine for this codec on the current stream, sized for chunks of ``largest`` bytes."""
+        capacity = min(max(_MIN_CHUNK_CAPACITY, 1 << (largest - 1).bit_length()), self.max_chunk_bytes)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        key = (self.algorithm, tuple(sorted(self._options.items())), capacity, device.index, stream)
+        return _engine(key, lambda: _Engine(self.algorithm, self._options, capacity, device.index, stream))
+
+    def _check_chunks(self, chunks: list[torch.Tensor]) -> torch.device:
+        """The one CUDA device of the chunks; ``ValueError`` unless all are 1-D contiguous uint8 on it."""
+        device = chunks[0].device
+        for index, c in enumerate(chunks):
+            if not (c.is_cuda and c.dtype == torch.uint8 and c.dim() == 1 and c.is_contiguous() and c.device == device):
+                raise ValueError(
+                    f"codec {self.codec_id!r} (cuda) takes 1-D contiguous torch.uint8 tensors on one CUDA "
+                    f"device ({device} for chunk 0); chunk {index} is {_describe(c)}"
+                )
+        return device
+
+    def _check_sizes(self, sizes: list[int], error: type[ValueError], verb: str) -> None:
+        """Reject empty, oversized or partial-element chunk sizes with ``error``."""
+        itemsize = self._itemsize
+        for index, size in enumerate(sizes):
+            if size <= 0:
+                raise error(f"codec {self.codec_id!r} (cuda) needs non-empty chunks; chunk {index} {verb} {size} bytes")
+            if size > self.max_chunk_bytes:
+                raise error(
+                    f"codec {self.codec_id!r} (cuda) takes chunks of at most {self.max_chunk_bytes} bytes; "
+                    f"chunk {index} {verb} {size}: use smaller chunks"
+                )
+            if size % itemsize:
+                raise error(
+                    f"codec {self.codec_id!r} (cuda) with data_type {self._options['data_type']!r} needs chunks of "
+                    f"whole {itemsize}-byte elements; chunk {index} {verb} {size} bytes"
+                )
+
+
+class NvcompZstdCodec(_NvcompCodec):
+    """Zstandard frames on the GPU; interchangeable with the CPU ``zstd`` codec (its ``level`` is ignored)."""
+
+    codec_id = "zstd"
+    algorithm = "Zstd"
+    cpu_encoder_options = frozenset({"level"})
+
+
+class NvcompDeflateCodec(_NvcompCodec):
+    """Raw DEFLATE (RFC 1951) on the GPU; interchangeable with the CPU ``deflate`` codec.
+
+    ``algorithm_type``: nvCOMP's effort, 0 (fastest, Huffman only) to 5 (best ratio); 1 is nvCOMP's default.
+    """
+
+    codec_id = "deflate"
+    algorithm = "Deflate"
+    option_names = ("algorithm_type",)
+    cpu_encoder_options = frozenset({"level"})
+
+    def __init__(self, algorithm_type: int = 1) -> None:
+        self._options = {"algorithm_type": _choice(self.codec_id, "algorithm_type", algorithm_type, range(6))}
+
+
+class NvcompLz4Codec(_NvcompCodec):
+    """LZ4 block format on the GPU; interchangeable with the CPU ``lz4`` codec."""
+
+    codec_id = "lz4"
+    algorithm = "LZ4"
+
+
+class NvcompAnsCodec(_NvcompCodec):
+    """nvCOMP's ANS entropy coder (GPU only).
+
+    ``data_type``: "|u1" codes bytes; "<f2"/"<f4" code 16/32-bit little-endian floats (whole elements).
+    """
+
+    codec_id = "ans"
+    algorithm = "ANS"
+    gpu_only = True
+    option_names = ("data_type",)
+
+    def __init__(self, data_type: str = "|u1") -> None:
+        self._options = {"data_type": _choice(self.codec_id, "data_type", data_type, ("|u1", "<f2", "<f4"))}
+
+
+class NvcompBitcompCodec(_NvcompCodec):
+    """nvCOMP's Bitcomp, lossless (GPU only).
+
+    ``algorithm_type``: 0 default, 1 sparse (many zeros). ``data_type``: element type of the chunks.
+    """
+
+    codec_id = "bitcomp"
+    algorithm = "Bitcomp"
+    gpu_only = True
+    option_names = ("algorithm_type", "data_type")
+
+    def __init__(self, algorithm_type: int = 0, data_type: str = "|u1") -> None:
+        self._options = {
+            "algorithm_type": _choice(self.codec_id, "algorithm_type", algorithm_type, (0, 1)),
+            "data_type": _choice(self.codec_id, "data_type", data_type, tuple(_ITEMSIZE)),
+        }
+
+
+class NvcompGdeflateCodec(_NvcompCodec):
+    """nvCOMP's GDeflate, a GPU-friendly DEFLATE variant (GPU only).
+
+    ``algorithm_type``: 0 (fastest, Huffman only) to 5 (best ratio); 1 is nvCOMP's default.
+    """
+
+    codec_id = "gdeflate"
+    algorithm = "GDeflate"
+    gpu_only = True
+    option_names = ("algorithm_type",)
+
+    def __init__(self, algorithm_type: int = 1) -> None:
+        self._options = {"algorithm_type": _choice(self.codec_id, "algorithm_type", algorithm_type, range(6))}
+
+
+class NvcompCascadedCodec(_NvcompCodec):
+    """nvCOMP's Cascaded (RLE, delta, bit packing) for integer-like data (GPU only).
+
+    ``data_type``: unsigned integer element type of the chunks.
+    """
+
+    codec_id = "cascaded"
+    algorithm = "Cascaded"
+    gpu_only = True
+    option_names = ("data_type",)
+
+    def __init__(self, data_type: str = "|u1") -> None:
+        self._options = {"data_type": _choice(self.codec_id, "data_type", data_type, ("|u1", "<u2", "<u4"))}
+
+
+CODECS: tuple[type[_NvcompCodec], ...] = (
+    NvcompZstdCodec,
+    NvcompDeflateCodec,
+    NvcompLz4Codec,
+    NvcompAnsCodec,
+    NvcompBitcompCodec,
+    NvcompGdeflateCodec,
+    NvcompCascadedCodec,
+)
+
+for _cls in CODECS:
+    if UNAVAILABLE_REASON is None:
+        register(_cls)
+    else:
+        mark_unavailable(_cls.codec_id, "cuda", UNAVAILABLE_REASON)
