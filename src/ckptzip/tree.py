@@ -17,7 +17,9 @@ import torch
 
 from .errors import CorruptCheckpointError, UnsupportedObjectError
 
-MAX_DEPTH = 512
+# Each level costs up to three interpreter frames and three JSON levels (a dict is
+# {"dict": [[k, v]]}); 100 levels stay well inside Python's default recursion limit of 1000.
+MAX_DEPTH = 100
 
 
 @dataclass
@@ -65,6 +67,8 @@ class _Flattener:
     def encode(self, obj: Any, path: str, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise UnsupportedObjectError(f"object nested deeper than {MAX_DEPTH} levels at {path!r}")
+        if isinstance(obj, np.generic):  # before float/str/bytes, which np.float64/str_/bytes_ subclass
+            return {"npscalar": [obj.dtype.str, obj.tobytes().hex()]}
         if obj is None or isinstance(obj, (bool, str)):
             return obj
         if isinstance(obj, int):
@@ -77,8 +81,6 @@ class _Flattener:
             return {"tensor": self.tensor_ref(_plain_tensor(obj, path), path)}
         if isinstance(obj, np.ndarray):
             return {"ndarray": self.tensor_ref(_ndarray_to_tensor(obj, path), path)}
-        if isinstance(obj, np.generic):
-            return {"npscalar": [obj.dtype.str, obj.tobytes().hex()]}
         if isinstance(obj, torch.dtype):
             return {"dtype": str(obj).removeprefix("torch.")}
         if isinstance(obj, torch.device):
@@ -110,7 +112,10 @@ def _view_key(t: torch.Tensor) -> tuple | None:
     """Identity of a tensor view, so the same view stored twice is stored once."""
     if t.numel() == 0:
         return None
-    return (t.untyped_storage().data_ptr(), t.device, t.dtype, t.storage_offset(), tuple(t.shape), t.stride())
+    return (
+        t.untyped_storage().data_ptr(), t.device, t.dtype, t.storage_offset(), tuple(t.shape), t.stride(),
+        t.is_conj(), t.is_neg(),
+    )
 
 
 def _plain_tensor(t: torch.Tensor, path: str) -> torch.Tensor:
@@ -139,7 +144,10 @@ def _ndarray_to_tensor(a: np.ndarray, path: str) -> torch.Tensor:
 def flatten(obj: Any) -> Flattened:
     """Encode ``obj`` as a JSON-able tree; tensors go to a table the tree refers to by position."""
     flattener = _Flattener()
-    tree = flattener.encode(obj, "", 0)
+    try:
+        tree = flattener.encode(obj, "", 0)
+    except RecursionError as exc:  # a caller already deep in its own stack
+        raise UnsupportedObjectError(f"object nested too deeply to store ({exc}); flatten it first") from None
     return Flattened(tree, flattener.tensors)
 
 
@@ -189,11 +197,14 @@ class _Unflattener:
             return self.tensor(self.index(body, "array")).cpu().numpy()
         if tag == "npscalar":
             dtype, raw = _pair(body)
-            return np.frombuffer(bytes.fromhex(_str(raw)), dtype=np.dtype(_str(dtype)))[0]
+            values = np.frombuffer(bytes.fromhex(_str(raw)), dtype=np.dtype(_str(dtype)))
+            if values.shape != (1,):
+                raise ValueError(f"expected the bytes of one {dtype}, found {len(values)} values")
+            return values[0]
         if tag == "dtype":
             return _torch_dtype(_str(body))
         if tag == "device":
-            return torch.device(_str(body))
+            return _torch_device(_str(body))
         if tag == "size":
             return torch.Size(_int_list(body))
         if tag == "tuple":
@@ -246,6 +257,16 @@ def _torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+def _torch_device(name: str) -> torch.device:
+    try:
+        return torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"unknown device {name!r:.40}") from exc
+
+
 def unflatten(tree: Any, tensor: Callable[[int], torch.Tensor], ntensors: int) -> Any:
     """Rebuild the saved object; ``tensor(i)`` returns entry i of the tensor table."""
-    return _Unflattener(tensor, ntensors).decode(tree, 0)
+    try:
+        return _Unflattener(tensor, ntensors).decode(tree, 0)
+    except RecursionError as exc:  # a caller already deep in its own stack
+        raise CorruptCheckpointError(f"tree nested too deeply to load ({exc})") from None
