@@ -7,7 +7,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CorruptCheckpointError, UnsupportedFormatError
+import torch
+
+from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
 from ..transforms import get_transform
 from .spec import DTYPES, FORMAT_NAME, MAX_CHUNK_RAW, PREAMBLE_SIZE, VERSION
 
@@ -101,7 +103,10 @@ class Index:
             "tensors": [t.to_json() for t in self.tensors],
             "bases": [],
         }
-        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        try:
+            return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        except (RecursionError, ValueError) as exc:  # nesting past the interpreter's limit, huge ints
+            raise UnsupportedObjectError(f"the saved object cannot be written as JSON: {exc}") from None
 
     @classmethod
     def parse(cls, raw: bytes, data_end: int) -> Index:
@@ -110,6 +115,11 @@ class Index:
         _expect(isinstance(doc, dict), "the index is not a JSON object")
         version = doc.get("version")
         _expect(_is_int_list(version, 2), f"index 'version' is {version!r:.40}, expected [major, minor]")
+        if version[0] != VERSION[0]:
+            raise UnsupportedFormatError(
+                f"index format version {version[0]}.{version[1]}; this ckptzip reads version {VERSION[0]}.x. "
+                "Install a ckptzip release that supports it."
+            )
         if version[1] <= VERSION[1]:
             _check_keys(doc, _TOP_KEYS, set(), "index")
         else:
@@ -158,7 +168,7 @@ def _load_json(raw: bytes) -> Any:
         return json.loads(
             raw.decode("utf-8"), object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant
         )
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, integers past Python's digit limit
         raise CorruptCheckpointError(f"the index is not valid UTF-8 JSON ({exc}); the file is damaged") from exc
 
 
@@ -172,6 +182,16 @@ def _is_hex(v: Any, digits: int) -> bool:
     return isinstance(v, str) and len(v) == digits and all(c in "0123456789abcdef" for c in v)
 
 
+def _is_device(v: Any) -> bool:
+    if not isinstance(v, str):
+        return False
+    try:
+        torch.device(v)
+    except RuntimeError:
+        return False
+    return True
+
+
 def _parse_tensor(doc: Any, i: int) -> TensorEntry:
     _expect(isinstance(doc, dict), f"tensor table entry {i} is not an object")
     _check_keys(doc, _TENSOR_KEYS, _TENSOR_OPTIONAL, f"tensor table entry {i}")
@@ -179,6 +199,7 @@ def _parse_tensor(doc: Any, i: int) -> TensorEntry:
     _expect(isinstance(name, str) and name != "", f"tensor table entry {i} has no name")
     what = f"tensor {name!r}"
     dtype = doc["dtype"]
+    _expect(isinstance(dtype, str), f"{what} has dtype {dtype!r:.40}, expected a dtype name")
     if dtype not in DTYPES:
         raise UnsupportedFormatError(f"{what} has dtype {dtype!r:.40}, which this torch build does not have")
     shape = doc["shape"]
@@ -193,7 +214,7 @@ def _parse_tensor(doc: Any, i: int) -> TensorEntry:
         f"{what} has checksum {checksum!r:.40}, expected 'wsum64:' and 16 hex digits",
     )
     device = doc.get("device")
-    _expect(device is None or isinstance(device, str), f"{what} has a non-string device")
+    _expect(device is None or _is_device(device), f"{what} has device {device!r:.40}, expected a torch device string")
     transforms = doc["transforms"]
     _expect(isinstance(transforms, list) and len(transforms) <= 1, f"{what} has transforms {transforms!r:.80}")
     sizes = [nbytes]
