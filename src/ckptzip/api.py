@@ -115,8 +115,13 @@ def resolve_device(saved: str | None, map_location: MapLocation) -> torch.device
                 "pass map_location (for example 'cuda:0' or {'%s': 'cuda:0'})" % source
             )
     elif device.type not in ("cpu", "meta"):
-        if device.type == "mps" and not torch.backends.mps.is_available():
-            raise DeviceUnavailableError(f"device {device} is not available; pass map_location='cpu'")
+        try:  # mps, xpu, xla, ...: probing is the one check that works for every backend
+            torch.empty(0, device=device)
+        except Exception as exc:  # torch raises a different type per backend
+            raise DeviceUnavailableError(
+                f"tensors are to be placed on {device}, which is not available here "
+                f"({str(exc).splitlines()[0]:.120}); pass map_location='cpu'"
+            ) from exc
     return device
 
 
