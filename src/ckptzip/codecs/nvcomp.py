@@ -69,7 +69,7 @@ def _load_nvcomp(import_it: bool) -> tuple[Any, str | None]:
     """Import ``nvidia.nvcomp`` (or only look for it); return the module and what is wrong with it."""
     try:
         installed = importlib.util.find_spec("nvidia.nvcomp") is not None
-    except ImportError:  # no ``nvidia`` package at all
+    except (ImportError, ValueError):  # no ``nvidia`` package, or a stand-in without a spec
         installed = False
     if not installed:
         return None, f"nvidia.nvcomp is not installed ({_INSTALL_HINT.format('')})"
