@@ -266,13 +266,16 @@ def test_every_failure_is_reported_once(gated_url: str) -> None:
 
     def failing_pipe_file(self: GatedMemoryFS, path: str, value: bytes, *args: Any, **kwargs: Any) -> None:
         calls.append(path)
+        assert self.gate.wait(timeout=30)
         raise OSError(5, "injected I/O error")
 
     manager = CheckpointManager(gated_url, max_pending=2)
+    GatedMemoryFS.gate.clear()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(GatedMemoryFS, "pipe_file", failing_pipe_file)
         manager.save(1, {"step": 1})
-        manager.save(2, {"step": 2})
+        manager.save(2, {"step": 2})  # both in flight: neither failure has been seen yet
+        GatedMemoryFS.gate.set()
         for step in (1, 2):
             with pytest.raises(CheckpointWriteError, match=rf"step_0000000{step}\.ckz: .*injected I/O error"):
                 manager.close()
