@@ -27,7 +27,10 @@ def wsum64_tensor(data: torch.Tensor) -> torch.Tensor:
     nwords, tail = divmod(data.numel(), 8)
     total = torch.zeros((), dtype=torch.int64, device=device)
     if nwords:
-        words = data[: nwords * 8].view(torch.int64)
+        words = data[: nwords * 8]
+        if words.storage_offset() % 8:  # an int64 view needs 8-byte alignment (sliced tensors lack it)
+            words = words.clone()
+        words = words.view(torch.int64)
         block = _BLOCK_WORDS.get(device.type, _BLOCK_WORDS["cuda"])
         for start in range(0, nwords, block):
             stop = min(start + block, nwords)
