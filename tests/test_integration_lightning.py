@@ -12,7 +12,7 @@ import torch
 pl = pytest.importorskip("lightning.pytorch")
 
 import ckptzip  # noqa: E402
-from ckptzip.errors import CheckpointNotFoundError, UnsupportedObjectError  # noqa: E402
+from ckptzip.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedObjectError  # noqa: E402
 from ckptzip.format.spec import MAGIC  # noqa: E402
 from ckptzip.integrations.lightning import CkptzipCheckpointIO  # noqa: E402
 
@@ -217,6 +217,12 @@ def test_remote_paths_go_through_fsspec() -> None:
     io.remove_checkpoint("memory://ckptzip-test/run/a.ckpt")
     with pytest.raises(CheckpointNotFoundError, match="no checkpoint at 'memory://ckptzip-test/run/a.ckpt'"):
         io.load_checkpoint("memory://ckptzip-test/run/a.ckpt")
+
+
+def test_ckz_that_is_not_a_checkpoint_dict_is_rejected(tmp_path: pathlib.Path) -> None:
+    ckptzip.save(torch.ones(2), tmp_path / "tensor.ckz")
+    with pytest.raises(CorruptCheckpointError, match=r"is a ckptzip file holding a Tensor, not a Lightning checkpoint \(a dict\)"):
+        CkptzipCheckpointIO().load_checkpoint(tmp_path / "tensor.ckz")
 
 
 def test_missing_checkpoint_is_a_file_not_found_error(tmp_path: pathlib.Path) -> None:

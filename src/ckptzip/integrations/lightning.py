@@ -20,7 +20,7 @@ import warnings
 from typing import Any, Literal, get_args
 
 import ckptzip
-from ckptzip.errors import UnsupportedObjectError
+from ckptzip.errors import CorruptCheckpointError, UnsupportedObjectError
 from ckptzip.format.spec import MAGIC
 from ckptzip.tree import flatten
 
@@ -29,7 +29,7 @@ try:
     from lightning.fabric.utilities.cloud_io import get_filesystem
 except ImportError:  # standalone pytorch_lightning only
     try:
-        from lightning_fabric.plugins import TorchCheckpointIO
+        from lightning_fabric.plugins import TorchCheckpointIO  # type: ignore[assignment]
         from lightning_fabric.utilities.cloud_io import get_filesystem
     except ImportError as exc:
         raise ImportError(
@@ -101,11 +101,17 @@ class CkptzipCheckpointIO(TorchCheckpointIO):
             if f.read(len(MAGIC)) != MAGIC:
                 return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
             f.seek(0)
-            return ckptzip.load(f, map_location=map_location)
+            checkpoint = ckptzip.load(f, map_location=map_location)
+        if not isinstance(checkpoint, dict):
+            raise CorruptCheckpointError(
+                f"{str(path)!r} is a ckptzip file holding a {type(checkpoint).__name__}, not a Lightning checkpoint "
+                "(a dict); load it with ckptzip.load() instead"
+            )
+        return checkpoint
 
     def _replace_unsupported(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
         paths: list[str] = []
-        replaced = _replace(checkpoint, "", self.on_unsupported, paths)
+        replaced: dict[str, Any] = _replace(checkpoint, "", self.on_unsupported, paths)
         if paths:
             action = "stored as repr() strings" if self.on_unsupported == "repr" else "left out"
             warnings.warn(
@@ -151,7 +157,7 @@ def _replace(obj: Any, path: str, policy: str, paths: list[str]) -> Any:
             return obj
         out = type(obj)(items)
         if hasattr(obj, "_metadata"):
-            out._metadata = obj._metadata  # type: ignore[attr-defined]
+            out._metadata = obj._metadata
         return out
     if type(obj) in (list, tuple):
         values = [_replace(v, _join(path, i), policy, paths) for i, v in enumerate(obj)]
