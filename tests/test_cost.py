@@ -306,9 +306,10 @@ def test_from_checkpoint_reads_a_saved_file(capsys: pytest.CaptureFixture[str], 
 def test_from_checkpoint_rejects_unusable_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     missing = tmp_path / "missing.ckz"
     assert _run(capsys, "--from-checkpoint", str(missing)) == (
-        2, "", f"ckptzip cost: error: no checkpoint at {str(missing)!r}\n")
+        2, "", f"ckptzip cost: error: no checkpoint at {str(missing)!r}: the path is missing\n")
     assert _run(capsys, "--from-checkpoint", str(tmp_path)) == (
-        2, "", f"ckptzip cost: error: cannot read checkpoint {str(tmp_path)!r}: Is a directory\n")
+        2, "", f"ckptzip cost: error: no checkpoint at {str(tmp_path)!r}: the path is a directory, not a "
+               "checkpoint file\n")
     not_ckz = tmp_path / "notes.ckz"
     not_ckz.write_bytes(b"hello\n")
     status, out, err = _run(capsys, "--from-checkpoint", str(not_ckz))

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, DeviceUnavailableError
 from .format import ContainerReader, ContainerWriter, TensorEntry
 from .pipeline import read_tensor, write_tensor
+from .state_io import read_state, write_state
 from .planner import validate_codec_arg
 from .tree import flatten, unflatten
 
@@ -65,13 +66,9 @@ def _progress(total: int, enabled: bool, desc: str) -> tqdm:
 
 def _write(f: BinaryIO, obj: Any, codec: str, progress: bool) -> None:
     flat = flatten(obj)
-    writer = ContainerWriter(f)
     total = sum(item.tensor.numel() * item.tensor.element_size() for item in flat.tensors)
     with _progress(total, progress, "compress") as bar:
-        for item in flat.tensors:
-            entry = write_tensor(writer, item.name, item.tensor, codec)
-            bar.update(entry.nbytes)
-    writer.finish(flat.tree)
+        write_state(f, flat.tensors, flat.tree, codec, bar.update)
 
 
 def save(obj: Any, f: PathOrFile, *, codec: str = "auto", progress: bool = False) -> None:
@@ -172,11 +169,10 @@ class CheckpointReader:
 
     def load(self, *, progress: bool = False) -> Any:
         """The whole saved object, every tensor decoded and verified (read in file order)."""
-        tensors = []
+        entries = self._reader.tensors
+        devices = [resolve_device(e.device, self.map_location) for e in entries]
         with _progress(self.nbytes, progress, "decompress") as bar:
-            for index, entry in enumerate(self._reader.tensors):
-                tensors.append(self._tensor(index))
-                bar.update(entry.nbytes)
+            tensors = read_state(self._reader, devices, bar.update)
         return unflatten(self._reader.index.tree, tensors.__getitem__, len(tensors))
 
     @property

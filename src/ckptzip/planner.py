@@ -85,6 +85,15 @@ def _stream(codec_config: dict, backend: str) -> StreamPlan:
     return StreamPlan(codec, _CHUNK_BYTES.get((codec.codec_id, backend), _DEFAULT_CHUNK_BYTES))
 
 
+def entropies_from_counts(counts: torch.Tensor) -> list[float]:
+    """Order-0 entropy in bits/byte of each row of byte counts (planes × 256); 0 for empty rows."""
+    counts = counts.to(torch.float64)
+    total = counts.sum(dim=1, keepdim=True).clamp_min(1)
+    p = counts / total
+    entropy = -(p * torch.log2(p.clamp_min(1e-300))).sum(dim=1)
+    return [max(0.0, float(e)) for e in entropy.cpu()]
+
+
 def plane_entropies(data: torch.Tensor, itemsize: int) -> list[float]:
     """Order-0 entropy in bits/byte of each byte plane, from evenly spaced sample blocks."""
     elements = data.numel() // itemsize
@@ -95,26 +104,36 @@ def plane_entropies(data: torch.Tensor, itemsize: int) -> list[float]:
     sample = data.view(-1, itemsize)[index].long()
     counts = torch.zeros(itemsize, 256, dtype=torch.float64, device=data.device)
     counts.scatter_add_(1, sample.t(), torch.ones_like(sample.t(), dtype=torch.float64))
-    p = counts / counts.sum(dim=1, keepdim=True)
-    entropy = -(p * torch.log2(p.clamp_min(1e-300))).sum(dim=1)
-    return [max(0.0, float(e)) for e in entropy.cpu()]
+    return entropies_from_counts(counts)
 
 
-def plan_tensor(data: torch.Tensor, dtype: torch.dtype, codec: str, backend: str) -> TensorPlan:
-    """Plan how to store ``data`` (the 1-D uint8 bytes of a tensor of ``dtype``) on ``backend``."""
+def plan_tensor(
+    data: torch.Tensor, dtype: torch.dtype, codec: str, backend: str, entropies: list[float] | None = None
+) -> TensorPlan:
+    """Plan how to store ``data`` (the 1-D uint8 bytes of a tensor of ``dtype``) on ``backend``.
+
+    ``entropies`` of the byte planes may be given (the GPU batch path counts them while it splits);
+    otherwise they are sampled here.
+    """
     if codec in KNOWN_IDS:
         return TensorPlan(None, (_stream({"id": codec}, backend),), backend)
     best = _PRESET_CODECS[(codec, backend)]
-    itemsize = dtype.itemsize
-    if data.numel() < SMALL_TENSOR_BYTES or itemsize == 1 or itemsize not in (2, 4, 8):
+    if not splits_into_planes(dtype, data.numel()):
         return TensorPlan(None, (_stream(best if data.numel() else {"id": "raw"}, backend),), backend)
-    transform = BytePlanes(itemsize)
+    itemsize = dtype.itemsize
     if dtype.is_floating_point or dtype.is_complex:
-        coded = [e < RANDOM_ENTROPY_BITS for e in plane_entropies(data, itemsize)]
+        if entropies is None:
+            entropies = plane_entropies(data, itemsize)
+        coded = [e < RANDOM_ENTROPY_BITS for e in entropies]
     else:
         coded = [True] * itemsize
     streams = tuple(_stream(best if c else {"id": "raw"}, backend) for c in coded)
-    return TensorPlan(transform, streams, backend)
+    return TensorPlan(BytePlanes(itemsize), streams, backend)
+
+
+def splits_into_planes(dtype: torch.dtype, nbytes: int) -> bool:
+    """Whether presets split tensors of this dtype and size into byte planes."""
+    return nbytes >= SMALL_TENSOR_BYTES and dtype.itemsize in (2, 4, 8)
 
 
 def entropy_bound(entropies: list[float]) -> float:

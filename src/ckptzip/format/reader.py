@@ -10,7 +10,7 @@ import xxhash
 
 from ..checksum import xxh3_hex
 from ..errors import CorruptCheckpointError
-from .index import Index, StreamEntry, TensorEntry
+from .index import Chunk, Index, StreamEntry, TensorEntry
 from .spec import PREAMBLE_SIZE, TRAILER_SIZE, Trailer, check_preamble
 
 
@@ -60,28 +60,36 @@ class ContainerReader:
         stream: StreamEntry = tensor.streams[stream_no]
         if not stream.chunks:
             return []
-        start = stream.chunks[0].offset
-        blob = bytearray(stream.compressed_nbytes)
-        self._f.seek(start)
-        got = self._f.readinto(blob) if hasattr(self._f, "readinto") else None
-        if got is None:
-            data = self._f.read(len(blob))
-            got = len(data)
-            blob[:got] = data
-        if got != len(blob):
+        whole = torch.empty(stream.compressed_nbytes, dtype=torch.uint8)
+        group = [(tensor, stream_no, k, c) for k, c in enumerate(stream.chunks)]
+        self.read_into(whole, stream.chunks[0].offset, group)
+        return list(whole.split([c.length for c in stream.chunks]))
+
+    def read_into(self, out: torch.Tensor, offset: int, chunks: list[tuple[TensorEntry, int, int, Chunk]]) -> None:
+        """Read ``out.numel()`` bytes at ``offset`` into the 1-D uint8 CPU tensor ``out`` and check
+        the XXH3 of each chunk in it (given as (tensor, stream number, chunk number, chunk))."""
+        view = memoryview(out.numpy())
+        self._f.seek(offset)
+        got = 0
+        while got < len(view):
+            n = self._f.readinto(view[got:]) if hasattr(self._f, "readinto") else None
+            if n is None:
+                data = self._f.read(len(view) - got)
+                n = len(data)
+                view[got : got + n] = data
+            if not n:
+                break
+            got += n
+        if got != len(view):
+            tensor, stream_no, _, _ = chunks[0]
             raise CorruptCheckpointError(
-                f"tensor {tensor.name!r} stream {stream_no}: expected {len(blob)} bytes at offset {start}, "
+                f"tensor {tensor.name!r} stream {stream_no}: expected {len(view)} bytes at offset {offset}, "
                 f"the file gave {got}; it was truncated"
             )
-        whole = torch.frombuffer(blob, dtype=torch.uint8)
-        chunks = []
-        for k, c in enumerate(stream.chunks):
-            piece = whole[c.offset - start : c.offset - start + c.length]
-            digest = xxh3_hex(piece)
+        for tensor, stream_no, k, c in chunks:
+            digest = xxh3_hex(view[c.offset - offset : c.offset - offset + c.length])
             if digest != c.xxh3:
                 raise CorruptCheckpointError(
                     f"tensor {tensor.name!r} stream {stream_no} chunk {k} (file bytes {c.offset}..{c.offset + c.length}) "
                     f"is damaged: XXH3 {digest}, expected {c.xxh3}"
                 )
-            chunks.append(piece)
-        return chunks

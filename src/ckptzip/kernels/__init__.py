@@ -1,0 +1,1 @@
+"""GPU kernels (Triton) for the transforms and checksums; torch fallbacks elsewhere."""
