@@ -13,7 +13,7 @@ import pytest
 import torch
 import zstandard
 
-from ckptzip.codecs import GPU_ONLY_IDS, KNOWN_IDS, get_codec, has_codec
+from ckptzip.codecs import GPU_ONLY_IDS, KNOWN_IDS, Codec, get_codec, has_codec
 from ckptzip.codecs import nvcomp as gpu
 from ckptzip.errors import CodecUnavailableError, CorruptCheckpointError
 
@@ -137,21 +137,25 @@ def test_cpu_codec_configs_are_accepted_and_gpu_configs_read_on_the_cpu() -> Non
             assert get_codec(cls().get_config(), "cpu").codec_id == cls.codec_id
 
 
+LEVELS = "algorithm_type must be one of [0, 1, 2, 3, 4, 5]"
+
+
 @pytest.mark.parametrize(
-    ("make", "message"),
+    ("config", "message"),
     [
-        (lambda: gpu.NvcompAnsCodec("<f8"), "codec 'ans' option data_type must be one of ['|u1', '<f2', '<f4'], got '<f8'"),
-        (lambda: gpu.NvcompDeflateCodec(6), "codec 'deflate' option algorithm_type must be one of [0, 1, 2, 3, 4, 5], got 6"),
-        (lambda: gpu.NvcompGdeflateCodec(1.0), "codec 'gdeflate' option algorithm_type must be one of [0, 1, 2, 3, 4, 5], got 1.0"),
-        (lambda: gpu.NvcompBitcompCodec(True), "codec 'bitcomp' option algorithm_type must be one of [0, 1], got True"),
-        (lambda: gpu.NvcompCascadedCodec("<f4"), "codec 'cascaded' option data_type must be one of ['|u1', '<u2', '<u4'], got '<f4'"),
-        (lambda: gpu.NvcompLz4Codec.from_config({"id": "lz4", "level": 1}), "codec 'lz4' on the GPU has no option(s) ['level']; it takes no options"),
-        (lambda: gpu.NvcompAnsCodec.from_config({"id": "ans", "type": "<f4"}), "codec 'ans' on the GPU has no option(s) ['type']; it takes ['data_type']"),
+        ({"id": "ans", "data_type": "<f8"}, "codec 'ans' option data_type must be one of ['|u1', '<f2', '<f4'], got '<f8'"),
+        ({"id": "deflate", "algorithm_type": 6}, f"codec 'deflate' option {LEVELS}, got 6"),
+        ({"id": "gdeflate", "algorithm_type": 1.0}, f"codec 'gdeflate' option {LEVELS}, got 1.0"),
+        ({"id": "bitcomp", "algorithm_type": True}, "codec 'bitcomp' option algorithm_type must be one of [0, 1], got True"),
+        ({"id": "cascaded", "data_type": "<f4"}, "codec 'cascaded' option data_type must be one of ['|u1', '<u2', '<u4'], got '<f4'"),
+        ({"id": "lz4", "level": 1}, "codec 'lz4' on the GPU has no option(s) ['level']; it takes no options"),
+        ({"id": "ans", "type": "<f4"}, "codec 'ans' on the GPU has no option(s) ['type']; it takes ['data_type']"),
     ],
 )
-def test_invalid_options_are_rejected(make: Callable[[], object], message: str) -> None:
+def test_invalid_options_are_rejected(config: dict, message: str) -> None:
+    cls = next(c for c in gpu.CODECS if c.codec_id == config["id"])
     with pytest.raises(ValueError) as info:
-        make()
+        cls.from_config(config)
     assert str(info.value) == message
 
 
@@ -203,7 +207,7 @@ def _split(data: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     return list(data[: sum(sizes)].split(sizes))
 
 
-def _round_trip(codec: gpu._NvcompCodec, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
+def _round_trip(codec: Codec, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
     encoded = codec.encode(chunks)
     assert len(encoded) == len(chunks)
     for e in encoded:
@@ -230,7 +234,7 @@ def test_batched_round_trip_is_bit_exact(config: dict, kind: str) -> None:
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c.values())))
 def test_tiny_chunks_round_trip(config: dict) -> None:
     codec = get_codec(config, "cuda")
-    itemsize = codec._itemsize
+    itemsize = gpu._ITEMSIZE[config.get("data_type", "|u1")]
     sizes = [n for n in (1, 3, 4, 8, 12, 16, 100, 4096) if n % itemsize == 0]
     data = _bytes("float32", 8192)
     _round_trip(codec, _split(data, sizes))
@@ -304,7 +308,9 @@ INTERCHANGE_SIZES = [1 << 16, 1 << 18, 1 << 20, 12345]
 
 @pytest.mark.gpu
 @needs_nvcomp
-@pytest.mark.parametrize("config", [{"id": "zstd"}, {"id": "deflate"}, {"id": "deflate", "algorithm_type": 0}, {"id": "lz4"}])
+@pytest.mark.parametrize(
+    "config", [{"id": "zstd"}, {"id": "deflate"}, {"id": "deflate", "algorithm_type": 0}, {"id": "lz4"}]
+)
 def test_gpu_streams_decode_on_the_cpu(config: dict) -> None:
     _, cpu_decode = CPU_FORMATS[config["id"]]
     chunks = _split(_bytes("bfloat16", sum(INTERCHANGE_SIZES) + 3), INTERCHANGE_SIZES)
@@ -377,7 +383,8 @@ def test_decode_rejects_mismatched_or_empty_input() -> None:
         codec.decode(encoded, [64, 64])
     with pytest.raises(CorruptCheckpointError, match=r"^zstd chunk 1 is empty; a compressed chunk has bytes$"):
         codec.decode([encoded[0], encoded[0][:0]], [64, 64])
-    with pytest.raises(CorruptCheckpointError, match=r"^codec 'zstd' \(cuda\) needs non-empty chunks; chunk 0 decodes to 0 bytes$"):
+    empty = r"^codec 'zstd' \(cuda\) needs non-empty chunks; chunk 0 decodes to 0 bytes$"
+    with pytest.raises(CorruptCheckpointError, match=empty):
         codec.decode(encoded, [0])
 
 

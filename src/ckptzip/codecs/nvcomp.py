@@ -78,7 +78,8 @@ def _load_nvcomp(import_it: bool) -> tuple[Any, str | None]:
     try:
         from nvidia import nvcomp as module  # type: ignore[import-not-found]  # ships no stubs
     except Exception as exc:  # a broken wheel or missing libnvcomp raises more than ImportError
-        return None, f"nvidia.nvcomp fails to import ({type(exc).__name__}: {exc}); reinstall it ({_INSTALL_HINT.format('')})"
+        why = f"{type(exc).__name__}: {exc}"
+        return None, f"nvidia.nvcomp fails to import ({why}); reinstall it ({_INSTALL_HINT.format('')})"
     version = str(getattr(module, "__version__", "0"))
     major = version.split(".")[0]
     if not major.isdigit() or int(major) < _MIN_NVCOMP_MAJOR:
