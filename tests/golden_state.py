@@ -1,0 +1,61 @@
+"""The deterministic state stored in the committed golden files (tests/golden/*.ckz).
+
+Built from integer arithmetic only, so every machine makes the same bits.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import torch
+
+
+def _lcg(n: int, seed: int) -> np.ndarray:
+    """n pseudo-random uint32 from a fixed linear congruential generator (exact on any machine)."""
+    out = np.empty(n, dtype=np.uint64)
+    state = np.uint64(seed)
+    a, c, m = np.uint64(6364136223846793005), np.uint64(1442695040888963407), np.uint64(1 << 32)
+    block = np.arange(n, dtype=np.uint64)
+    out = (block * a + c + state) * a + c  # wraps mod 2**64
+    return ((out >> np.uint64(29)) % m).astype(np.uint32)
+
+
+def _weights(n: int, seed: int, exponent_spread: int) -> torch.Tensor:
+    """float32 bit patterns with realistic structure: few exponents, random mantissas, both signs."""
+    r = _lcg(n, seed)
+    mantissa = r & np.uint32(0x7FFFFF)
+    exponent = np.uint32(120) + (r >> np.uint32(23)) % np.uint32(exponent_spread)
+    sign = (r >> np.uint32(31)) << np.uint32(31)
+    bits = sign | (exponent << np.uint32(23)) | mantissa
+    return torch.from_numpy(bits.view(np.float32).copy())
+
+
+def golden_state() -> dict:
+    """A small training-like state exercising every stored form: planes, raw, small, ints, values."""
+    w = _weights(1 << 16, 1, 6).reshape(256, 256)
+    m = _weights(1 << 16, 2, 10)
+    v = _weights(1 << 16, 3, 4).abs()
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), 1.0, -2.5], dtype=torch.float32)
+    special = torch.cat([special, torch.tensor([0x7FC00001, 0xFFC12345], dtype=torch.int64).to(torch.int32).view(torch.float32)])
+    model = collections.OrderedDict(
+        [
+            ("embed.weight", w),
+            ("embed.weight_bf16", w.to(torch.bfloat16)),
+            ("norm.weight", torch.ones(256)),
+            ("head.weight", w[:128].t().contiguous().half()),
+        ]
+    )
+    return {
+        "model": model,
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(100.0), "exp_avg": m, "exp_avg_sq": v}},
+            "param_groups": [{"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "params": [0]}],
+        },
+        "special": special,
+        "tokens": torch.from_numpy(_lcg(5000, 4).astype(np.int64) % 50257),
+        "mask": torch.from_numpy(_lcg(3000, 5) % 2 == 0),
+        "fp8": torch.from_numpy((_lcg(8192, 6) % 256).astype(np.uint8)).view(torch.float8_e4m3fn),
+        "step": 100,
+        "note": "golden",
+    }

@@ -1,0 +1,57 @@
+"""Committed golden files decode on every run, so files written by earlier releases (and on the
+GPU) keep reading. tests/golden/make_golden.py wrote them; tests/golden_state.py rebuilds the
+state they hold from integer arithmetic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import ckptzip
+from ckptzip.codecs import has_codec
+from golden_state import golden_state
+from helpers import assert_same
+
+GOLDEN = Path(__file__).parent / "golden"
+PORTABLE = ["cpu_zstd_v1_0.ckz", "gpu_zstd_v1_0.ckz"]
+
+
+@pytest.mark.parametrize("name", PORTABLE)
+def test_portable_golden_files_decode_on_the_cpu(name: str) -> None:
+    assert_same(ckptzip.load(GOLDEN / name, map_location="cpu"), golden_state())
+
+
+def test_gpu_zstd_golden_file_was_coded_by_nvcomp_zstd() -> None:
+    with ckptzip.open(GOLDEN / "gpu_zstd_v1_0.ckz") as reader:
+        entries = {e.name: e for e in reader.entries()}
+    assert entries["model.embed.weight"].device == "cuda:0"
+    assert entries["model.embed.weight"].codecs == ["raw", "raw", "raw", "zstd"]
+
+
+def test_gpu_only_golden_file_reports_how_to_read_it_without_a_gpu() -> None:
+    if has_codec("ans", "cuda"):
+        pytest.skip("this machine decodes ans on its GPU")
+    with pytest.raises(ckptzip.CodecUnavailableError) as info:
+        ckptzip.load(GOLDEN / "gpu_ans_v1_0.ckz", map_location="cpu")
+    message = str(info.value)
+    assert "'ans' is GPU-only" in message
+    assert "ckptzip convert SRC DST --codec portable" in message
+    assert "tensor 'model.embed.weight' stream 3" in message
+
+
+def test_gpu_only_golden_file_still_opens_lazily_without_a_gpu() -> None:
+    with ckptzip.open(GOLDEN / "gpu_ans_v1_0.ckz", map_location="cpu") as reader:
+        assert "ans" in {c for e in reader.entries() for c in e.codecs}
+        assert_same(reader["model.norm.weight"], golden_state()["model"]["norm.weight"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [*PORTABLE, "gpu_ans_v1_0.ckz"])
+@pytest.mark.parametrize("location", ["cuda", "cpu"])
+def test_golden_files_decode_on_the_gpu(name: str, location: str) -> None:
+    if not has_codec("ans", "cuda"):
+        pytest.skip("nvCOMP is not installed")
+    got = ckptzip.load(GOLDEN / name, map_location=location)
+    assert got["model"]["embed.weight"].device.type == location
+    assert_same(got, golden_state())
