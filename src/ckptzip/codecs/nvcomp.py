@@ -108,16 +108,19 @@ class _Engine:
             bitstream_kind=_nv.BitstreamKind.RAW,
             **options,
         )
-        self._max_compressed: dict[int, int] = {}
+        self.capacity = capacity
+        self.device = device
+        self._slot_bytes: int | None = None
 
-    def max_compressed(self, chunk: torch.Tensor) -> int:
-        """Upper bound of the compressed size of a chunk of this size."""
-        size = chunk.numel()
-        bound = self._max_compressed.get(size)
-        if bound is None:
-            array = _nv.as_array(chunk, cuda_stream=self.stream)
-            bound = self._max_compressed[size] = int(self.codec.get_max_comp_buffer_size(array))
-        return bound
+    def slot_bytes(self) -> int:
+        """Output room nvCOMP requires for every chunk of a batch: the compressed-size bound of a
+        full ``capacity`` chunk, whatever the chunk's own size (nvCOMP 6 checks each output
+        against it)."""
+        if self._slot_bytes is None:
+            probe = torch.empty(self.capacity, dtype=torch.uint8, device=f"cuda:{self.device}")
+            array = _nv.as_array(probe, cuda_stream=self.stream)
+            self._slot_bytes = int(self.codec.get_max_comp_buffer_size(array))
+        return self._slot_bytes
 
 
 _ENGINES = threading.local()
@@ -238,7 +241,7 @@ class _NvcompCodec(Codec):
         with torch.cuda.device(device):
             engine = self._engine_for(device, max(sizes))
             source = _as_batch(chunks, sizes, self.alignment, engine.stream)
-            bounds = [engine.max_compressed(c) for c in chunks]
+            bounds = [engine.slot_bytes()] * len(chunks)
             offsets, total = _slots(bounds, self.alignment)
             out = torch.empty(total, dtype=torch.uint8, device=device)
             target = _nv.as_arrays(out, offsets, bounds, cuda_stream=engine.stream)
