@@ -151,6 +151,30 @@ def test_pytorch_lightning_namespace_is_supported(tmp_path: pathlib.Path) -> Non
     assert_identical(ckptzip.load(path)["state_dict"], model.state_dict())
 
 
+def test_fabric_save_and_load(tmp_path: pathlib.Path) -> None:
+    import lightning
+
+    fabric = lightning.Fabric(accelerator="cpu", devices=1, plugins=[CkptzipCheckpointIO()])
+    torch.manual_seed(0)
+    model, optimizer = fabric.setup(*_model_and_optimizer())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    fabric.save(tmp_path / "state.ckz", {"model": model, "optimizer": optimizer, "step": 1})
+    assert (tmp_path / "state.ckz").read_bytes()[: len(MAGIC)] == MAGIC
+
+    restored_model, restored_optimizer = fabric.setup(*_model_and_optimizer())
+    state = {"model": restored_model, "optimizer": restored_optimizer, "step": 0}
+    assert fabric.load(tmp_path / "state.ckz", state) == {}
+    assert state["step"] == 1
+    assert_identical(restored_model.state_dict(), model.state_dict())
+    assert_identical(restored_optimizer.state_dict(), optimizer.state_dict())
+
+
+def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Linear(3, 2)
+    return model, torch.optim.Adam(model.parameters())
+
+
 def checkpoint_with_unsupported_values() -> dict[str, Any]:
     return {
         "state_dict": {"w": torch.arange(4.0)},

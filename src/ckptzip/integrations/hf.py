@@ -10,6 +10,8 @@ In every ``checkpoint-N`` directory the model weights become ``model.ckz`` (inst
 ``optimizer.ckz`` and ``scheduler.ckz`` (instead of ``optimizer.pt`` and ``scheduler.pt``).
 Everything else (``config.json``, ``trainer_state.json``, ``rng_state.pth``, ...) is left as
 Transformers writes it, and :meth:`Trainer.save_model` still exports ``from_pretrained`` files.
+With ``push_to_hub`` the weights stay ``model.safetensors``: the Trainer uploads checkpoint
+folders in the background, so their files must not change after it starts.
 
 A callback alone cannot do this: ``resume_from_checkpoint`` loads the weights and optimizer
 before any callback runs. So :class:`CkptzipTrainerMixin` overrides the Trainer's checkpoint hooks
@@ -106,7 +108,8 @@ class CkptzipTrainerMixin(_MixinBase):
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
-        if self._ckptzip_applies() and self.args.should_save:
+        # With push_to_hub the Trainer uploads this folder in the background: its files must stay.
+        if self._ckptzip_applies() and self.args.should_save and not self.args.push_to_hub:
             folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             compress_model_weights(os.path.join(self._get_output_dir(trial=trial), folder), codec=self.ckptzip_codec)
 
