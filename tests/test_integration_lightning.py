@@ -232,13 +232,15 @@ def test_loads_a_torch_checkpoint_written_before_the_plugin(tmp_path: pathlib.Pa
     assert_identical(CkptzipCheckpointIO().load_checkpoint(tmp_path / "old.ckpt"), checkpoint)
 
 
-def test_remote_paths_go_through_fsspec() -> None:
+def test_remote_paths_go_through_fsspec_and_a_failed_save_leaves_nothing() -> None:
     pytest.importorskip("fsspec")
     io = CkptzipCheckpointIO()
     checkpoint = {"state_dict": {"w": torch.arange(5, dtype=torch.bfloat16)}, "epoch": 1}
     io.save_checkpoint(checkpoint, "memory://ckptzip-test/run/a.ckpt")
     assert_identical(io.load_checkpoint("memory://ckptzip-test/run/a.ckpt"), checkpoint)
     io.remove_checkpoint("memory://ckptzip-test/run/a.ckpt")
+    with pytest.raises(UnsupportedObjectError):
+        io.save_checkpoint(checkpoint_with_unsupported_values(), "memory://ckptzip-test/run/a.ckpt")
     with pytest.raises(CheckpointNotFoundError, match="no checkpoint at 'memory://ckptzip-test/run/a.ckpt'"):
         io.load_checkpoint("memory://ckptzip-test/run/a.ckpt")
 

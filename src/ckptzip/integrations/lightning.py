@@ -65,7 +65,7 @@ class CkptzipCheckpointIO(TorchCheckpointIO):
         self.on_unsupported = on_unsupported
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        """Write ``checkpoint`` to ``path`` as a ``.ckz`` container (atomically for local paths)."""
+        """Write ``checkpoint`` to ``path`` as a ``.ckz`` container; a failed save leaves no file."""
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         if self.on_unsupported != "error":
@@ -75,8 +75,8 @@ class CkptzipCheckpointIO(TorchCheckpointIO):
         try:
             if _is_local(fs):
                 ckptzip.save(checkpoint, path, codec=self.codec)
-            else:
-                with fs.open(str(path), "wb") as f:
+            else:  # the transaction discards the object if saving fails
+                with fs.transaction, fs.open(str(path), "wb") as f:
                     ckptzip.save(checkpoint, f, codec=self.codec)
         except UnsupportedObjectError as exc:
             raise UnsupportedObjectError(
