@@ -27,7 +27,12 @@ from ckptzip.errors import (
     CorruptCheckpointError,
     UnsupportedObjectError,
 )
-from ckptzip.manager import CheckpointManager, CheckpointSkippedWarning, capture_rng_state, restore_rng_state
+from ckptzip.manager import (
+    CheckpointManager,
+    CheckpointSkippedWarning,
+    capture_rng_state,
+    restore_rng_state,
+)
 from ckptzip.storage import StorageUnavailableError
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -327,9 +332,11 @@ def test_restore_raises_when_every_checkpoint_is_damaged(tmp_path: Path) -> None
         manager.save(2, make_state(2))
     for step in (1, 2):
         damage(tmp_path / f"step_0000000{step}.ckz", "flip")
-    with pytest.warns(CheckpointSkippedWarning) as record:
-        with pytest.raises(CheckpointNotFoundError, match=r"all committed ones \(steps \[1, 2\]\) are damaged"):
-            manager.restore()
+    with (
+        pytest.warns(CheckpointSkippedWarning) as record,
+        pytest.raises(CheckpointNotFoundError, match=r"all committed ones \(steps \[1, 2\]\) are damaged"),
+    ):
+        manager.restore()
     assert [str(w.message).split(" in ")[0] for w in record] == [
         "skipping damaged checkpoint of step 2",
         "skipping damaged checkpoint of step 1",

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from test_manager import assert_same
 from torch import nn
 
 import ckptzip
 from ckptzip.manager import CheckpointManager, capture_rng_state, restore_rng_state
-from test_manager import assert_same
 
 
 def big_state(step: int) -> dict[str, Any]:

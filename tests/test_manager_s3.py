@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import xxhash
+from test_manager import assert_same, make_state
 
 import ckptzip
 from ckptzip.errors import CheckpointNotFoundError
 from ckptzip.manager import CheckpointManager, CheckpointSkippedWarning
-from test_manager import assert_same, make_state
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")

@@ -55,7 +55,7 @@ def capture_rng_state() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -78,6 +78,16 @@ class _Snapshot:
     tensors: list[torch.Tensor]  # copies of the state's tensors: views into ``buffers``
     buffers: list[tuple[_BufferKey, torch.Tensor]]
     ready: list[torch.cuda.Event]  # recorded after the GPU copies; empty when all copies were synchronous
+
+
+def _copy_batched(dst: list[torch.Tensor], src: list[torch.Tensor], *, non_blocking: bool) -> None:
+    """``dst[i].copy_(src[i])`` for all ``i`` in few launches: one ``_foreach_copy_`` per dtype and
+    layout, since its fused CUDA kernel needs one dtype and matching strides per call."""
+    groups: dict[tuple[torch.dtype, bool], list[int]] = collections.defaultdict(list)
+    for i, t in enumerate(src):
+        groups[t.dtype, t.is_contiguous()].append(i)
+    for members in groups.values():
+        torch._foreach_copy_([dst[i] for i in members], [src[i] for i in members], non_blocking=non_blocking)
 
 
 class _SnapshotPool:
@@ -139,19 +149,17 @@ class _SnapshotPool:
             by_device[t.device].append(i)
         ready = []
         for device, members in by_device.items():
-            dst = [copies[i] for i in members]
-            src = [sources[i] for i in members]
             if device.type != "cuda":
-                torch._foreach_copy_(dst, src)
+                _copy_batched([copies[i] for i in members], [sources[i] for i in members], non_blocking=False)
                 continue
             current = torch.cuda.current_stream(device)
             side = self._side_streams.get(device)
             if side is None:
-                side = self._side_streams[device] = torch.cuda.Stream(device)
+                side = self._side_streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
             side.wait_stream(current)  # the state is final once the caller's queued kernels ran
             with torch.cuda.stream(side):
-                torch._foreach_copy_(dst, src, non_blocking=True)
-            done = torch.cuda.Event()
+                _copy_batched([copies[i] for i in members], [sources[i] for i in members], non_blocking=True)
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(side)
             current.wait_event(done)  # later kernels of the caller may overwrite the sources
             ready.append(done)
@@ -180,7 +188,7 @@ class _SnapshotPool:
     def _worker_stream(self, device: torch.device) -> torch.cuda.Stream:
         stream = self._worker_streams.get(device)
         if stream is None:
-            stream = self._worker_streams[device] = torch.cuda.Stream(device)
+            stream = self._worker_streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         return stream
 
     def clear(self) -> None:

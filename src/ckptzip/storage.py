@@ -24,7 +24,7 @@ import xxhash
 
 from .api import atomic_file
 from .checksum import xxh3_hex
-from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, CorruptCheckpointError
+from .errors import CheckpointWriteError, CkptzipError, CorruptCheckpointError
 
 COMMIT_SUFFIX = ".commit"
 _MARKER_FORMAT = "ckptzip-commit"
@@ -113,7 +113,7 @@ class LocalStorage(Storage):
             write(f)
 
     def open(self, name: str) -> BinaryIO:
-        return io.open(self.root / name, "rb")  # noqa: SIM115 - the caller closes it
+        return open(self.root / name, "rb")
 
     def delete(self, name: str) -> None:
         (self.root / name).unlink(missing_ok=True)
@@ -250,7 +250,7 @@ def open_storage(location: str | os.PathLike[str], storage_options: dict[str, An
             )
         return LocalStorage(rest if sep else text)
     try:
-        import fsspec
+        import fsspec  # type: ignore[import-untyped]
 
         fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
     except ImportError as exc:
