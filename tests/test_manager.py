@@ -209,7 +209,7 @@ def test_steps_must_increase(tmp_path: Path) -> None:
         manager.save(5, {})
         with pytest.raises(ValueError, match=r"cannot save step 5 .*step 5 is already saved or being saved"):
             manager.save(5, {})
-        with pytest.raises(ValueError, match="steps must be >= 0"):
+        with pytest.raises(ValueError, match="step must be >= 0, got -1"):
             manager.save(-1, {})
     with pytest.raises(ValueError, match=r"cannot save step 3 .*step 5 is already saved"):
         CheckpointManager(tmp_path).save(3, {})

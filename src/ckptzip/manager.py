@@ -291,12 +291,14 @@ class CheckpointManager:
             raise ValueError(f"{self!r} is closed; create a new CheckpointManager to save")
         self._reap()
         step = operator.index(step)
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
         newest = self._newest_step()
-        if step < 0 or (newest is not None and step <= newest):
+        if newest is not None and step <= newest:
             raise ValueError(
-                f"cannot save step {step} to {self.directory}: steps must be >= 0 and increase, and step "
-                f"{newest} is already saved or being saved there. Save a larger step, or use a new "
-                "directory for a separate run"
+                f"cannot save step {step} to {self.directory}: steps must increase, and step {newest} is "
+                "already saved or being saved there. Save a larger step, or use a new directory for a "
+                "separate run"
             )
         if self._executor is None:
             self._write(step, state)
