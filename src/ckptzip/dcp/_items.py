@@ -95,10 +95,19 @@ def check_safe_object(data: bytes, where: str) -> None:
     try:
         torch.load(io.BytesIO(data), weights_only=True)
     except pickle.UnpicklingError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UnsupportedObjectError(
             f"{where} is a pickled Python object that torch's weights_only loader refuses "
-            f"({first_line}). DCP would unpickle it without restriction, which can run code from "
+            f"({_refusal(exc)}). DCP would unpickle it without restriction, which can run code from "
             "the file. If you trust this checkpoint, load it with "
-            "CompressedStorageReader(path, trusted_objects=True)."
+            "CompressedStorageReader(path, trusted_objects=True), or allowlist the class with "
+            "torch.serialization.add_safe_globals."
         ) from exc
+
+
+def _refusal(exc: pickle.UnpicklingError) -> str:
+    """The reason in torch's long weights_only message: "Unsupported global: GLOBAL m.C ..."."""
+    for line in str(exc).splitlines():
+        _, marker, reason = line.partition("WeightsUnpickler error: ")
+        if marker:
+            return reason.split(" Please use")[0].rstrip(". ")
+    return type(exc).__name__
