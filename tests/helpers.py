@@ -1,0 +1,258 @@
+"""Shared test helpers: value builders, bit-exact comparison, and a .ckz rewriter.
+
+The rewriter follows docs/FORMAT.md on its own (struct layouts, hashes) rather than importing the
+writer, so a test that edits a file checks the reader against the spec, not against itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import math
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+import ckptzip
+
+PREAMBLE = struct.Struct("<8sHHI")  # magic, major, minor, flags
+TRAILER = struct.Struct("<QQQ8s")  # index_offset, index_length, index_hash, end magic
+MAGIC = b"\x89CKZ\r\n\x1a\n"
+END_MAGIC = b"CKZINDEX"
+
+CPU_CODECS = ("raw", "zstd", "deflate", "lz4")
+PRESETS = ("auto", "fast", "portable")
+
+# Every dtype the format names that this torch has (uint16/32/64 and the fnuz float8s are recent).
+DTYPE_NAMES = (
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint64",
+    "uint32",
+    "uint16",
+    "uint8",
+    "bool",
+    "complex128",
+    "complex64",
+)
+DTYPES: list[torch.dtype] = [
+    d for d in (getattr(torch, name, None) for name in DTYPE_NAMES) if isinstance(d, torch.dtype)
+]
+
+
+# --- building values -------------------------------------------------------------------------
+
+
+def tensor_from_bytes(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor of ``dtype`` and ``shape`` whose memory is exactly ``data`` (any bit pattern)."""
+    if dtype == torch.bool:  # only 0 and 1 are valid bools
+        data = bytes(b & 1 for b in data)
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    """Arbitrary bits (NaN payloads, subnormals, -0.0 included) of the given dtype and shape."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    return tensor_from_bytes(np.random.default_rng(seed).bytes(nbytes), dtype, shape)
+
+
+def float_from_bits(bits: int) -> float:
+    """The Python float with these IEEE-754 binary64 bits."""
+    return struct.unpack("<d", struct.pack("<Q", bits))[0]
+
+
+def float_bits(value: float) -> int:
+    return struct.unpack("<Q", struct.pack("<d", value))[0]
+
+
+def small_model(seed: int = 0) -> torch.nn.Module:
+    """A model with the parameter and buffer kinds real state dicts have (incl. int64 buffers)."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32),
+        torch.nn.BatchNorm1d(32),
+        torch.nn.GELU(),
+        torch.nn.Linear(32, 8),
+        torch.nn.LayerNorm(8),
+    )
+
+
+def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, seed: int = 1) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(4, 16, generator=gen)
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+
+
+def adamw_state(steps: int = 3) -> tuple[torch.nn.Module, torch.optim.AdamW]:
+    """A small model and an AdamW optimizer after ``steps`` training steps."""
+    model = small_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, amsgrad=True)
+    train_steps(model, optimizer, steps)
+    return model, optimizer
+
+
+def mixed_state() -> dict[str, Any]:
+    """A small checkpoint-like object touching every kind of value and several codec paths."""
+    model, optimizer = adamw_state(1)
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "zeros": torch.zeros(3000),  # compressible: zstd, byte planes under the presets
+        "ids": torch.arange(2000, dtype=torch.int64),
+        "bits": random_tensor(torch.bfloat16, (7, 5), seed=3),
+        "flags": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.empty(0, 4),
+        "step": 123,
+        "lr": 3e-4,
+        "nan": float("nan"),
+        "name": "run-α",
+        "blob": b"\x00\xff",
+        "shape": (2, [3, None]),
+    }
+
+
+# --- comparing values ------------------------------------------------------------------------
+
+
+def tensor_bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes in C order as a flat uint8 tensor on the CPU."""
+    t = t.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def assert_same_tensor(got: torch.Tensor, want: torch.Tensor, where: str = "<root>") -> None:
+    """Same type, dtype, shape and bits (NaN payloads and -0.0 included)."""
+    assert type(got) is torch.Tensor, f"{where}: got {type(got).__name__}, expected a plain torch.Tensor"
+    assert got.dtype == want.dtype, f"{where}: dtype {got.dtype}, expected {want.dtype}"
+    assert got.shape == want.shape, f"{where}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    assert torch.equal(tensor_bits(got), tensor_bits(want)), f"{where}: tensor bits differ"
+
+
+def assert_same(got: Any, want: Any, where: str = "<root>") -> None:
+    """Structural equality with exact types: dict order, tuple vs list, float bits, tensor bits."""
+    if isinstance(want, torch.Tensor):
+        assert_same_tensor(got, want, where)
+        return
+    assert type(got) is type(want), f"{where}: got {type(got).__name__}, expected {type(want).__name__}"
+    if isinstance(want, float):
+        assert float_bits(got) == float_bits(want), f"{where}: {got!r} is not bit-identical to {want!r}"
+    elif isinstance(want, np.ndarray):
+        assert (got.dtype, got.shape) == (want.dtype, want.shape), where
+        assert got.tobytes() == want.tobytes(), f"{where}: array bytes differ"
+    elif isinstance(want, np.generic):
+        assert (got.dtype, got.tobytes()) == (want.dtype, want.tobytes()), f"{where}: {got!r} != {want!r}"
+    elif isinstance(want, dict):
+        assert len(got) == len(want), f"{where}: {len(got)} keys, expected {len(want)}"
+        for (gk, gv), (wk, wv) in zip(got.items(), want.items()):
+            assert_same(gk, wk, f"{where}[key]")
+            assert_same(gv, wv, f"{where}.{wk}")
+        if isinstance(want, collections.OrderedDict):
+            assert_same(getattr(got, "_metadata", None), getattr(want, "_metadata", None), f"{where}._metadata")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), f"{where}: length {len(got)}, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{where}.{i}")
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+# --- saving and loading ----------------------------------------------------------------------
+
+
+def save_bytes(obj: Any, **kwargs: Any) -> bytes:
+    buf = io.BytesIO()
+    ckptzip.save(obj, buf, **kwargs)
+    return buf.getvalue()
+
+
+def load_bytes(data: bytes, **kwargs: Any) -> Any:
+    return ckptzip.load(io.BytesIO(data), **kwargs)
+
+
+def roundtrip(obj: Any, **kwargs: Any) -> Any:
+    return load_bytes(save_bytes(obj, **kwargs))
+
+
+# --- taking files apart and putting them back together (docs/FORMAT.md) ---------------------
+
+
+@dataclass
+class CkzParts:
+    """A .ckz file split into its sections; ``index`` is the parsed JSON."""
+
+    preamble: bytes
+    data: bytes
+    index: Any
+
+    @classmethod
+    def parse(cls, blob: bytes) -> CkzParts:
+        offset, length, _, end = TRAILER.unpack(blob[-TRAILER.size :])
+        assert end == END_MAGIC and offset + length + TRAILER.size == len(blob)
+        return cls(blob[: PREAMBLE.size], blob[PREAMBLE.size : offset], json.loads(blob[offset : offset + length]))
+
+    def build(self, raw_index: bytes | None = None) -> bytes:
+        """The file, with a trailer whose offsets and hash match (so only the targeted check fires)."""
+        if raw_index is None:
+            raw_index = json.dumps(self.index, separators=(",", ":")).encode()
+        offset = len(self.preamble) + len(self.data)
+        digest = xxhash.xxh3_64_intdigest(self.preamble + raw_index)
+        return self.preamble + self.data + raw_index + TRAILER.pack(offset, len(raw_index), digest, END_MAGIC)
+
+    def chunk(self, tensor: int, stream: int = 0, chunk: int = 0) -> list:
+        return self.index["tensors"][tensor]["streams"][stream]["chunks"][chunk]
+
+    def chunks(self) -> list[list]:
+        """Every chunk entry in tiling order."""
+        return [c for t in self.index["tensors"] for s in t["streams"] for c in s["chunks"]]
+
+    def replace_chunk(self, tensor: int, stream: int, chunk: int, stored: bytes) -> None:
+        """Put other stored bytes in one chunk, fixing its length, its XXH3 and the later offsets."""
+        entry = self.chunk(tensor, stream, chunk)
+        start = entry[0] - PREAMBLE.size
+        self.data = self.data[:start] + stored + self.data[start + entry[1] :]
+        shift = len(stored) - entry[1]
+        entry[1], entry[3] = len(stored), xxhash.xxh3_64_hexdigest(stored)
+        for other in self.chunks():
+            if other[0] > entry[0]:
+                other[0] += shift
+
+
+def rewrite_index(blob: bytes, edit: Callable[[Any], object]) -> bytes:
+    """Let ``edit`` change the parsed index of a valid file in place, and rebuild the file with a
+    consistent trailer (so only the check the edit targets can fire)."""
+    parts = CkzParts.parse(blob)
+    edit(parts.index)
+    return parts.build()
+
+
+def rewrite_raw_index(blob: bytes, raw_index: bytes) -> bytes:
+    """Replace the index bytes verbatim (for JSON the json module will not write) and fix the trailer."""
+    return CkzParts.parse(blob).build(raw_index)
+
+
+def with_preamble(blob: bytes, major: int = 1, minor: int = 0, flags: int = 0, magic: bytes = MAGIC) -> bytes:
+    """The file with another preamble; the index hash is recomputed so the preamble check fires."""
+    parts = CkzParts.parse(blob)
+    parts.preamble = PREAMBLE.pack(magic, major, minor, flags)
+    return parts.build()

@@ -1,0 +1,272 @@
+"""CPU codecs: round trips, interchange with the reference libraries, errors, the registry."""
+
+from __future__ import annotations
+
+import zlib
+
+import lz4.block
+import numpy as np
+import pytest
+import torch
+import zstandard
+from helpers import CPU_CODECS
+
+from ckptzip import CodecUnavailableError, CorruptCheckpointError, UnsupportedFormatError
+from ckptzip.codecs import GPU_ONLY_IDS, KNOWN_IDS, Codec, get_codec, has_codec, registry
+from ckptzip.codecs.cpu import ZstdCodec
+
+
+def _u8(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def _chunks() -> dict[str, torch.Tensor]:
+    rng = np.random.default_rng(0)
+    return {
+        "random": _u8(rng.bytes(70_000)),
+        "zeros": torch.zeros(65_536, dtype=torch.uint8),
+        "constant": torch.full((12_345,), 0xA5, dtype=torch.uint8),
+        "floats": torch.randn(5000, generator=torch.Generator().manual_seed(0)).view(torch.uint8),
+        "bf16": torch.randn(9000, generator=torch.Generator().manual_seed(1)).bfloat16().view(torch.uint8),
+        "ramp": torch.arange(3000, dtype=torch.int32).view(torch.uint8),
+        "one byte": _u8(b"\x07"),
+    }
+
+
+CHUNKS = _chunks()
+
+
+@pytest.mark.parametrize("codec_id", CPU_CODECS)
+@pytest.mark.parametrize("name", list(CHUNKS))
+def test_round_trip(codec_id: str, name: str) -> None:
+    codec = get_codec(codec_id, "cpu")
+    chunk = CHUNKS[name]
+    (encoded,) = codec.encode([chunk])
+    assert encoded.dtype == torch.uint8 and encoded.dim() == 1
+    (decoded,) = codec.decode([encoded], [chunk.numel()])
+    assert torch.equal(decoded, chunk)
+    if codec_id != "raw" and name in ("zeros", "constant"):
+        assert encoded.numel() < chunk.numel() // 50
+
+
+@pytest.mark.parametrize("codec_id", CPU_CODECS)
+def test_batches_are_coded_chunk_by_chunk(codec_id: str) -> None:
+    codec = get_codec(codec_id, "cpu")
+    chunks = list(CHUNKS.values()) * 20  # > 1 MiB in all: runs on the thread pool
+    encoded = codec.encode(chunks)
+    assert len(encoded) == len(chunks)
+    decoded = codec.decode(encoded, [c.numel() for c in chunks])
+    assert all(torch.equal(d, c) for d, c in zip(decoded, chunks))
+    assert codec.encode([]) == [] and codec.decode([], []) == []
+
+
+@pytest.mark.parametrize("codec_id", CPU_CODECS)
+def test_encoding_views_of_a_larger_tensor(codec_id: str) -> None:
+    base = CHUNKS["ramp"]
+    pieces = list(base.split(1000))  # views with storage offsets, as the pipeline makes them
+    codec = get_codec(codec_id, "cpu")
+    decoded = codec.decode(codec.encode(pieces), [p.numel() for p in pieces])
+    assert torch.equal(torch.cat(decoded), base)
+
+
+@pytest.mark.parametrize("codec_id", ["zstd", "deflate", "lz4"])
+@pytest.mark.parametrize("garbage", [b"\x00", b"\xff" * 64, bytes(range(256)) * 4])
+def test_garbage_does_not_decode(codec_id: str, garbage: bytes) -> None:
+    codec = get_codec(codec_id, "cpu")
+    with pytest.raises(
+        CorruptCheckpointError, match=f"^{codec_id} chunk 0 does not decode|^{codec_id} chunk 0 decoded to"
+    ):
+        codec.decode([_u8(garbage)], [1000])
+
+
+@pytest.mark.parametrize("codec_id", CPU_CODECS)
+@pytest.mark.parametrize("delta", [-1, 1, 1000])
+def test_wrong_decoded_size_is_corrupt(codec_id: str, delta: int) -> None:
+    codec = get_codec(codec_id, "cpu")
+    chunk = CHUNKS["floats"]
+    good = codec.encode([chunk[:100], chunk])
+    with pytest.raises(CorruptCheckpointError, match=f"{codec_id} chunk 1 "):
+        codec.decode(good, [100, chunk.numel() + delta])
+
+
+def test_zstd_header_size_must_match() -> None:
+    codec = get_codec("zstd", "cpu")
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(b"x" * 500)
+    with pytest.raises(
+        CorruptCheckpointError, match="zstd chunk 0 does not decode: zstd frame header declares 500 bytes, expected 501"
+    ):
+        codec.decode([_u8(frame)], [501])
+
+
+# --- bitstream interchange with the reference libraries -------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(CHUNKS))
+def test_zstd_frames_are_plain_zstandard(name: str) -> None:
+    chunk = CHUNKS[name]
+    (encoded,) = get_codec({"id": "zstd", "level": 5}, "cpu").encode([chunk])
+    raw = encoded.numpy().tobytes()
+    assert zstandard.frame_content_size(raw) == chunk.numel()
+    assert zstandard.ZstdDecompressor().decompress(raw) == chunk.numpy().tobytes()
+    for foreign in (
+        zstandard.ZstdCompressor(level=19).compress(chunk.numpy().tobytes()),
+        zstandard.ZstdCompressor(write_content_size=False).compress(chunk.numpy().tobytes()),
+    ):
+        (decoded,) = get_codec("zstd", "cpu").decode([_u8(foreign)], [chunk.numel()])
+        assert torch.equal(decoded, chunk)
+
+
+@pytest.mark.parametrize("name", list(CHUNKS))
+def test_deflate_is_raw_zlib(name: str) -> None:
+    chunk = CHUNKS[name]
+    data = chunk.numpy().tobytes()
+    (encoded,) = get_codec("deflate", "cpu").encode([chunk])
+    assert zlib.decompress(encoded.numpy().tobytes(), wbits=-15) == data
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    foreign = compressor.compress(data) + compressor.flush()
+    (decoded,) = get_codec("deflate", "cpu").decode([_u8(foreign)], [chunk.numel()])
+    assert torch.equal(decoded, chunk)
+
+
+def test_deflate_with_a_zlib_header_is_corrupt() -> None:
+    wrapped = zlib.compress(b"a" * 100)
+    with pytest.raises(CorruptCheckpointError, match="deflate chunk 0 does not decode"):
+        get_codec("deflate", "cpu").decode([_u8(wrapped)], [100])
+
+
+def test_deflate_longer_than_declared_is_corrupt() -> None:
+    compressor = zlib.compressobj(6, zlib.DEFLATED, -15)
+    stream = compressor.compress(b"b" * 2000) + compressor.flush()
+    with pytest.raises(CorruptCheckpointError, match="more data than its declared size, or is cut short"):
+        get_codec("deflate", "cpu").decode([_u8(stream)], [1000])
+    with pytest.raises(CorruptCheckpointError, match="deflate chunk 0"):
+        get_codec("deflate", "cpu").decode([_u8(stream[: len(stream) // 2])], [2000])
+
+
+@pytest.mark.parametrize("name", list(CHUNKS))
+def test_lz4_is_a_bare_lz4_block(name: str) -> None:
+    chunk = CHUNKS[name]
+    data = chunk.numpy().tobytes()
+    (encoded,) = get_codec("lz4", "cpu").encode([chunk])
+    assert lz4.block.decompress(encoded.numpy().tobytes(), uncompressed_size=len(data)) == data
+    foreign = lz4.block.compress(data, store_size=False, mode="high_compression")
+    (decoded,) = get_codec("lz4", "cpu").decode([_u8(foreign)], [chunk.numel()])
+    assert torch.equal(decoded, chunk)
+
+
+def test_raw_is_the_bytes_themselves() -> None:
+    chunk = CHUNKS["random"]
+    (encoded,) = get_codec("raw", "cpu").encode([chunk])
+    assert torch.equal(encoded, chunk)
+
+
+# --- configuration and registry ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ("raw", {"id": "raw"}),
+        ({"id": "zstd"}, {"id": "zstd", "level": 3}),
+        ({"id": "zstd", "level": -5}, {"id": "zstd", "level": -5}),
+        ({"id": "deflate", "level": 9}, {"id": "deflate", "level": 9}),
+        ({"id": "deflate", "algorithm_type": 2}, {"id": "deflate", "level": 6, "algorithm_type": 2}),
+        ({"id": "lz4"}, {"id": "lz4"}),
+    ],
+)
+def test_config_round_trip(config: dict | str, expected: dict) -> None:
+    codec = get_codec(config, "cpu")
+    assert isinstance(codec, Codec) and codec.backend == "cpu"
+    assert codec.get_config() == expected
+    again = get_codec(codec.get_config(), "cpu")
+    assert again == codec and hash(again) == hash(codec)
+
+
+def test_equality_and_repr_follow_the_config() -> None:
+    assert get_codec({"id": "zstd", "level": 1}, "cpu") != get_codec({"id": "zstd", "level": 2}, "cpu")
+    assert get_codec("zstd", "cpu") != get_codec("deflate", "cpu")
+    assert repr(get_codec({"id": "zstd", "level": 7}, "cpu")) == "ZstdCodec(level=7)"
+
+
+def test_known_ids() -> None:
+    assert KNOWN_IDS == {"raw", "zstd", "deflate", "lz4", "ans", "bitcomp", "gdeflate", "cascaded"}
+    assert GPU_ONLY_IDS == {"ans", "bitcomp", "gdeflate", "cascaded"}
+    assert all(has_codec(i, "cpu") for i in CPU_CODECS)
+    assert not any(has_codec(i, "cpu") for i in GPU_ONLY_IDS)
+
+
+def test_unknown_id_is_unsupported_format() -> None:
+    with pytest.raises(
+        UnsupportedFormatError,
+        match=r"unknown codec id 'brotli'; this ckptzip knows \['ans', .*'zstd'\]\. Upgrade ckptzip",
+    ):
+        get_codec({"id": "brotli"}, "cpu")
+    with pytest.raises(UnsupportedFormatError, match="unknown codec id None"):
+        get_codec({"level": 1}, "cpu")
+
+
+@pytest.mark.parametrize("codec_id", sorted(GPU_ONLY_IDS))
+def test_gpu_only_codec_on_cpu_explains(codec_id: str) -> None:
+    with pytest.raises(CodecUnavailableError) as info:
+        get_codec({"id": codec_id}, "cpu")
+    message = str(info.value)
+    assert f"codec {codec_id!r} is GPU-only (NVIDIA nvCOMP) and has no CPU decoder" in message
+    assert "`ckptzip convert SRC DST --codec portable`" in message
+
+
+@pytest.mark.skipif(has_codec("zstd", "cuda"), reason="nvCOMP runs here")
+def test_gpu_backend_unavailable_explains() -> None:
+    with pytest.raises(CodecUnavailableError, match="codec 'zstd' cannot run on the GPU here: "):
+        get_codec("zstd", "cuda")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"id": "zstd", "level": 99},
+        {"id": "zstd", "level": "3"},
+        {"id": "deflate", "level": -2},
+        {"id": "lz4", "acceleration": 4},
+        {"id": "raw", "level": 1},
+    ],
+)
+def test_invalid_options_are_corrupt(config: dict) -> None:
+    with pytest.raises(CorruptCheckpointError, match=r"codec configuration \{.*\} is invalid: "):
+        get_codec(config, "cpu")
+
+
+def test_register_and_unavailable_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_UNAVAILABLE", dict(registry._UNAVAILABLE))
+    registry._REGISTRY.pop(("lz4", "cpu"))
+    registry.mark_unavailable("lz4", "cpu", "the lz4 package is not installed (pip install ckptzip[lz4])")
+    assert not has_codec("lz4", "cpu")
+    with pytest.raises(
+        CodecUnavailableError,
+        match=r"codec 'lz4' cannot run on the CPU here: "
+        r"the lz4 package is not installed \(pip install ckptzip\[lz4\]\)",
+    ):
+        get_codec("lz4", "cpu")
+
+    class Lz4Again(ZstdCodec):
+        codec_id = "lz4"
+
+    assert registry.register(Lz4Again) is Lz4Again
+    assert type(get_codec({"id": "lz4"}, "cpu")) is Lz4Again
+
+
+# --- GPU interchange (runs on a CUDA machine with nvCOMP) ----------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("codec_id", ["zstd", "deflate", "lz4"])
+def test_cpu_and_gpu_bitstreams_interchange(codec_id: str) -> None:
+    if not has_codec(codec_id, "cuda"):
+        pytest.skip(f"no GPU implementation of {codec_id!r} here")
+    cpu, gpu = get_codec(codec_id, "cpu"), get_codec(codec_id, "cuda")
+    chunks = [c for c in CHUNKS.values() if c.numel() > 1]
+    sizes = [c.numel() for c in chunks]
+    from_gpu = [e.cpu() for e in gpu.encode([c.cuda() for c in chunks])]
+    assert all(torch.equal(d, c) for d, c in zip(cpu.decode(from_gpu, sizes), chunks))
+    from_cpu = [e.cuda() for e in cpu.encode(chunks)]
+    assert all(torch.equal(d.cpu(), c) for d, c in zip(gpu.decode(from_cpu, sizes), chunks))
