@@ -129,9 +129,10 @@ def encode_gpu_batch(items: list[tuple[str, torch.Tensor]], codec: str) -> list[
     jobs: dict[tuple, list[tuple[int, int, list[torch.Tensor]]]] = defaultdict(list)
     codecs: dict[tuple, Codec] = {}
     plans = []
+    all_entropies = entropies_from_counts(counts)
     for i, ((_, tensor), data) in enumerate(zip(items, datas)):
         k = len(split[i])
-        entropies = entropies_from_counts(counts[i, :k]) if k > 1 else None
+        entropies = all_entropies[i][:k] if k > 1 else None
         plan = plan_tensor(data, tensor.dtype, codec, "cuda", entropies)
         plans.append(plan)
         for j, (stream, stream_plan) in enumerate(zip(split[i], plan.streams)):

@@ -33,9 +33,8 @@ def write_tensor(writer: ContainerWriter, name: str, tensor: torch.Tensor, codec
     return entry
 
 
-def verify_checksum(entry: TensorEntry, data: torch.Tensor, checksum: torch.Tensor | None = None) -> None:
-    """Raise ``CorruptCheckpointError`` unless the decoded bytes match the entry's wsum64."""
-    value = wsum64(data) if checksum is None else int(checksum) & ((1 << 64) - 1)
+def verify_checksum(entry: TensorEntry, value: int) -> None:
+    """Raise ``CorruptCheckpointError`` unless ``value`` is the entry's wsum64."""
     found = format_wsum64(value)
     if found != entry.checksum:
         raise CorruptCheckpointError(
@@ -71,7 +70,7 @@ def read_tensor(reader: ContainerReader, entry: TensorEntry, device: torch.devic
     data = streams[0]
     for config in reversed(entry.transforms):
         data = get_transform(config).inverse(streams, entry.nbytes)
-    verify_checksum(entry, data)
+    verify_checksum(entry, wsum64(data))
     dtype = DTYPES[entry.dtype]
     tensor = data.view(dtype) if entry.nbytes else torch.empty(0, dtype=dtype, device=data.device)
     return tensor.reshape(entry.shape).to(device)

@@ -85,13 +85,13 @@ def _stream(codec_config: dict, backend: str) -> StreamPlan:
     return StreamPlan(codec, _CHUNK_BYTES.get((codec.codec_id, backend), _DEFAULT_CHUNK_BYTES))
 
 
-def entropies_from_counts(counts: torch.Tensor) -> list[float]:
-    """Order-0 entropy in bits/byte of each row of byte counts (planes × 256); 0 for empty rows."""
+def entropies_from_counts(counts: torch.Tensor) -> list:
+    """Order-0 entropy in bits/byte of each row of byte counts (``[..., 256]``); 0 for empty rows.
+    Returns nested lists shaped like ``counts`` without its last dimension."""
     counts = counts.to(torch.float64)
-    total = counts.sum(dim=1, keepdim=True).clamp_min(1)
-    p = counts / total
-    entropy = -(p * torch.log2(p.clamp_min(1e-300))).sum(dim=1)
-    return [max(0.0, float(e)) for e in entropy.cpu()]
+    p = counts / counts.sum(dim=-1, keepdim=True).clamp_min(1)
+    entropy = -(p * torch.log2(p.clamp_min(1e-300))).sum(dim=-1)
+    return entropy.clamp_min(0.0).cpu().tolist()
 
 
 def plane_entropies(data: torch.Tensor, itemsize: int) -> list[float]:

@@ -146,7 +146,8 @@ class Stager:
         """Queue every chunk of a tensor, then its index entry."""
         for stream in encoded.streams:
             for piece, raw_length in zip(stream.pieces, stream.raw_lengths):
-                self._job.items.append(_Chunk(self._to_host(piece), raw_length, stream))
+                host = self._to_host(piece)  # may submit the current job and start a new one
+                self._job.items.append(_Chunk(host, raw_length, stream))
             stream.pieces = []  # drop device references as soon as their copies are queued
         self._job.items.append(encoded)
 

@@ -12,6 +12,7 @@ from typing import BinaryIO
 
 import torch
 
+from .checksum import wsum64_tensor
 from .codecs import Codec, get_codec
 from .encode import encode_gpu_batch, encode_tensor, gpu_batchable
 from .errors import CkptzipError, CorruptCheckpointError
@@ -210,11 +211,11 @@ def _decode_gpu_batch(entries: list[TensorEntry], region: torch.Tensor) -> list[
             k = len(entry.streams)
             data, checksum = merge_planes(list(out.split(entry.nbytes // k)), k)
         else:
-            data, checksum = out, None
+            data, checksum = out, wsum64_tensor(out)
         results.append(data)
         checksums.append(checksum)
-    for entry, data, checksum in zip(entries, results, checksums):
-        verify_checksum(entry, data, checksum)
+    for entry, value in zip(entries, torch.stack(checksums).tolist()):  # one host sync
+        verify_checksum(entry, value)
     return [d.view(DTYPES[e.dtype]).reshape(e.shape) for e, d in zip(entries, results)]
 
 

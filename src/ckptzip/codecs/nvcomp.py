@@ -198,6 +198,8 @@ class _NvcompCodec(Codec):
     max_chunk_bytes: ClassVar[int]
     alignment: ClassVar[int]
     option_names: ClassVar[tuple[str, ...]] = ()
+    # Whether each chunk's stream declares its decoded size (zstd frames do): then decode checks it.
+    sizes_in_stream: ClassVar[bool] = False
     # Options of the interchangeable CPU codec that only steer its encoder: accepted, then dropped.
     cpu_encoder_options: ClassVar[frozenset[str]] = frozenset()
 
@@ -292,9 +294,14 @@ class _NvcompCodec(Codec):
         offsets, total = _slots(raw_sizes, self.alignment)
         out = torch.empty(total, dtype=torch.uint8, device=device)
         target = _nv.as_arrays(out, offsets, raw_sizes, cuda_stream=engine.stream)
-        # A config built from the raw sizes spares nvCOMP a synchronising parse of every stream.
-        config = engine.codec.decompression_config(engine.codec.compression_config(raw_sizes))
-        decoded = engine.codec.decode(source, out=target, decompression_config=config)
+        if self.sizes_in_stream:
+            # nvCOMP parses the sizes the streams declare, so a size that differs from the index is caught.
+            decoded = engine.codec.decode(source, out=target)
+        else:
+            # A config built from the raw sizes spares nvCOMP a synchronising parse of every stream;
+            # the output sizes still bound every write, and the tensor checksum checks the content.
+            config = engine.codec.decompression_config(engine.codec.compression_config(raw_sizes))
+            decoded = engine.codec.decode(source, out=target, decompression_config=config)
         return out, offsets, [int(n) for n in decoded.buffer_sizes]  # waits for nvCOMP's result
 
     def _find_corrupt(
@@ -359,6 +366,7 @@ class NvcompZstdCodec(_NvcompCodec):
 
     codec_id = "zstd"
     algorithm = "Zstd"
+    sizes_in_stream = True
     cpu_encoder_options = frozenset({"level"})
 
 
