@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 from dataclasses import dataclass
@@ -44,9 +45,15 @@ def _encoded(ct: CompressedTensor) -> Encoded:
     return Encoded(ct.to_bytes(), pipeline(ct.entry), ct.entry.checksum)
 
 
+def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Make ``device`` current for GPU work, whatever device the calling thread had current."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def encode_tensor(tensor: torch.Tensor, codec: str) -> Encoded:
     """Compress a tensor (on its own GPU when it lives on one and nvCOMP is here)."""
-    return _encoded(compress(tensor.detach(), codec=codec))
+    with _on(tensor.device):
+        return _encoded(compress(tensor.detach(), codec=codec))
 
 
 def encode_bytes(data: io.BytesIO) -> Encoded:
@@ -71,7 +78,8 @@ def decode_blob(blob: bytes, stored: StoredItem, device: torch.device, where: st
                 f"the one the checkpoint metadata recorded (codec pipeline {stored.pipeline}, checksum "
                 f"{stored.checksum}); the data file and the metadata do not belong together"
             )
-        return decompress(ct, device=device)
+        with _on(device):
+            return decompress(ct, device=device)
     except CkptzipError as exc:
         raise type(exc)(f"{where}: {exc}") from exc
 
