@@ -368,27 +368,33 @@ def test_leftovers_are_ignored_and_removed_after_the_next_commit(tmp_path: Path)
     assert files(tmp_path) == sorted(["step_00000001.ckz", *unrelated])
 
 
-def test_readers_see_only_whole_checkpoints_while_old_ones_are_retired(tmp_path: Path) -> None:
+def restore_while_saving(reader: CheckpointManager, writer: CheckpointManager, steps: int, numel: int) -> list[int]:
+    """Save ``make_state`` for ``steps`` steps while another thread restores the newest checkpoint
+    again and again, checking each bit-exactly. Returns the steps that thread restored."""
     stop = threading.Event()
-    restored: list[int] = []
 
-    def read() -> None:
-        reader = CheckpointManager(tmp_path)
+    def read() -> list[int]:
+        restored = []
         while not stop.is_set():
             try:
                 state = reader.restore()
             except CheckpointNotFoundError:
                 continue  # nothing committed yet
-            assert_same(state, make_state(state["step"], numel=20_000))
+            assert_same(state, make_state(state["step"], numel=numel))
             restored.append(state["step"])
+        return restored
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         reading = pool.submit(read)
-        with CheckpointManager(tmp_path, keep_last=1) as writer:
-            for step in range(12):
-                writer.save(step, make_state(step, numel=20_000))
+        with writer:
+            for step in range(steps):
+                writer.save(step, make_state(step, numel=numel))
         stop.set()
-        reading.result()
+        return reading.result()
+
+
+def test_readers_see_only_whole_checkpoints_while_old_ones_are_retired(tmp_path: Path) -> None:
+    restored = restore_while_saving(CheckpointManager(tmp_path), CheckpointManager(tmp_path, keep_last=1), 12, 20_000)
     assert restored and restored == sorted(restored)
 
 

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import io
 import json
 import logging
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import xxhash
-from test_manager import assert_same, make_state
+from test_manager import assert_same, make_state, restore_while_saving
 
 import ckptzip
 from ckptzip.errors import CheckpointNotFoundError
@@ -116,24 +114,7 @@ def test_object_replaced_after_commit_is_skipped(s3: Any, s3_options: dict[str, 
 
 
 def test_concurrent_reader_sees_only_committed_checkpoints(s3_options: dict[str, Any], url: str) -> None:
-    stop = threading.Event()
-    restored: list[int] = []
-
-    def read() -> None:
-        reader = CheckpointManager(url, storage_options=s3_options)
-        while not stop.is_set():
-            try:
-                state = reader.restore()
-            except CheckpointNotFoundError:
-                continue  # nothing committed yet
-            assert_same(state, make_state(state["step"], numel=200_000))
-            restored.append(state["step"])
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        reading = pool.submit(read)
-        with CheckpointManager(url, keep_last=1, storage_options=s3_options) as writer:
-            for step in range(8):
-                writer.save(step, make_state(step, numel=200_000))
-        stop.set()
-        reading.result()
+    reader = CheckpointManager(url, storage_options=s3_options)
+    writer = CheckpointManager(url, keep_last=1, storage_options=s3_options)
+    restored = restore_while_saving(reader, writer, 8, 200_000)
     assert len(set(restored)) >= 2 and restored == sorted(restored)
