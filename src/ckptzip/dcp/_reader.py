@@ -18,7 +18,7 @@ from torch.futures import Future
 
 from ..codecs._threads import cpu_threads
 from ..errors import CheckpointNotFoundError, CkptzipError, CorruptCheckpointError
-from ._ahead import Task, run_ahead
+from ._ahead import Task, read_ahead, run_ahead
 from ._items import check_safe_object, check_shape, decode_blob, describe
 from ._metadata import StoredItem, decode_metadata, metadata_file
 from ._storage import CheckpointDir, read_exact
@@ -123,7 +123,8 @@ class CompressedStorageReader(StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read each stored item once (however many requests it serves), file by file in offset
-        order, decoding a few items ahead on a thread pool (on the calling thread for GPU targets)."""
+        order and one blob ahead, decoding a few items ahead on a thread pool (on the calling
+        thread for GPU targets)."""
         requests: dict[MetadataIndex, list[ReadItem]] = {}
         for request in plan.items:
             requests.setdefault(request.storage_index, []).append(request)
@@ -163,9 +164,12 @@ class CompressedStorageReader(StorageReader):
         group: Iterable[tuple[StoredItem, MetadataIndex, list[ReadItem]]],
         planner: LoadPlanner,
     ) -> Iterator[Task[tuple[MetadataIndex, list[ReadItem], list[torch.Tensor]], Any]]:
-        for stored, index, reqs in group:
+        blobs = read_ahead(
+            (stored, index, reqs, read_exact(stream, stored.offset, stored.length, self._where(index, stored)))
+            for stored, index, reqs in group
+        )
+        for stored, index, reqs, blob in blobs:
             where = self._where(index, stored)
-            blob = read_exact(stream, stored.offset, stored.length, where)
             if reqs[0].type == LoadItemType.BYTE_IO:
                 yield Task((index, reqs, []), functools.partial(self._decode_bytes, blob, stored, where))
                 continue

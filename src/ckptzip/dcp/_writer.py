@@ -19,7 +19,7 @@ from torch.futures import Future
 from ..codecs._threads import cpu_threads
 from ..errors import CheckpointWriteError, CkptzipError, UnsupportedObjectError
 from ..planner import validate_codec_arg
-from ._ahead import Task, run_ahead
+from ._ahead import Task, WriteBehind, run_ahead
 from ._items import Encoded, describe, encode_bytes, encode_tensor
 from ._metadata import StoredItem, check_planner_data, encode_metadata, metadata_file
 from ._storage import CheckpointDir
@@ -146,9 +146,9 @@ class CompressedStorageWriter(StorageWriter):
     def _write_file(self, name: str, items: list[WriteItem], planner: SavePlanner) -> list[WriteResult]:
         results = []
         offset = 0
-        with self._dir.open_write(name, sync=self.sync_files) as stream:
+        with self._dir.open_write(name, sync=self.sync_files) as stream, WriteBehind(stream) as out:
             for item, encoded in run_ahead(self._encode_tasks(items, planner), self.thread_count):
-                stream.write(encoded.blob)
+                out.write(encoded.blob)
                 length = len(encoded.blob)
                 stored = StoredItem(name, offset, length, encoded.pipeline, encoded.checksum)
                 results.append(WriteResult(index=item.index, size_in_bytes=length, storage_data=stored))
