@@ -42,7 +42,9 @@ def test_available_baselines_round_trip_bit_exactly(cls: type, state: dict[str, 
 
 
 @pytest.mark.parametrize("name", ["zstd-cpu", "dcp+zstd"])
-def test_zstd_baselines_write_fewer_bytes_than_the_tensors(name: str, state: dict[str, Any], tmp_path: Path) -> None:
+def test_zstd_baselines_write_fewer_bytes_than_the_tensors(
+    name: str, state: dict[str, Any], tmp_path: Path
+) -> None:
     baseline = get_baseline(name)
     ok, why = baseline.available()
     if not ok:
@@ -68,7 +70,7 @@ def test_dcp_promises_string_keys_and_safetensors_flat_tensors(state: dict[str, 
 
 def test_save_refuses_a_non_empty_directory(state: dict[str, Any], tmp_path: Path) -> None:
     (tmp_path / "other.txt").write_text("x")
-    with pytest.raises(CheckpointWriteError, match="needs an empty directory .* is not empty"):
+    with pytest.raises(CheckpointWriteError, match=r"needs an empty directory .* is not empty"):
         CpuZstd().save(state, tmp_path)
 
 
@@ -76,19 +78,22 @@ def test_truncated_blob_file_is_reported(state: dict[str, Any], tmp_path: Path) 
     CpuZstd().save(state, tmp_path)
     blobs = tmp_path / "blobs.bin"
     blobs.write_bytes(blobs.read_bytes()[:-10])
-    with pytest.raises(CorruptCheckpointError, match="blobs.bin' has .* bytes, index.pt expects"):
+    with pytest.raises(CorruptCheckpointError, match=r"blobs\.bin' has \d+ bytes, index\.pt expects \d+"):
         CpuZstd().load(tmp_path)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
 def test_gpu_baseline_without_gpu_says_why(state: dict[str, Any], tmp_path: Path) -> None:
-    assert NvcompAns().available() == (False, "needs a CUDA device")
-    with pytest.raises(CodecUnavailableError, match="baseline 'nvcomp-ans' cannot run here: needs a CUDA device"):
+    ok, why = NvcompAns().available()
+    assert not ok and "no CUDA device is visible" in why
+    with pytest.raises(
+        CodecUnavailableError, match=r"baseline 'nvcomp-ans' cannot run here: .*no CUDA device"
+    ):
         NvcompAns().save(state, tmp_path)
 
 
 def test_unknown_baseline_name_lists_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown baseline 'gzip'; expected one of torch.save, safetensors"):
+    with pytest.raises(ValueError, match=r"unknown baseline 'gzip'; expected one of torch\.save, safetensors"):
         get_baseline("gzip")
 
 
@@ -122,8 +127,14 @@ def test_equal_states_pass_including_nan_and_mapping_subclasses() -> None:
     ("actual", "message"),
     [
         ({"w": torch.tensor([-0.0, 1.0])}, r"w: tensor bytes differ"),  # torch.equal calls -0.0 == 0.0
-        ({"w": torch.tensor([0.0, 1.0], dtype=torch.float64)}, r"w: expected torch.float32 \(2,\), found torch.float64"),
-        ({"w": torch.tensor([[0.0, 1.0]])}, r"w: expected torch.float32 \(2,\), found torch.float32 \(1, 2\)"),
+        (
+            {"w": torch.tensor([0.0, 1.0], dtype=torch.float64)},
+            r"w: expected torch.float32 \(2,\), found torch.float64",
+        ),
+        (
+            {"w": torch.tensor([[0.0, 1.0]])},
+            r"w: expected torch.float32 \(2,\), found torch.float32 \(1, 2\)",
+        ),
         ({"w": [0.0, 1.0]}, r"w: expected a tensor, found list"),
         ({"v": torch.tensor([0.0, 1.0])}, r"<root>: keys differ; missing \['w'\], unexpected \['v'\]"),
     ],
@@ -148,5 +159,5 @@ def test_structure_differences_are_named(expected: Any, actual: Any, message: st
 
 
 def test_flat_tensors_rejects_colliding_paths() -> None:
-    with pytest.raises(ValueError, match="two tensors of the state flatten to the same path 'a.b'"):
+    with pytest.raises(ValueError, match=r"two tensors of the state flatten to the same path 'a\.b'"):
         flat_tensors({"a.b": torch.zeros(1), "a": {"b": torch.zeros(1)}})

@@ -442,6 +442,7 @@ class ZipNN(_BlobBaseline):
     def _encode(self, tensors: list[torch.Tensor]) -> list[Any]:
         coders = self._coders()
         return [
+            # tobytes() copies: ZipNN's compress rewrites its input buffer in place.
             coders[t.dtype].compress(_host_bytes(t).tobytes())
             if t.dtype in coders and t.numel()
             else _host_bytes(t)
@@ -505,7 +506,7 @@ _NVCOMP_DATA_TYPES = {torch.float32: "<f4", torch.bfloat16: "<f2", torch.float16
 
 
 def _nvcomp() -> Any:
-    """NVIDIA's ``nvidia.nvcomp`` module; raises ``ImportError`` where it is not installed."""
+    """NVIDIA's ``nvidia.nvcomp`` module (call only where :meth:`_Nvcomp.available` holds)."""
     from nvidia import nvcomp  # type: ignore[import-not-found]
 
     return nvcomp
@@ -519,16 +520,9 @@ class _Nvcomp(_BlobBaseline):
     _pin_memory = True
 
     def available(self) -> tuple[bool, str]:
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA device"
-        try:
-            _nvcomp()
-        except ImportError:
-            return False, (
-                "needs nvCOMP's Python package: pip install nvidia-nvcomp-cu12 "
-                "(CUDA 12) or nvidia-nvcomp-cu13 (CUDA 13)"
-            )
-        return True, ""
+        from ckptzip.codecs.nvcomp import UNAVAILABLE_REASON
+
+        return UNAVAILABLE_REASON is None, UNAVAILABLE_REASON or ""
 
     def _codec(self, dtype: torch.dtype | None = None) -> Any:
         options: dict[str, Any] = {}
@@ -551,7 +545,7 @@ class _Nvcomp(_BlobBaseline):
                 continue
             key = tensor.dtype if self.typed else None
             codec = codecs.get(key) or codecs.setdefault(key, self._codec(key))
-            encoded = codec.encode(nvcomp.as_array(data, stream))
+            encoded = codec.encode(nvcomp.as_array(data, cuda_stream=stream))
             # The exported buffer has the worst-case size; the real size is buffer_size.
             out.append(from_dlpack(encoded).reshape(-1).view(torch.uint8)[: encoded.buffer_size])
         return out
@@ -566,7 +560,7 @@ class _Nvcomp(_BlobBaseline):
             if blob.numel() == 0:
                 out.append(_from_raw(blob, meta))
                 continue
-            decoded = codec.decode(nvcomp.as_array(blob, stream))
+            decoded = codec.decode(nvcomp.as_array(blob, cuda_stream=stream))
             out.append(_from_raw(from_dlpack(decoded).reshape(-1).view(torch.uint8), meta))
         return out
 
