@@ -347,6 +347,9 @@ def test_save_without_collectives_writes_rank_metadata(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["__0.ckzd", f"__0{METADATA_FILE}"]
     metadata = CompressedStorageReader(tmp_path).read_metadata(rank=0)
     assert {index.fqn for index in metadata.storage_data} >= {"model.0.weight", "note"}
+    target = _trained_state(2)
+    _load(target, tmp_path)  # DCP falls back to the rank's own metadata file
+    assert_same(target, state)
 
 
 def test_validate_checkpoint_id(saved: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
