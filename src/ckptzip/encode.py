@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .checksum import wsum64_tensor
-from .codecs import Codec
+from .codecs import KNOWN_IDS, Codec
 from .format import DTYPE_NAMES, StreamEntry, TensorEntry
-from .kernels.planes import split_planes
-from .planner import backend_for, entropies_from_counts, plan_tensor, splits_into_planes
+from .kernels.planes import block_bytes, fused_available, split_packed, split_planes
+from .planner import SMALL_TENSOR_BYTES, backend_for, entropies_from_counts, plan_tensor, splits_into_planes
 
 _MASK64 = (1 << 64) - 1
 
@@ -82,9 +82,11 @@ def _stream_or_raw(codec: Codec, chunks: list[torch.Tensor], encoded: list[torch
     return EncodedStream(codec.get_config(), nbytes, encoded, raw_lengths)
 
 
-def encode_tensor(name: str, tensor: torch.Tensor, codec: str) -> EncodedTensor:
-    """Encode one tensor on the backend that suits it (its GPU with nvCOMP, else the CPU)."""
-    data = tensor_bytes(tensor)
+def encode_tensor(name: str, tensor: torch.Tensor, codec: str, *, data: torch.Tensor | None = None) -> EncodedTensor:
+    """Encode one tensor on the backend that suits it (its GPU with nvCOMP, else the CPU).
+    ``data``, the tensor's bytes already on the host, spares a device-to-host copy."""
+    if data is None:
+        data = tensor_bytes(tensor)
     backend = backend_for(data.device, data.numel(), codec)
     if backend == "cpu" and data.is_cuda:
         data = data.cpu()
@@ -101,66 +103,126 @@ def encode_tensor(name: str, tensor: torch.Tensor, codec: str) -> EncodedTensor:
 
 
 def gpu_batchable(tensor: torch.Tensor, codec: str) -> bool:
-    """Whether a tensor goes through :func:`encode_gpu_batch` (a CUDA tensor nvCOMP will code)."""
-    nbytes = tensor.numel() * tensor.element_size()
-    return tensor.is_cuda and backend_for(tensor.device, nbytes, codec) == "cuda"
+    """Whether a tensor goes through :func:`encode_gpu_batch`: a CUDA tensor, when nvCOMP can run
+    the codec (tiny tensors ride along and are coded on the host)."""
+    return tensor.is_cuda and backend_for(tensor.device, SMALL_TENSOR_BYTES, codec) == "cuda"
 
 
-def encode_gpu_batch(items: list[tuple[str, torch.Tensor]], codec: str) -> list[EncodedTensor]:
-    """Encode CUDA tensors of one device together: split planes (fused with checksums and byte
-    counts), one host sync to read checksums and counts, then one nvCOMP call per codec for the
-    chunks of all tensors, and one more sync for the compressed sizes."""
+@dataclass
+class _Packed:
+    """Tensors of one item size split into planes by one kernel launch over a packed copy."""
+
+    indices: list[int]
+    planes: torch.Tensor  # [itemsize, packed bytes / itemsize]
+    starts: list[int]  # byte offset of each tensor in the packed copy
+
+
+def _pack_and_split(datas: list[torch.Tensor], indices: list[int], itemsize: int, hist: torch.Tensor,
+                    checksums: torch.Tensor) -> _Packed:
+    """Copy tensors into one buffer at block boundaries, split it in one fused pass, and write each
+    tensor's wsum64 into ``checksums[i]`` (wsum64 is linear: shifting a tensor by W words changes
+    the weighted sum by 2·W·Σwords, which the plain sums undo)."""
+    block = block_bytes(itemsize)
+    device = datas[indices[0]].device
+    sizes = [datas[i].numel() for i in indices]
+    padded = [n + (-n % block) for n in sizes]
+    zeros = torch.zeros(max(p - n for p, n in zip(padded, sizes)) or 1, dtype=torch.uint8, device=device)
+    parts = [t for i, n, p in zip(indices, sizes, padded) for t in (datas[i], zeros[: p - n])]
+    packed = torch.cat(parts)
+    starts = [0]
+    for p in padded[:-1]:
+        starts.append(starts[-1] + p)
+    owner = torch.repeat_interleave(torch.tensor(indices, dtype=torch.int32),
+                                    torch.tensor([p // block for p in padded])).to(device, non_blocking=True)
+    planes, s1, s0 = split_packed(packed, itemsize, hist, owner)
+    owner = owner.long()
+    weighted = torch.zeros(len(checksums), dtype=torch.int64, device=device).index_add_(0, owner, s1)
+    plain = torch.zeros_like(weighted).index_add_(0, owner, s0)
+    word_offsets = torch.zeros_like(weighted)
+    word_offsets[indices] = torch.tensor([st // 8 for st in starts], device=device)
+    checksums.add_(weighted - 2 * word_offsets * plain)
+    return _Packed(indices, planes.view(itemsize, -1), starts)
+
+
+def encode_gpu_batch(items: list[tuple[str, torch.Tensor]], codec: str, backend: str = "cuda") -> list[EncodedTensor]:
+    """Encode CUDA tensors of one device together: tensors of one item size are packed and split
+    into byte planes by one fused kernel (which also yields checksums and byte counts); one host
+    sync reads checksums, counts and the tiny tensors; one nvCOMP call per codec codes the planes
+    that carry structure; one more sync reads the compressed sizes.
+
+    ``backend`` "cpu" runs the same batching with CPU codecs (used by tests on machines without a GPU).
+    """
     device = items[0][1].device
     datas = [tensor_bytes(t) for _, t in items]
-    hist = torch.zeros(len(items), 8 * 256, dtype=torch.int32, device=device)
-    split: list[list[torch.Tensor]] = []
-    checksums = []
-    for i, ((_, tensor), data) in enumerate(zip(items, datas)):
-        if codec not in ("auto", "fast", "portable") or not splits_into_planes(tensor.dtype, data.numel()):
-            split.append([data])
-            checksums.append(wsum64_tensor(data))
+    preset = codec not in KNOWN_IDS
+    tiny = [i for i, d in enumerate(datas) if d.numel() < SMALL_TENSOR_BYTES]
+    groups: dict[int, list[int]] = defaultdict(list)
+    alone = []
+    for i, ((_, t), d) in enumerate(zip(items, datas)):
+        if d.numel() < SMALL_TENSOR_BYTES:
             continue
-        planes, checksum = split_planes(data, tensor.dtype.itemsize, hist[i])
-        split.append(planes)
-        checksums.append(checksum)
-    host = torch.cat([torch.stack(checksums), hist.view(-1).long()]).cpu()  # sync 1
+        k = t.dtype.itemsize
+        if preset and splits_into_planes(t.dtype, d.numel()) and fused_available(d.device, block_bytes(k), k):
+            groups[k].append(i)
+        else:
+            alone.append(i)
+    hist = torch.zeros(len(items), 8 * 256, dtype=torch.int32, device=device)
+    checksums = torch.zeros(len(items), dtype=torch.int64, device=device)
+    packs = [_pack_and_split(datas, idx, k, hist, checksums) for k, idx in groups.items()]
+    streams_of: dict[int, list[torch.Tensor]] = {}
+    for pack in packs:
+        for i, start in zip(pack.indices, pack.starts):
+            n = datas[i].numel() // pack.planes.shape[0]
+            streams_of[i] = list(pack.planes[:, start // pack.planes.shape[0] : start // pack.planes.shape[0] + n].unbind(0))
+    for i in alone:
+        k = items[i][1].dtype.itemsize
+        if preset and splits_into_planes(items[i][1].dtype, datas[i].numel()):
+            planes, checksum = split_planes(datas[i], k, hist[i])
+            streams_of[i] = planes
+            checksums[i] = checksum
+        else:
+            streams_of[i] = [datas[i]]
+            checksums[i] = wsum64_tensor(datas[i])
+    tiny_bytes = torch.cat([datas[i] for i in tiny]) if tiny else checksums.new_empty(0).view(torch.uint8)
+    host = torch.cat([checksums, hist.view(-1).long()]).cpu()  # sync 1
+    host_tiny = tiny_bytes.cpu()
     host_checksums, counts = host[: len(items)], host[len(items) :].view(len(items), 8, 256)
-
-    jobs: dict[tuple, list[tuple[int, int, list[torch.Tensor]]]] = defaultdict(list)
-    codecs: dict[tuple, Codec] = {}
-    plans = []
     all_entropies = entropies_from_counts(counts)
-    for i, ((_, tensor), data) in enumerate(zip(items, datas)):
-        k = len(split[i])
-        entropies = all_entropies[i][:k] if k > 1 else None
-        plan = plan_tensor(data, tensor.dtype, codec, "cuda", entropies)
-        plans.append(plan)
-        for j, (stream, stream_plan) in enumerate(zip(split[i], plan.streams)):
-            if stream_plan.codec.codec_id == "raw" or stream.numel() == 0:
-                continue
-            key = (repr(stream_plan.codec), stream_plan.chunk_bytes)
-            codecs[key] = stream_plan.codec
-            jobs[key].append((i, j, split_chunks(stream, stream_plan.chunk_bytes)))
 
+    out: list[EncodedTensor | None] = [None] * len(items)
+    offset = 0
+    for i in tiny:
+        n = datas[i].numel()
+        out[i] = encode_tensor(items[i][0], items[i][1], codec, data=host_tiny[offset : offset + n])
+        offset += n
+
+    jobs: dict[str, list[tuple[int, int, list[torch.Tensor]]]] = defaultdict(list)
+    codecs: dict[str, Codec] = {}
+    plans = {}
+    for i in streams_of:
+        tensor, streams = items[i][1], streams_of[i]
+        entropies = all_entropies[i][: len(streams)] if len(streams) > 1 else None
+        plan = plans[i] = plan_tensor(datas[i], tensor.dtype, codec, backend, entropies)
+        for j, (stream, stream_plan) in enumerate(zip(streams, plan.streams)):
+            if stream_plan.codec.codec_id != "raw" and stream.numel():
+                key = repr(stream_plan.codec)
+                codecs[key] = stream_plan.codec
+                jobs[key].append((i, j, split_chunks(stream, stream_plan.chunk_bytes)))
     coded: dict[tuple[int, int], list[torch.Tensor]] = {}
     for key, work in jobs.items():
-        flat = [c for _, _, chunks in work for c in chunks]
-        encoded = codecs[key].encode(flat)  # sync 2 (sizes), once per codec
+        encoded = codecs[key].encode([c for _, _, chunks in work for c in chunks])  # sync 2, once per codec
         start = 0
         for i, j, chunks in work:
             coded[(i, j)] = encoded[start : start + len(chunks)]
             start += len(chunks)
-
-    out = []
-    for i, (name, tensor) in enumerate(items):
-        plan = plans[i]
+    for i, plan in plans.items():
         streams = []
-        for j, (stream, stream_plan) in enumerate(zip(split[i], plan.streams)):
+        for j, (stream, stream_plan) in enumerate(zip(streams_of[i], plan.streams)):
             chunks = split_chunks(stream, stream_plan.chunk_bytes)
             if (i, j) in coded:
                 streams.append(_stream_or_raw(stream_plan.codec, chunks, coded[(i, j)], stream.numel()))
             else:
                 streams.append(EncodedStream({"id": "raw"}, stream.numel(), chunks, [c.numel() for c in chunks]))
         transforms = [plan.transform.get_config()] if plan.transform else []
-        out.append(EncodedTensor(name, tensor, transforms, streams, host_checksums[i]))
-    return out
+        out[i] = EncodedTensor(items[i][0], items[i][1], transforms, streams, host_checksums[i])
+    return out  # type: ignore[return-value]

@@ -46,8 +46,9 @@ def fused_available(device: torch.device, nbytes: int, itemsize: int) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _element_checksum(x, rows, K: tl.constexpr):
-        """Sum over a [R, 4] tile of elements of their wsum64 contributions (int64, wrapping)."""
+    def _element_sums(x, rows, K: tl.constexpr):
+        """(Σ contribution·(2·word+1), Σ contribution) over a [R, 4] tile of elements, where an
+        element's contribution is its bits shifted to its place in its 8-byte word (int64, wrapping)."""
         EPW: tl.constexpr = 8 // K
         cols = tl.arange(0, 4)[None, :]
         elem = rows[:, None].to(tl.int64) * 4 + cols
@@ -56,26 +57,32 @@ if triton is not None:
         value = x.to(tl.int64)
         if K < 8:
             value = value & ((1 << (8 * K)) - 1)
-        contrib = (value << shift) * (word * 2 + 1)
-        return tl.sum(tl.sum(contrib, axis=1), axis=0)
+        placed = value << shift
+        weighted = tl.sum(tl.sum(placed * (word * 2 + 1), axis=1), axis=0)
+        plain = tl.sum(tl.sum(placed, axis=1), axis=0)
+        return weighted, plain
 
     @triton.jit
-    def _split_kernel(src, dst, partial, hist, nrows, K: tl.constexpr, R: tl.constexpr, SAMPLE_EVERY: tl.constexpr):
+    def _split_kernel(src, dst, s1, s0, hist, hist_row, nrows, K: tl.constexpr, R: tl.constexpr,
+                      SAMPLE_EVERY: tl.constexpr):
         pid = tl.program_id(0)
         rows = pid * R + tl.arange(0, R)
         mask = rows < nrows
         cols = tl.arange(0, 4)[None, :]
         x = tl.load(src + rows[:, None].to(tl.int64) * 4 + cols, mask=mask[:, None], other=0)
-        tl.store(partial + pid, _element_checksum(x, rows, K))
+        weighted, plain = _element_sums(x, rows, K)
+        tl.store(s1 + pid, weighted)
+        tl.store(s0 + pid, plain)
         byte_shift = (cols * 8).to(tl.int32)
         sampled = (pid % SAMPLE_EVERY == 0) & ((pid + 1) * R <= nrows)
+        row_base = hist + tl.load(hist_row + pid).to(tl.int64) * (8 * 256)
         for j in tl.static_range(K):
             b = ((x >> (8 * j)) & 0xFF).to(tl.int32)
             packed = tl.sum(b << byte_shift, axis=1)
             tl.store(dst + j * nrows + rows, packed, mask=mask)
             if sampled:
                 counts = tl.histogram(tl.reshape(b, (R * 4,)), 256)
-                tl.atomic_add(hist + j * 256 + tl.arange(0, 256), counts)
+                tl.atomic_add(row_base + j * 256 + tl.arange(0, 256), counts)
 
     @triton.jit
     def _merge_kernel(src, dst, partial, nrows, K: tl.constexpr, R: tl.constexpr):
@@ -92,7 +99,8 @@ if triton is not None:
             packed = tl.load(src + j * nrows + rows, mask=mask, other=0)
             b = (packed[:, None] >> byte_shift) & 0xFF
             x = x | (b.to(x.dtype) << (8 * j))
-        tl.store(partial + pid, _element_checksum(x, rows, K))
+        weighted, _ = _element_sums(x, rows, K)
+        tl.store(partial + pid, weighted)
         out = x.to(dst.dtype.element_ty)
         tl.store(dst + rows[:, None].to(tl.int64) * 4 + cols, out, mask=mask[:, None])
 
@@ -114,15 +122,34 @@ def split_planes(
         if hist is not None:
             sample_histograms(planes, hist)
         return planes, wsum64_tensor(data)
-    nrows = data.numel() // (4 * itemsize)
-    out = torch.empty_like(data)
-    grid = _grid(nrows)
-    partial = torch.empty(grid[0], dtype=torch.int64, device=data.device)
     if hist is None:
-        hist = torch.zeros(itemsize * 256, dtype=torch.int32, device=data.device)
-    _split_kernel[grid](data.view(_INT_VIEW[itemsize]), out.view(torch.int32), partial, hist, nrows,
+        hist = torch.zeros(8 * 256, dtype=torch.int32, device=data.device)
+    out, s1, _ = split_packed(data, itemsize, hist, None)
+    return list(out.view(itemsize, -1).unbind(0)), s1.sum()
+
+
+def block_bytes(itemsize: int) -> int:
+    """Bytes one program of the fused kernels handles: pack tensors at multiples of this."""
+    return _ROWS_PER_PROGRAM * 4 * itemsize
+
+
+def split_packed(
+    packed: torch.Tensor, itemsize: int, hist: torch.Tensor, hist_rows: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One fused pass over ``packed`` (fused_available must hold): its byte planes as one
+    ``[itemsize, n/itemsize]`` buffer, and per block of :func:`block_bytes` the weighted and plain
+    checksum sums (int64). Sampled byte counts go to ``hist`` (rows of 8×256 int32), row
+    ``hist_rows[block]`` (all row 0 when None)."""
+    nrows = packed.numel() // (4 * itemsize)
+    out = torch.empty_like(packed)
+    grid = _grid(nrows)
+    s1 = torch.empty(grid[0], dtype=torch.int64, device=packed.device)
+    s0 = torch.empty_like(s1)
+    if hist_rows is None:
+        hist_rows = torch.zeros(grid[0], dtype=torch.int32, device=packed.device)
+    _split_kernel[grid](packed.view(_INT_VIEW[itemsize]), out.view(torch.int32), s1, s0, hist, hist_rows, nrows,
                         K=itemsize, R=_ROWS_PER_PROGRAM, SAMPLE_EVERY=_SAMPLE_EVERY)
-    return list(out.view(itemsize, -1).unbind(0)), partial.sum()
+    return out, s1, s0
 
 
 def sample_histograms(planes: list[torch.Tensor], hist: torch.Tensor) -> None:
