@@ -313,6 +313,15 @@ def test_planner_data_that_needs_pickle_is_refused(tmp_path: Path) -> None:
     assert "planner_data of type object" in str(error)
 
 
+def test_tensor_ckptzip_cannot_store_is_refused_with_its_name(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointException) as excinfo:
+        _save({"sparse": torch.eye(3).to_sparse()}, tmp_path / "ckpt")
+    error = _failure(excinfo)
+    assert type(error) is UnsupportedObjectError
+    assert str(error).startswith("item 'sparse' (chunk at offsets [0, 0]): ")
+    assert "layout torch.sparse_coo" in str(error)
+
+
 def test_unknown_codec_is_refused_at_construction(tmp_path: Path) -> None:
     with pytest.raises(CkptzipError, match=r"codec='nope' is neither a preset"):
         CompressedStorageWriter(tmp_path, codec="nope")

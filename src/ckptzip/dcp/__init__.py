@@ -9,18 +9,36 @@ state and resharding on load::
     dcp.save(state, storage_writer=CompressedStorageWriter("ckpt/step100"))
     dcp.load(state, storage_reader=CompressedStorageReader("ckpt/step100"))
 
-See docs/DCP.md for the file layout, safety properties and supported torch versions.
+See docs/DCP.md for the file layout, safety properties and supported torch versions. The
+names below are imported on first use, so ``add_parser`` / ``run`` (the ``ckptzip dcp-convert``
+subcommand) do not make the command line import torch.distributed.checkpoint.
 """
 
-from ._convert import add_parser, ckz_to_dcp, dcp_to_ckz, run
-from ._reader import CompressedStorageReader
-from ._writer import CompressedStorageWriter
+from __future__ import annotations
 
-__all__ = [
-    "CompressedStorageReader",
-    "CompressedStorageWriter",
-    "add_parser",
-    "ckz_to_dcp",
-    "dcp_to_ckz",
-    "run",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._cli import add_parser, run
+
+if TYPE_CHECKING:
+    from ._convert import ckz_to_dcp, dcp_to_ckz
+    from ._reader import CompressedStorageReader
+    from ._writer import CompressedStorageWriter
+
+_LAZY = {
+    "CompressedStorageReader": "._reader",
+    "CompressedStorageWriter": "._writer",
+    "ckz_to_dcp": "._convert",
+    "dcp_to_ckz": "._convert",
+}
+
+__all__ = ["CompressedStorageReader", "CompressedStorageWriter", "add_parser", "ckz_to_dcp", "dcp_to_ckz", "run"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value

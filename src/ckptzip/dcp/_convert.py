@@ -7,10 +7,8 @@ nested state dict from the checkpoint metadata.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
-import time
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -20,7 +18,7 @@ from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlan
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from .. import api
-from ..errors import CheckpointNotFoundError, CkptzipError
+from ..errors import CkptzipError
 from ._metadata import METADATA_FILE
 from ._reader import CompressedStorageReader
 from ._storage import CheckpointDir, is_url
@@ -90,40 +88,3 @@ def ckz_to_dcp(ckz_path: str | os.PathLike[str], dcp_dir: str | os.PathLike[str]
 def is_dcp_checkpoint(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a directory holding a ckptzip DCP checkpoint."""
     return CheckpointDir(path).exists(METADATA_FILE)
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``dcp-convert`` subcommand to the ``ckptzip`` command line."""
-    parser = subparsers.add_parser(
-        "dcp-convert",
-        help="ckptzip DCP checkpoint directory <-> single .ckz file (direction from SRC)",
-        description="Convert a DCP checkpoint written with ckptzip.dcp.CompressedStorageWriter to one "
-        ".ckz file when SRC is such a directory, or a .ckz file to such a directory otherwise. "
-        "Paths may be fsspec URLs.",
-    )
-    parser.add_argument("src", help="DCP checkpoint directory or .ckz file")
-    parser.add_argument("dst", help=".ckz file or DCP checkpoint directory to create")
-    parser.add_argument("--codec", default="auto", help="preset (auto, fast, portable) or codec id")
-    parser.add_argument(
-        "--trusted-objects", action="store_true",
-        help="load non-tensor values that torch's weights_only unpickler refuses (only for trusted files)",
-    )
-    return parser
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run ``ckptzip dcp-convert``."""
-    start = time.perf_counter()
-    if is_dcp_checkpoint(args.src):
-        dcp_to_ckz(args.src, args.dst, codec=args.codec, trusted_objects=args.trusted_objects)
-        direction = "DCP directory -> .ckz"
-    elif CheckpointDir(args.src).is_dir():
-        raise CheckpointNotFoundError(
-            f"{args.src!r} is a directory without ckptzip DCP metadata ({METADATA_FILE}); "
-            "dcp-convert reads checkpoints written by ckptzip.dcp.CompressedStorageWriter"
-        )
-    else:
-        ckz_to_dcp(args.src, args.dst, codec=args.codec)
-        direction = ".ckz -> DCP directory"
-    print(f"{args.src} -> {args.dst} ({direction}), {time.perf_counter() - start:.2f} s")
-    return 0

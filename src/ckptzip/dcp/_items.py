@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,17 +51,27 @@ def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def encode_tensor(tensor: torch.Tensor, codec: str) -> Encoded:
+@contextlib.contextmanager
+def _naming(where: str) -> Iterator[None]:
+    """Prefix the message of a ckptzip error with the item it concerns; keep its type."""
+    try:
+        yield
+    except CkptzipError as exc:
+        raise type(exc)(f"{where}: {exc}") from exc
+
+
+def encode_tensor(tensor: torch.Tensor, codec: str, where: str) -> Encoded:
     """Compress a tensor (on its own GPU when it lives on one and nvCOMP is here)."""
-    with _on(tensor.device):
+    with _naming(where), _on(tensor.device):
         return _encoded(compress(tensor.detach(), codec=codec))
 
 
-def encode_bytes(data: io.BytesIO) -> Encoded:
+def encode_bytes(data: io.BytesIO, where: str) -> Encoded:
     """Compress the serialized object DCP's planner produced for a non-tensor item."""
     raw = data.getvalue()
     tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-    return _encoded(compress(tensor, codec=_BYTES_CODEC))
+    with _naming(where):
+        return _encoded(compress(tensor, codec=_BYTES_CODEC))
 
 
 def decode_blob(blob: bytes, stored: StoredItem, device: torch.device, where: str) -> torch.Tensor:
@@ -69,7 +80,7 @@ def decode_blob(blob: bytes, stored: StoredItem, device: torch.device, where: st
     A blob whose container disagrees with the pipeline or checksum the metadata recorded for the
     item belongs to another item or another checkpoint.
     """
-    try:
+    with _naming(where):
         ct = CompressedTensor.from_bytes(blob)
         found = _encoded(ct)
         if (found.pipeline, found.checksum) != (stored.pipeline, stored.checksum):
@@ -80,8 +91,6 @@ def decode_blob(blob: bytes, stored: StoredItem, device: torch.device, where: st
             )
         with _on(device):
             return decompress(ct, device=device)
-    except CkptzipError as exc:
-        raise type(exc)(f"{where}: {exc}") from exc
 
 
 def check_shape(tensor: torch.Tensor, dtype: torch.dtype, shape: torch.Size, where: str) -> None:

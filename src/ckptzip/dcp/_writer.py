@@ -159,13 +159,14 @@ class CompressedStorageWriter(StorageWriter):
         """Resolve each item's data lazily; GPU tensors are compressed on the calling thread."""
         for item in items:
             data = planner.resolve_data(item)
+            where = describe(item.index)
             if isinstance(data, io.BytesIO):
-                yield Task(item, functools.partial(encode_bytes, data))
+                yield Task(item, functools.partial(encode_bytes, data, where))
             elif isinstance(data, torch.Tensor):
-                yield Task(item, functools.partial(encode_tensor, data, self.codec), inline=data.is_cuda)
+                yield Task(item, functools.partial(encode_tensor, data, self.codec, where), inline=data.is_cuda)
             else:
                 raise UnsupportedObjectError(
-                    f"the save planner resolved {describe(item.index)} to a {type(data).__name__}; "
+                    f"the save planner resolved {where} to a {type(data).__name__}; "
                     "a storage writer takes tensors and io.BytesIO objects"
                 )
 

@@ -1,0 +1,53 @@
+"""``ckptzip dcp-convert``: the command-line side of :mod:`ckptzip.dcp`.
+
+Importing this module is cheap; torch.distributed.checkpoint is imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from ..errors import CheckpointNotFoundError
+from ._storage import CheckpointDir
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``dcp-convert`` subcommand to the ``ckptzip`` command line."""
+    parser = subparsers.add_parser(
+        "dcp-convert",
+        help="ckptzip DCP checkpoint directory <-> single .ckz file (direction from SRC)",
+        description="Convert a DCP checkpoint written with ckptzip.dcp.CompressedStorageWriter to one "
+        ".ckz file when SRC is such a directory, or a .ckz file to such a directory otherwise. "
+        "Paths may be fsspec URLs.",
+    )
+    parser.add_argument("src", help="DCP checkpoint directory or .ckz file")
+    parser.add_argument("dst", help=".ckz file or DCP checkpoint directory to create")
+    parser.add_argument("--codec", default="auto", help="preset (auto, fast, portable) or codec id")
+    parser.add_argument(
+        "--trusted-objects", action="store_true",
+        help="load non-tensor values that torch's weights_only unpickler refuses (only for trusted files)",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``ckptzip dcp-convert``."""
+    from ._convert import ckz_to_dcp, dcp_to_ckz, is_dcp_checkpoint
+    from ._metadata import METADATA_FILE
+
+    start = time.perf_counter()
+    if is_dcp_checkpoint(args.src):
+        dcp_to_ckz(args.src, args.dst, codec=args.codec, trusted_objects=args.trusted_objects)
+        direction = "DCP directory -> .ckz"
+    elif CheckpointDir(args.src).is_dir():
+        raise CheckpointNotFoundError(
+            f"{args.src!r} is a directory without ckptzip DCP metadata ({METADATA_FILE}); "
+            "dcp-convert reads checkpoints written by ckptzip.dcp.CompressedStorageWriter"
+        )
+    else:
+        ckz_to_dcp(args.src, args.dst, codec=args.codec)
+        direction = ".ckz -> DCP directory"
+    print(f"{args.src} -> {args.dst} ({direction}), {time.perf_counter() - start:.2f} s")
+    return 0
