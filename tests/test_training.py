@@ -141,3 +141,5 @@ def test_invalid_configs_say_what_is_wrong() -> None:
         get_preset("huge")
     with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
         train("tiny", 0)
+    with pytest.raises(ValueError, match=r"corpus_bytes=100 gives 100 bytes, fewer than seq_len \+ 2 = 130"):
+        train("tiny", 1, corpus_bytes=100)

@@ -343,6 +343,13 @@ def train(
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     device = torch.device(device)
+    corpus = load_corpus(corpus_bytes)
+    if corpus.numel() <= config.seq_len + 1:
+        raise ValueError(
+            f"corpus_bytes={corpus_bytes} gives {corpus.numel()} bytes, fewer than seq_len + 2 "
+            f"= {config.seq_len + 2}; raise corpus_bytes"
+        )
+    corpus = corpus.to(device)
     if amp_bf16 is None:
         amp_bf16 = device.type == "cuda" and not bf16_weights
     torch.manual_seed(seed)
@@ -358,12 +365,6 @@ def train(
     optimizer = _make_optimizer(named, lr, device)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, eta_min=lr / 10)
 
-    corpus = load_corpus(corpus_bytes).to(device)
-    if corpus.numel() <= config.seq_len + 1:
-        raise ValueError(
-            f"corpus_bytes={corpus_bytes} gives {corpus.numel()} bytes, fewer than seq_len + 2 "
-            f"= {config.seq_len + 2}; raise corpus_bytes"
-        )
     window = torch.arange(config.seq_len + 1, device=device)
     losses: list[torch.Tensor] = []
     start = time.perf_counter()
