@@ -93,7 +93,9 @@ def test_gpu_baseline_without_gpu_says_why(state: dict[str, Any], tmp_path: Path
 
 
 def test_unknown_baseline_name_lists_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown baseline 'gzip'; expected one of torch\.save, safetensors"):
+    with pytest.raises(
+        ValueError, match=r"unknown baseline 'gzip'; expected one of torch\.save, safetensors"
+    ):
         get_baseline("gzip")
 
 
