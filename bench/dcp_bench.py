@@ -225,7 +225,7 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
 def _print(report: dict[str, Any]) -> None:
     print(
         f"torch {report['torch']}, {report['backend']}, preset {report['preset']}, "
-        f"{report['steps']} steps; saved on {report['save_ranks']} ranks, loaded on {report['load_ranks']}; "
+        f"{report['steps']} steps; ranks: {report['save_ranks']} saving, {report['load_ranks']} loading; "
         f"tensor bytes {report['raw_bytes'] / 1e6:.1f} MB"
     )
     header = (
