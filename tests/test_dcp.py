@@ -141,6 +141,13 @@ def test_layout_one_data_file_of_ckz_blobs_and_a_ckz_metadata_file(saved: tuple[
     assert set(ckptzip.load(path / METADATA_FILE)) >= {"format", "version", "state_dict", "items"}
 
 
+def test_save_returns_the_metadata_it_wrote(tmp_path: Path) -> None:
+    returned = dcp.save(_trained_state(1), storage_writer=CompressedStorageWriter(tmp_path), no_dist=True)
+    stored = CompressedStorageReader(tmp_path).read_metadata()
+    assert returned.storage_data == stored.storage_data
+    assert returned.storage_meta.save_id == stored.storage_meta.save_id
+
+
 def test_empty_state_writes_only_metadata(tmp_path: Path) -> None:
     _save({}, tmp_path / "ckpt")
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == [METADATA_FILE]

@@ -171,7 +171,9 @@ class CompressedStorageWriter(StorageWriter):
                 )
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Write the metadata file; ``metadata`` (which ``dcp.save`` returns) is completed in place."""
         items: dict[MetadataIndex, StoredItem] = {r.index: r.storage_data for rank in results for r in rank}
+        metadata.storage_data = items
         metadata.storage_meta = self.storage_meta()
         name = metadata_file(self._metadata_rank())
         self._dir.write_atomic(name, encode_metadata(metadata, items), sync=self.sync_files)
