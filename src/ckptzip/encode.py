@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .checksum import wsum64_tensor
-from .codecs import KNOWN_IDS, Codec
+from .codecs import GPU_ONLY_IDS, KNOWN_IDS, Codec
 from .format import DTYPE_NAMES, StreamEntry, TensorEntry
-from .kernels.planes import block_bytes, fused_available, split_packed, split_planes
-from .planner import SMALL_TENSOR_BYTES, backend_for, entropies_from_counts, plan_tensor, splits_into_planes
+from .kernels.planes import fused_available, split_many, split_planes
+from .planner import SMALL_TENSOR_BYTES, backend_for, entropy_of_counts, plan_tensor, splits_into_planes
 
 _MASK64 = (1 << 64) - 1
 
@@ -43,7 +43,7 @@ class EncodedTensor:
     tensor: torch.Tensor
     transforms: list[dict]
     streams: list[EncodedStream]
-    checksum: torch.Tensor  # 0-d int64, on any device
+    checksum: torch.Tensor | int  # int64 value (0-d tensor on any device, or int)
 
     def table_entry(self) -> TensorEntry:
         """The index entry, once every chunk of every stream has been written."""
@@ -90,6 +90,8 @@ def encode_tensor(name: str, tensor: torch.Tensor, codec: str, *, data: torch.Te
     backend = backend_for(data.device, data.numel(), codec)
     if backend == "cpu" and data.is_cuda:
         data = data.cpu()
+    elif backend == "cuda" and not data.is_cuda:
+        data = data.to("cuda")
     checksum = wsum64_tensor(data)
     plan = plan_tensor(data, tensor.dtype, codec, backend)
     streams_data = plan.transform.forward(data) if plan.transform else [data]
@@ -108,42 +110,6 @@ def gpu_batchable(tensor: torch.Tensor, codec: str) -> bool:
     return tensor.is_cuda and backend_for(tensor.device, SMALL_TENSOR_BYTES, codec) == "cuda"
 
 
-@dataclass
-class _Packed:
-    """Tensors of one item size split into planes by one kernel launch over a packed copy."""
-
-    indices: list[int]
-    planes: torch.Tensor  # [itemsize, packed bytes / itemsize]
-    starts: list[int]  # byte offset of each tensor in the packed copy
-
-
-def _pack_and_split(datas: list[torch.Tensor], indices: list[int], itemsize: int, hist: torch.Tensor,
-                    checksums: torch.Tensor) -> _Packed:
-    """Copy tensors into one buffer at block boundaries, split it in one fused pass, and write each
-    tensor's wsum64 into ``checksums[i]`` (wsum64 is linear: shifting a tensor by W words changes
-    the weighted sum by 2·W·Σwords, which the plain sums undo)."""
-    block = block_bytes(itemsize)
-    device = datas[indices[0]].device
-    sizes = [datas[i].numel() for i in indices]
-    padded = [n + (-n % block) for n in sizes]
-    zeros = torch.zeros(max(p - n for p, n in zip(padded, sizes)) or 1, dtype=torch.uint8, device=device)
-    parts = [t for i, n, p in zip(indices, sizes, padded) for t in (datas[i], zeros[: p - n])]
-    packed = torch.cat(parts)
-    starts = [0]
-    for p in padded[:-1]:
-        starts.append(starts[-1] + p)
-    owner = torch.repeat_interleave(torch.tensor(indices, dtype=torch.int32),
-                                    torch.tensor([p // block for p in padded])).to(device, non_blocking=True)
-    planes, s1, s0 = split_packed(packed, itemsize, hist, owner)
-    owner = owner.long()
-    weighted = torch.zeros(len(checksums), dtype=torch.int64, device=device).index_add_(0, owner, s1)
-    plain = torch.zeros_like(weighted).index_add_(0, owner, s0)
-    word_offsets = torch.zeros_like(weighted)
-    word_offsets[indices] = torch.tensor([st // 8 for st in starts], device=device)
-    checksums.add_(weighted - 2 * word_offsets * plain)
-    return _Packed(indices, planes.view(itemsize, -1), starts)
-
-
 def encode_gpu_batch(items: list[tuple[str, torch.Tensor]], codec: str, backend: str = "cuda") -> list[EncodedTensor]:
     """Encode CUDA tensors of one device together: tensors of one item size are packed and split
     into byte planes by one fused kernel (which also yields checksums and byte counts); one host
@@ -155,25 +121,26 @@ def encode_gpu_batch(items: list[tuple[str, torch.Tensor]], codec: str, backend:
     device = items[0][1].device
     datas = [tensor_bytes(t) for _, t in items]
     preset = codec not in KNOWN_IDS
-    tiny = [i for i, d in enumerate(datas) if d.numel() < SMALL_TENSOR_BYTES]
+    tiny = [i for i, d in enumerate(datas) if d.numel() < SMALL_TENSOR_BYTES and codec not in GPU_ONLY_IDS]
     groups: dict[int, list[int]] = defaultdict(list)
     alone = []
     for i, ((_, t), d) in enumerate(zip(items, datas)):
-        if d.numel() < SMALL_TENSOR_BYTES:
+        if i in tiny:
             continue
         k = t.dtype.itemsize
-        if preset and splits_into_planes(t.dtype, d.numel()) and fused_available(d.device, block_bytes(k), k):
+        if preset and splits_into_planes(t.dtype, d.numel()) and fused_available(d.device, d.numel(), k):
             groups[k].append(i)
         else:
             alone.append(i)
     hist = torch.zeros(len(items), 8 * 256, dtype=torch.int32, device=device)
     checksums = torch.zeros(len(items), dtype=torch.int64, device=device)
-    packs = [_pack_and_split(datas, idx, k, hist, checksums) for k, idx in groups.items()]
     streams_of: dict[int, list[torch.Tensor]] = {}
-    for pack in packs:
-        for i, start in zip(pack.indices, pack.starts):
-            n = datas[i].numel() // pack.planes.shape[0]
-            streams_of[i] = list(pack.planes[:, start // pack.planes.shape[0] : start // pack.planes.shape[0] + n].unbind(0))
+    for k, idx in groups.items():
+        buffer, starts, strides, sums = split_many([datas[i] for i in idx], k, hist, idx)
+        checksums[idx] = sums
+        for i, start, stride in zip(idx, starts, strides):
+            n = datas[i].numel() // k
+            streams_of[i] = [buffer[start + j * stride : start + j * stride + n] for j in range(k)]
     for i in alone:
         k = items[i][1].dtype.itemsize
         if preset and splits_into_planes(items[i][1].dtype, datas[i].numel()):
@@ -184,10 +151,10 @@ def encode_gpu_batch(items: list[tuple[str, torch.Tensor]], codec: str, backend:
             streams_of[i] = [datas[i]]
             checksums[i] = wsum64_tensor(datas[i])
     tiny_bytes = torch.cat([datas[i] for i in tiny]) if tiny else checksums.new_empty(0).view(torch.uint8)
-    host = torch.cat([checksums, hist.view(-1).long()]).cpu()  # sync 1
+    entropies = entropy_of_counts(hist.view(len(items), 8, 256))
+    host_checksums = checksums.cpu().tolist()  # sync 1: checksums, entropies and tiny tensors
+    all_entropies = entropies.cpu().tolist()
     host_tiny = tiny_bytes.cpu()
-    host_checksums, counts = host[: len(items)], host[len(items) :].view(len(items), 8, 256)
-    all_entropies = entropies_from_counts(counts)
 
     out: list[EncodedTensor | None] = [None] * len(items)
     offset = 0
@@ -196,29 +163,30 @@ def encode_gpu_batch(items: list[tuple[str, torch.Tensor]], codec: str, backend:
         out[i] = encode_tensor(items[i][0], items[i][1], codec, data=host_tiny[offset : offset + n])
         offset += n
 
-    jobs: dict[str, list[tuple[int, int, list[torch.Tensor]]]] = defaultdict(list)
+    jobs: dict[str, list[tuple[int, int]]] = defaultdict(list)
     codecs: dict[str, Codec] = {}
     plans = {}
-    for i in streams_of:
-        tensor, streams = items[i][1], streams_of[i]
+    chunks_of: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for i, streams in streams_of.items():
         entropies = all_entropies[i][: len(streams)] if len(streams) > 1 else None
-        plan = plans[i] = plan_tensor(datas[i], tensor.dtype, codec, backend, entropies)
+        plan = plans[i] = plan_tensor(datas[i], items[i][1].dtype, codec, backend, entropies)
         for j, (stream, stream_plan) in enumerate(zip(streams, plan.streams)):
+            chunks_of[(i, j)] = split_chunks(stream, stream_plan.chunk_bytes)
             if stream_plan.codec.codec_id != "raw" and stream.numel():
                 key = repr(stream_plan.codec)
                 codecs[key] = stream_plan.codec
-                jobs[key].append((i, j, split_chunks(stream, stream_plan.chunk_bytes)))
+                jobs[key].append((i, j))
     coded: dict[tuple[int, int], list[torch.Tensor]] = {}
     for key, work in jobs.items():
-        encoded = codecs[key].encode([c for _, _, chunks in work for c in chunks])  # sync 2, once per codec
+        encoded = codecs[key].encode([c for ij in work for c in chunks_of[ij]])  # sync 2, once per codec
         start = 0
-        for i, j, chunks in work:
-            coded[(i, j)] = encoded[start : start + len(chunks)]
-            start += len(chunks)
+        for ij in work:
+            coded[ij] = encoded[start : start + len(chunks_of[ij])]
+            start += len(chunks_of[ij])
     for i, plan in plans.items():
         streams = []
         for j, (stream, stream_plan) in enumerate(zip(streams_of[i], plan.streams)):
-            chunks = split_chunks(stream, stream_plan.chunk_bytes)
+            chunks = chunks_of[(i, j)]
             if (i, j) in coded:
                 streams.append(_stream_or_raw(stream_plan.codec, chunks, coded[(i, j)], stream.numel()))
             else:

@@ -11,12 +11,14 @@ A plain codec id (``"zstd"``, ``"ans"``, ...) applies that codec to every tensor
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass
 
 import torch
 
-from .codecs import KNOWN_IDS, Codec, get_codec, has_codec
+from .codecs import GPU_ONLY_IDS, KNOWN_IDS, Codec, get_codec, has_codec
 from .errors import CkptzipError
 from .transforms import BytePlanes, Transform
 
@@ -73,7 +75,10 @@ def validate_codec_arg(codec: str) -> None:
 
 
 def backend_for(device: torch.device, nbytes: int, codec: str) -> str:
-    """Where a tensor is compressed: on its GPU when nvCOMP can and it is not tiny, else on the CPU."""
+    """Where a tensor is compressed: on its GPU when nvCOMP can and it is not tiny, else on the
+    CPU; a GPU-only codec asked for by id runs on the GPU wherever the tensor is."""
+    if codec in GPU_ONLY_IDS:
+        return "cuda"
     if device.type != "cuda" or nbytes < SMALL_TENSOR_BYTES:
         return "cpu"
     probe = codec if codec in KNOWN_IDS else _PRESET_CODECS[(codec, "cuda")]["id"]
@@ -81,17 +86,27 @@ def backend_for(device: torch.device, nbytes: int, codec: str) -> str:
 
 
 def _stream(codec_config: dict, backend: str) -> StreamPlan:
-    codec = get_codec(codec_config, backend)
+    codec = _cached_codec(json.dumps(codec_config, sort_keys=True), backend)
     return StreamPlan(codec, _CHUNK_BYTES.get((codec.codec_id, backend), _DEFAULT_CHUNK_BYTES))
 
 
-def entropies_from_counts(counts: torch.Tensor) -> list:
-    """Order-0 entropy in bits/byte of each row of byte counts (``[..., 256]``); 0 for empty rows.
-    Returns nested lists shaped like ``counts`` without its last dimension."""
-    counts = counts.to(torch.float64)
+@functools.lru_cache(maxsize=64)
+def _cached_codec(codec_config: str, backend: str) -> Codec:
+    """Codec objects are immutable values: build each configuration once per process."""
+    return get_codec(json.loads(codec_config), backend)
+
+
+def entropy_of_counts(counts: torch.Tensor) -> torch.Tensor:
+    """Order-0 entropy in bits/byte of each row of byte counts (``[..., 256]``), on the counts'
+    device; 0 for empty rows."""
+    counts = counts.to(torch.float32)
     p = counts / counts.sum(dim=-1, keepdim=True).clamp_min(1)
-    entropy = -(p * torch.log2(p.clamp_min(1e-300))).sum(dim=-1)
-    return entropy.clamp_min(0.0).cpu().tolist()
+    return (-(p * torch.log2(p.clamp_min(1e-30))).sum(dim=-1)).clamp_min(0.0)
+
+
+def entropies_from_counts(counts: torch.Tensor) -> list:
+    """:func:`entropy_of_counts` as nested Python lists."""
+    return entropy_of_counts(counts).cpu().tolist()
 
 
 def plane_entropies(data: torch.Tensor, itemsize: int) -> list[float]:

@@ -4,6 +4,8 @@ and file I/O; CPU tensors through the CPU codecs; everything in file order."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import queue
 import threading
 from collections import defaultdict
@@ -17,7 +19,7 @@ from .codecs import Codec, get_codec
 from .encode import encode_gpu_batch, encode_tensor, gpu_batchable
 from .errors import CkptzipError, CorruptCheckpointError
 from .format import DTYPES, ContainerReader, ContainerWriter, TensorEntry
-from .kernels.planes import merge_planes
+from .kernels.planes import fused_available, merge_many, merge_planes
 from .pipeline import decode_backend, read_tensor, verify_checksum
 from .staging import BackgroundWriter, Stager, pinned_pool
 from .tree import FlatTensor
@@ -68,7 +70,7 @@ def write_state(f: BinaryIO, tensors: list[FlatTensor], tree: object, codec: str
     writer = ContainerWriter(f)
     first_cuda = next((t.tensor.device for t in tensors if t.tensor.is_cuda), None)
     pool = pinned_pool() if first_cuda is not None else None
-    background = BackgroundWriter(writer, pool)
+    background = BackgroundWriter(writer, pool, f)
     stager = Stager(background, pool)
     try:
         with _side_stream(first_cuda):
@@ -167,56 +169,80 @@ class _Prefetcher:
         self._thread.join()
 
 
-def _decode_gpu_batch(entries: list[TensorEntry], region: torch.Tensor) -> list[torch.Tensor]:
+def _decode_gpu_batch(entries: list[TensorEntry], region: torch.Tensor, backend: str = "cuda") -> list[torch.Tensor]:
     """Decode tensors whose stored bytes lie in ``region`` (a GPU buffer starting at the first
-    chunk): one nvCOMP call per codec for all coded chunks, raw streams copied in place, then
-    planes merged with their checksums, verified with one host sync."""
+    chunk): raw streams copied in place (a run of adjacent raw streams in one copy), one nvCOMP
+    call per codec for all coded chunks, then one fused merge per item size that also computes
+    the checksums, verified with one host sync. ``backend`` "cpu" runs it with CPU codecs (tests)."""
     base = entries[0].streams[0].chunks[0].offset if entries[0].streams and entries[0].streams[0].chunks else 0
     outputs = [torch.empty(e.nbytes, dtype=torch.uint8, device=region.device) for e in entries]
-    jobs: dict[str, list[tuple[torch.Tensor, list, TensorEntry, int]]] = defaultdict(list)
+    jobs: dict[str, list[tuple[torch.Tensor, TensorEntry, int]]] = defaultdict(list)
     codecs: dict[str, Codec] = {}
     for entry, out in zip(entries, outputs):
-        slots = out.split(entry.streams[0].nbytes) if entry.transforms else [out]
-        for j, (stream, slot) in enumerate(zip(entry.streams, slots)):
-            if not stream.chunks:
+        plane = entry.streams[0].nbytes if entry.transforms else entry.nbytes
+        run_start = None  # first stream of the current run of raw streams
+        for j, stream in enumerate([*entry.streams, None]):
+            if stream is not None and stream.codec["id"] == "raw" and stream.chunks:
+                run_start = j if run_start is None else run_start
                 continue
-            lo = stream.chunks[0].offset - base
-            stored = region[lo : lo + stream.compressed_nbytes]
-            if stream.codec["id"] == "raw":
-                slot.copy_(stored)
+            if run_start is not None:  # raw streams run_start..j-1 lie back to back in file and output
+                lo = entry.streams[run_start].chunks[0].offset - base
+                n = (j - run_start) * plane
+                out[run_start * plane : run_start * plane + n].copy_(region[lo : lo + n])
+                run_start = None
+            if stream is None or not stream.chunks:
                 continue
             try:
-                codec = get_codec(stream.codec, "cuda")
+                codec = _decoder(stream.codec, backend)
             except CkptzipError as exc:
                 raise type(exc)(f"tensor {entry.name!r} stream {j}: {exc}") from exc
             key = repr(codec)
             codecs[key] = codec
-            pieces = list(stored.split([c.length for c in stream.chunks]))
-            jobs[key].append((slot, pieces, entry, j))
+            jobs[key].append((out[j * plane : (j + 1) * plane], entry, j))
     for key, work in jobs.items():
-        flat = [p for _, pieces, _, _ in work for p in pieces]
-        raw = [c.raw_length for _, _, e, j in work for c in e.streams[j].chunks]
+        pieces = [
+            region[c.offset - base : c.offset - base + c.length] for _, e, j in work for c in e.streams[j].chunks
+        ]
+        raw = [c.raw_length for _, e, j in work for c in e.streams[j].chunks]
         try:
-            decoded = codecs[key].decode(flat, raw)
+            decoded = codecs[key].decode(pieces, raw)
         except CorruptCheckpointError as exc:
-            names = sorted({e.name for _, _, e, _ in work})
+            names = sorted({e.name for _, e, _ in work})
             raise CorruptCheckpointError(f"tensors {names}: {exc}") from exc
         start = 0
-        for slot, pieces, _, _ in work:
-            torch.cat(decoded[start : start + len(pieces)], out=slot)
-            start += len(pieces)
-    checksums, results = [], []
-    for entry, out in zip(entries, outputs):
-        if entry.transforms:
-            k = len(entry.streams)
-            data, checksum = merge_planes(list(out.split(entry.nbytes // k)), k)
+        for slot, entry, j in work:
+            count = len(entry.streams[j].chunks)
+            torch.cat(decoded[start : start + count], out=slot)
+            start += count
+    results: list[torch.Tensor] = list(outputs)
+    checksums = torch.zeros(len(entries), dtype=torch.int64, device=region.device)
+    by_itemsize: dict[int, list[int]] = defaultdict(list)
+    for i, entry in enumerate(entries):
+        k = len(entry.streams) if entry.transforms else 1
+        if k > 1 and fused_available(region.device, entry.nbytes, k):
+            by_itemsize[k].append(i)
+        elif k > 1:
+            results[i], checksums[i] = merge_planes(list(outputs[i].split(entry.nbytes // k)), k)
         else:
-            data, checksum = out, wsum64_tensor(out)
-        results.append(data)
-        checksums.append(checksum)
-    for entry, value in zip(entries, torch.stack(checksums).tolist()):  # one host sync
+            checksums[i] = wsum64_tensor(outputs[i])
+    for k, idx in by_itemsize.items():
+        merged, sums = merge_many([outputs[i] for i in idx], k)
+        checksums[idx] = sums
+        for i, data in zip(idx, merged):
+            results[i] = data
+    for entry, value in zip(entries, checksums.tolist()):  # one host sync
         verify_checksum(entry, value)
     return [d.view(DTYPES[e.dtype]).reshape(e.shape) for e, d in zip(entries, results)]
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_decoder(config: str, backend: str) -> Codec:
+    return get_codec(json.loads(config), backend)
+
+
+def _decoder(config: dict, backend: str) -> Codec:
+    """The decoder of a stream's codec configuration (codec objects are reused)."""
+    return _cached_decoder(json.dumps(config, sort_keys=True), backend)
 
 
 def read_state(reader: ContainerReader, devices: list[torch.device],

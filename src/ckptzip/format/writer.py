@@ -31,6 +31,10 @@ class ContainerWriter:
         self.offset += len(view)
         return chunk
 
+    def flush(self) -> None:
+        """Flush the file object's buffer to the OS."""
+        self._f.flush()
+
     def add_tensor(self, entry: TensorEntry) -> None:
         """Record a tensor whose chunks were written (in table order)."""
         self.tensors.append(entry)
