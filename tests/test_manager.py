@@ -33,7 +33,7 @@ from ckptzip.manager import (
     capture_rng_state,
     restore_rng_state,
 )
-from ckptzip.storage import StorageUnavailableError
+from ckptzip.errors import StorageUnavailableError
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

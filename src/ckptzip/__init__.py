@@ -9,19 +9,24 @@ from .errors import (
     CodecUnavailableError,
     CorruptCheckpointError,
     DeviceUnavailableError,
+    StorageUnavailableError,
     UnsupportedFormatError,
     UnsupportedObjectError,
 )
+from .manager import CheckpointManager, CheckpointSkippedWarning
 
 __all__ = [
+    "CheckpointManager",
     "CheckpointNotFoundError",
     "CheckpointReader",
+    "CheckpointSkippedWarning",
     "CheckpointWriteError",
     "CkptzipError",
     "CodecUnavailableError",
     "CompressedTensor",
     "CorruptCheckpointError",
     "DeviceUnavailableError",
+    "StorageUnavailableError",
     "UnsupportedFormatError",
     "UnsupportedObjectError",
     "__version__",

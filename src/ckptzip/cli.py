@@ -107,9 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plugin_modules() -> list:
     """Subcommands that live with their subsystem: each has ``add_parser(sub)`` and ``run(args)``."""
-    from . import cost
+    from . import cost, dcp
 
-    return [cost]
+    return [cost, dcp]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

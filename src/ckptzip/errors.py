@@ -37,3 +37,7 @@ class CheckpointWriteError(CkptzipError, OSError):
 
 class DeviceUnavailableError(CkptzipError, RuntimeError):
     """A tensor is to be placed on a device this machine does not have."""
+
+
+class StorageUnavailableError(CkptzipError, ImportError):
+    """The fsspec implementation for a URL's protocol (for example s3fs) is not installed."""

@@ -24,7 +24,7 @@ import xxhash
 
 from .api import atomic_file
 from .checksum import xxh3_hex
-from .errors import CheckpointWriteError, CkptzipError, CorruptCheckpointError
+from .errors import CheckpointWriteError, CkptzipError, CorruptCheckpointError, StorageUnavailableError
 
 COMMIT_SUFFIX = ".commit"
 _MARKER_FORMAT = "ckptzip-commit"
@@ -33,10 +33,6 @@ _MARKER_VERSION = 1
 _LOCAL_TEMP = re.compile(r"\.(?P<target>.+?)\.tmp-\d+-[0-9a-f]+")
 # Protocols whose fsspec implementation ships in an extra of ckptzip.
 _EXTRAS = {"s3": "s3", "s3a": "s3"}
-
-
-class StorageUnavailableError(CkptzipError, ImportError):
-    """The fsspec implementation for a URL's protocol (for example s3fs) is not installed."""
 
 
 @dataclass(frozen=True)
