@@ -9,6 +9,7 @@ import torch
 import xxhash
 
 from ..checksum import xxh3_hex
+from ..codecs._threads import parallel_map
 from ..errors import CorruptCheckpointError
 from .index import Chunk, Index, StreamEntry, TensorEntry
 from .spec import PREAMBLE_SIZE, TRAILER_SIZE, Trailer, check_preamble
@@ -86,8 +87,9 @@ class ContainerReader:
                 f"tensor {tensor.name!r} stream {stream_no}: expected {len(view)} bytes at offset {offset}, "
                 f"the file gave {got}; it was truncated"
             )
-        for tensor, stream_no, k, c in chunks:
-            digest = xxh3_hex(view[c.offset - offset : c.offset - offset + c.length])
+        digests = parallel_map(lambda c: xxh3_hex(view[c.offset - offset : c.offset - offset + c.length]),
+                               [c for _, _, _, c in chunks], len(view))
+        for (tensor, stream_no, k, c), digest in zip(chunks, digests):
             if digest != c.xxh3:
                 raise CorruptCheckpointError(
                     f"tensor {tensor.name!r} stream {stream_no} chunk {k} (file bytes {c.offset}..{c.offset + c.length}) "
