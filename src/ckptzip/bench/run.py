@@ -1,0 +1,321 @@
+"""``ckptzip bench``: every way of saving training state, side by side, on the same real state.
+
+One run trains a dense and a mixture-of-experts transformer on the standard library's sources
+(no downloads), then, per state: the order-0 entropy bound and the best codec on byte planes per
+tensor class, and every method (ckptzip's presets and the baselines) saved and restored
+``--reps`` times with each restore checked bit for bit. It measures the disk and the hardware
+ceilings first, checks the project's targets, prints tables and writes JSON (after every method,
+so an interrupted run keeps what it measured), RESULTS.md and a plot. docs/BENCH.md explains it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ckptzip.bench.analysis import (
+    CPU_REFERENCE,
+    GPU_REFERENCE,
+    entropy_by_group,
+    planes_reference,
+)
+from ckptzip.bench.measure import iter_tensors, tensor_nbytes
+from ckptzip.bench.methods import (
+    RunContext,
+    first_line,
+    get_method,
+    measure_method,
+    method_names,
+)
+from ckptzip.bench.results import (
+    SCHEMA,
+    BenchResultsError,
+    methods_table,
+    render_markdown,
+    write_plot,
+)
+from ckptzip.bench.system import PageCache, disk_bandwidth, hardware, release_memory
+from ckptzip.bench.targets import evaluate, format_targets
+from ckptzip.codecs import has_codec
+from ckptzip.errors import CkptzipError
+from ckptzip.training import count_parameters, get_preset, state_nbytes, train
+
+__all__ = ["add_parser", "run"]
+
+_DEFAULT_PRESETS = {"cuda": ("medium", "medium-moe"), "cpu": ("tiny", "tiny-moe")}
+_DISK_BYTES = (16 << 20, 2 << 30)  # bounds of the disk-bandwidth file; the state's size in between
+
+
+class BenchArgumentError(CkptzipError, ValueError):
+    """A ``ckptzip bench`` option names something that does not exist here."""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Add the ``bench`` subcommand to ``subparsers`` and return its parser."""
+    p = subparsers.add_parser(
+        "bench", help="compare ckptzip with torch.save, safetensors, DCP, zstd, ZipNN and nvCOMP on real state",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--preset", help="dense model preset (default: medium on CUDA, tiny on CPU)")
+    p.add_argument("--moe-preset", help="mixture-of-experts preset, or 'none' (default: medium-moe on CUDA, "
+                                        "tiny-moe on CPU)")
+    p.add_argument("--steps", type=_positive_int, default=30, help="AdamW steps to train (default: %(default)s)")
+    p.add_argument("--bf16-weights", action="store_true",
+                   help="bf16 model weights and grads with fp32 master weights (default: fp32 weights)")
+    p.add_argument("--device", choices=("cuda", "cpu"),
+                   help="where the state lives and is restored to (default: cuda if available)")
+    p.add_argument("--methods", nargs="+", metavar="NAME",
+                   help=f"methods to run, space- or comma-separated (default: all: {', '.join(method_names())})")
+    p.add_argument("--reps", type=_positive_int, default=3,
+                   help="save/restore repetitions per method; medians are reported (default: %(default)s)")
+    p.add_argument("--budget-s", type=_positive_float,
+                   help="soft time limit: no method, repetition or state starts after it (default: none)")
+    p.add_argument("--cache", choices=("cold", "warm"), default="cold",
+                   help="drop the page cache before timed reads where permitted (default: %(default)s)")
+    p.add_argument("--dir", help="directory for the checkpoints written (default: the system temp dir)")
+    p.add_argument("--out-json", help="write the results as JSON here (rewritten after every method)")
+    p.add_argument("--results-md", help="write RESULTS.md here")
+    p.add_argument("--plot", help="write a PNG of ratio against throughput here (needs matplotlib)")
+    return p
+
+
+def _methods(arg: list[str] | None) -> list[str]:
+    known = method_names()
+    if not arg:
+        return known
+    names = [n for item in arg for n in item.split(",") if n]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise BenchArgumentError(f"unknown method(s) {', '.join(unknown)}; expected names from {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's settings with defaults resolved; raises BenchArgumentError for unusable ones."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchArgumentError("--device cuda was given but CUDA is not available here; use --device cpu")
+    preset = args.preset or _DEFAULT_PRESETS[device][0]
+    moe = args.moe_preset or _DEFAULT_PRESETS[device][1]
+    presets = [preset] + ([] if moe == "none" else [moe])
+    for name in presets:
+        try:
+            get_preset(name)
+        except ValueError as e:
+            raise BenchArgumentError(str(e)) from None
+    if args.dir is not None and not Path(args.dir).is_dir():
+        raise BenchArgumentError(f"--dir {args.dir!r} is not a directory; create it or pick another")
+    return {
+        "device": device, "presets": presets, "steps": args.steps, "bf16_weights": args.bf16_weights,
+        "methods": _methods(args.methods), "reps": args.reps, "budget_s": args.budget_s,
+        "dir": args.dir, "cache": args.cache,
+    }
+
+
+def _command(settings: dict[str, Any], args: argparse.Namespace) -> str:
+    """The command that repeats this run, every default spelled out."""
+    presets = settings["presets"]
+    words = ["ckptzip", "bench", "--device", settings["device"], "--preset", presets[0],
+             "--moe-preset", presets[1] if len(presets) > 1 else "none", "--steps", str(settings["steps"]),
+             "--reps", str(settings["reps"]), "--cache", settings["cache"], "--methods", ",".join(settings["methods"])]
+    if settings["bf16_weights"]:
+        words.append("--bf16-weights")
+    for flag, value in (("--budget-s", settings["budget_s"]), ("--dir", settings["dir"]),
+                        ("--out-json", args.out_json), ("--results-md", args.results_md), ("--plot", args.plot)):
+        if value is not None:
+            words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return shlex.join(words)
+
+
+def _guarded(what: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``, or ``{"error": ...}`` if it raises: one failed measurement never ends the run."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - reported in the results
+        traceback.print_exc()
+        print(f"  {what} failed: {first_line(exc)}", flush=True)
+        return {"error": first_line(exc)}
+    finally:
+        release_memory()
+
+
+def _ceilings(device: str, directory: str) -> dict[str, Any]:
+    if device != "cuda":
+        return {"skipped": "device-copy, pinned-transfer and disk ceilings are measured on CUDA runs only"}
+    from ckptzip.bench.gpu import ceilings
+
+    return dict(ceilings(directory=directory))
+
+
+def _write_json(doc: dict[str, Any], path: str | None) -> None:
+    """Refresh targets and the top-level method summary, then replace ``path`` atomically."""
+    for state in doc["states"]:
+        if "methods" in state:
+            state["targets"] = evaluate(state, doc["disk"])
+    measured = [s for s in doc["states"] if "methods" in s]
+    doc["methods"] = [
+        {k: m.get(k) for k in ("name", "status", "exact", "ratio", "save_seconds", "load_seconds")}
+        | {"state": measured[0]["label"]}
+        for m in (measured[0]["methods"] if measured else [])
+    ]
+    if path is None:
+        return
+    tmp = Path(f"{path}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _progress(m: dict[str, Any]) -> str:
+    if m["status"] != "ok":
+        return f"  {m['name']:<18} {m['status']}: {m['reason']}"
+    line = (f"  {m['name']:<18} ratio {m['ratio']:.3f}  save {m['save_seconds']:.2f} s  "
+            f"restore {m['load_seconds']:.2f} s ({m['read_cache']})")
+    device = m.get("device") or {}
+    if "encode_gbps" in device:
+        line += f"  GPU {device['encode_gbps']:.0f}/{device['decode_gbps']:.0f} GB/s"
+    return line + f"  bit-exact x{m['reps']}"
+
+
+def _bench_state(label: str, preset: str, settings: dict[str, Any], ctx: RunContext,
+                 record: dict[str, Any], save: Callable[[], None]) -> None:
+    """Train one model, analyse its state and run every method on it, filling ``record``."""
+    config = get_preset(preset)
+    print(f"== {label}: training {preset!r} for {settings['steps']} steps on {ctx.device} ...", flush=True)
+    result = train(config, settings["steps"], device=ctx.device, bf16_weights=settings["bf16_weights"])
+    state = result.state()
+    record.update({
+        "params": count_parameters(config), "device": str(ctx.device),
+        "train_seconds": result.seconds, "loss": [result.losses[0], result.losses[-1]],
+        "raw_bytes": tensor_nbytes(state), "tensors": sum(1 for _ in iter_tensors(state)),
+    })
+    print(f"   {record['raw_bytes'] / 1e9:.3f} GB in {record['tensors']} tensors, loss "
+          f"{result.losses[0]:.3f} -> {result.losses[-1]:.3f} in {result.seconds:.1f} s", flush=True)
+    backend = "cuda" if ctx.device.type == "cuda" and has_codec("ans", "cuda") else "cpu"
+    record["entropy"] = _guarded("entropy bound", lambda: entropy_by_group(state))
+    record["reference_backend"] = backend
+    record["reference_codecs"] = [asdict(c) for c in (GPU_REFERENCE if backend == "cuda" else CPU_REFERENCE)]
+    record["reference"] = _guarded("codec-on-planes reference", lambda: planes_reference(state, backend))
+    save()
+    for name in settings["methods"]:
+        measured = measure_method(get_method(name), state, ctx)
+        record["methods"].append(measured)
+        print(_progress(measured), flush=True)
+        save()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``ckptzip bench``. Returns 2 for unusable options; 1 if a method's restore was not
+    bit-exact or a ckptzip preset failed; 0 otherwise (unmet targets and failed baselines are reported)."""
+    try:
+        settings = _settings(args)
+    except CkptzipError as e:
+        print(f"ckptzip bench: error: {e}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    cache = PageCache(settings["cache"] == "cold")
+    print(f"reads: {cache.note}", flush=True)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": _command(settings, args),
+        "argv": sys.argv,
+        "hardware": hardware(),
+        "settings": {**settings, "cache": cache.note},
+        "disk": None,
+        "ceilings": None,
+        "states": [],
+    }
+
+    def save() -> None:
+        _write_json(doc, args.out_json)
+
+    with tempfile.TemporaryDirectory(dir=settings["dir"], prefix="ckptzip-bench-") as tmp:
+        estimate = state_nbytes(get_preset(settings["presets"][0]), bf16_weights=settings["bf16_weights"])
+        disk_bytes = min(max(estimate, _DISK_BYTES[0]), _DISK_BYTES[1])
+        doc["disk"] = _guarded("disk bandwidth", lambda: disk_bandwidth(tmp, disk_bytes, cache))
+        doc["ceilings"] = _guarded("ceilings", lambda: _ceilings(settings["device"], tmp))
+        print(f"disk: {json.dumps(doc['disk'])}\nceilings: {json.dumps(doc['ceilings'])}", flush=True)
+        save()
+        ctx = RunContext(torch.device(settings["device"]), settings["reps"], cache, Path(tmp),
+                         started + (settings["budget_s"] or math.inf))
+        for n, preset in enumerate(settings["presets"]):
+            label = "dense" if n == 0 else "moe"
+            record: dict[str, Any] = {"label": label, "preset": preset, "config": asdict(get_preset(preset)),
+                                      "bf16_weights": settings["bf16_weights"], "steps": settings["steps"],
+                                      "reps": settings["reps"], "status": "running", "reason": None}
+            doc["states"].append(record)
+            if n and ctx.out_of_time():
+                record.update(status="skipped", reason="the time budget (--budget-s) was spent before training")
+                continue
+            try:
+                record["methods"] = []
+                _bench_state(label, preset, settings, ctx, record, save)
+                record["status"] = "ok"
+            except Exception as exc:  # noqa: BLE001 - the next state may still run
+                traceback.print_exc()
+                record.update(status="failed", reason=first_line(exc))
+                del record["methods"]
+            release_memory()
+    save()
+    _report(doc, args)
+    return _exit_status(doc)
+
+
+def _report(doc: dict[str, Any], args: argparse.Namespace) -> None:
+    """Print each state's tables and targets; write RESULTS.md and the plot where asked."""
+    for state in doc["states"]:
+        if "methods" in state:
+            print(f"\n== {state['label']} ({state['preset']})\n{methods_table(state)}\n\n"
+                  f"{format_targets(state['targets'])}")
+    plot_ref = None
+    if args.plot:
+        try:
+            write_plot(doc, args.plot)
+            base = Path(args.results_md).parent if args.results_md else Path.cwd()
+            plot_ref = os.path.relpath(args.plot, base)
+            print(f"wrote {args.plot}")
+        except BenchResultsError as e:
+            print(f"no plot: {e}; render it later: python -m ckptzip.bench.results JSON --plot PNG", file=sys.stderr)
+    if args.results_md:
+        Path(args.results_md).write_text(render_markdown([doc], plot_ref), encoding="utf-8")
+        print(f"wrote {args.results_md}")
+    if args.out_json:
+        print(f"wrote {args.out_json}")
+
+
+def _exit_status(doc: dict[str, Any]) -> int:
+    for state in doc["states"]:
+        if state["status"] == "failed":
+            return 1
+        for m in state.get("methods", []):
+            if m["status"] == "mismatch" or (m["status"] == "failed" and m["name"].startswith("ckptzip-")):
+                return 1
+    return 0
