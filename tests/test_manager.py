@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from fsspec.implementations.memory import MemoryFileSystem
+from helpers import assert_same
 
 from ckptzip.errors import (
     CheckpointNotFoundError,
@@ -36,31 +37,6 @@ from ckptzip.manager import (
 from ckptzip.errors import StorageUnavailableError
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes, for bit-exact comparison (NaN payloads and -0.0 included)."""
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-
-
-def assert_same(actual: Any, expected: Any, path: str = "") -> None:
-    """Recursive bit-exact equality of saved objects: types, tensors' dtype/shape/bytes, values."""
-    assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
-    if isinstance(expected, torch.Tensor):
-        assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape), path
-        assert torch.equal(bits(actual), bits(expected)), path
-    elif isinstance(expected, np.ndarray):
-        assert actual.dtype == expected.dtype and actual.tobytes() == expected.tobytes(), path
-    elif isinstance(expected, dict):
-        assert list(actual) == list(expected), path
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{path}.{key}")
-    elif isinstance(expected, (list, tuple)):
-        assert len(actual) == len(expected), path
-        for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_same(a, e, f"{path}.{i}")
-    else:
-        assert actual == expected, path
 
 
 def make_state(step: int, numel: int = 1000) -> dict[str, Any]:
@@ -413,7 +389,7 @@ def test_rng_state_roundtrip_through_a_checkpoint(tmp_path: Path) -> None:
     torch.manual_seed(9)
     restore_rng_state(manager.restore()["rng"])
     again = (random.random(), np.random.rand(3).tolist(), torch.rand(3))
-    assert draws[:2] == again[:2] and torch.equal(bits(draws[2]), bits(again[2]))
+    assert_same(again, draws)
 
 
 # ------------------------------------------------------------------------------------ storage

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_manager import assert_same
+from helpers import assert_same
 from torch import nn
 
 import ckptzip

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 import xxhash
-from test_manager import assert_same, make_state, restore_while_saving
+from helpers import assert_same
+from test_manager import make_state, restore_while_saving
 
 import ckptzip
 from ckptzip.errors import CheckpointNotFoundError
