@@ -111,6 +111,11 @@ def adamw_state(steps: int = 3) -> tuple[torch.nn.Module, torch.optim.AdamW]:
     return model, optimizer
 
 
+def state_copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of ``module.state_dict()`` as a plain dict, unaffected by later training."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
 def mixed_state() -> dict[str, Any]:
     """A small checkpoint-like object touching every kind of value and several codec paths."""
     model, optimizer = adamw_state(1)
@@ -141,20 +146,27 @@ def tensor_bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
 
 
-def assert_same_tensor(got: torch.Tensor, want: torch.Tensor, where: str = "<root>") -> None:
-    """Same type, dtype, shape and bits (NaN payloads and -0.0 included)."""
+def assert_same_tensor(got: torch.Tensor, want: torch.Tensor, where: str = "<root>", *, device: bool = False) -> None:
+    """Same type, dtype, shape and bits (NaN payloads and -0.0 included); with ``device``, same device."""
     assert type(got) is torch.Tensor, f"{where}: got {type(got).__name__}, expected a plain torch.Tensor"
     assert got.dtype == want.dtype, f"{where}: dtype {got.dtype}, expected {want.dtype}"
     assert got.shape == want.shape, f"{where}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    if device:
+        assert got.device == want.device, f"{where}: device {got.device}, expected {want.device}"
     assert torch.equal(tensor_bits(got), tensor_bits(want)), f"{where}: tensor bits differ"
 
 
-def assert_same(got: Any, want: Any, where: str = "<root>") -> None:
-    """Structural equality with exact types: dict order, tuple vs list, float bits, tensor bits."""
+def assert_same(got: Any, want: Any, where: str = "<root>", *, key_order: bool = True, device: bool = False) -> None:
+    """Structural equality with exact types: dict order, tuple vs list, float bits, tensor bits.
+
+    ``key_order=False`` compares dict keys as sets (each key still of the same type), for loaders
+    that rebuild dicts in another order; ``device=True`` also requires tensors on the same device.
+    """
     if isinstance(want, torch.Tensor):
-        assert_same_tensor(got, want, where)
+        assert_same_tensor(got, want, where, device=device)
         return
     assert type(got) is type(want), f"{where}: got {type(got).__name__}, expected {type(want).__name__}"
+    options = {"key_order": key_order, "device": device}
     if isinstance(want, float):
         assert float_bits(got) == float_bits(want), f"{where}: {got!r} is not bit-identical to {want!r}"
     elif isinstance(want, np.ndarray):
@@ -164,15 +176,23 @@ def assert_same(got: Any, want: Any, where: str = "<root>") -> None:
         assert (got.dtype, got.tobytes()) == (want.dtype, want.tobytes()), f"{where}: {got!r} != {want!r}"
     elif isinstance(want, dict):
         assert len(got) == len(want), f"{where}: {len(got)} keys, expected {len(want)}"
-        for (gk, gv), (wk, wv) in zip(got.items(), want.items()):
-            assert_same(gk, wk, f"{where}[key]")
-            assert_same(gv, wv, f"{where}.{wk}")
+        if key_order:
+            pairs = list(zip(got, want))
+        else:
+            got_keys = {k: k for k in got}  # looks up the stored key object, to compare its type
+            missing = [wk for wk in want if wk not in got_keys]
+            assert not missing, f"{where}: keys {missing!r} missing"
+            pairs = [(got_keys[wk], wk) for wk in want]
+        for gk, wk in pairs:
+            assert_same(gk, wk, f"{where}[key]", **options)
+            assert_same(got[gk], want[wk], f"{where}.{wk}", **options)
         if isinstance(want, collections.OrderedDict):
-            assert_same(getattr(got, "_metadata", None), getattr(want, "_metadata", None), f"{where}._metadata")
+            metadata = getattr(got, "_metadata", None), getattr(want, "_metadata", None)
+            assert_same(*metadata, f"{where}._metadata", **options)
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want), f"{where}: length {len(got)}, expected {len(want)}"
         for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{where}.{i}")
+            assert_same(g, w, f"{where}.{i}", **options)
     else:
         assert got == want, f"{where}: {got!r} != {want!r}"
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import assert_same, state_copy
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -56,35 +57,13 @@ def make_trainer(trainer_class: type, output_dir: pathlib.Path, model_seed: int 
     return trainer_class(model=tiny_gpt2(model_seed), args=args, train_dataset=dataset(), eval_dataset=dataset(8))
 
 
-def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def assert_identical(a: Any, b: Any, path: str = "") -> None:
-    """Same types, same keys, bit-identical tensors."""
-    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
-    if isinstance(a, torch.Tensor):
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), path
-        assert torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)), path
-    elif isinstance(a, dict):
-        assert sorted(a, key=repr) == sorted(b, key=repr), path
-        for key in a:
-            assert_identical(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{path}.{i}")
-    else:
-        assert a == b, path
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, dict, dict]:
     """An uninterrupted plain-Trainer run: its output dir, final parameters, final optimizer state."""
     out = tmp_path_factory.mktemp("reference")
     trainer = make_trainer(transformers.Trainer, out)
     trainer.train()
-    return out, params(trainer.model), trainer.optimizer.state_dict()
+    return out, state_copy(trainer.model), trainer.optimizer.state_dict()
 
 
 def test_checkpoints_hold_ckz_files_with_the_same_state(
@@ -94,17 +73,17 @@ def test_checkpoints_hold_ckz_files_with_the_same_state(
     trainer = make_trainer(CkptzipTrainer, tmp_path)
     trainer.train()
 
-    assert_identical(params(trainer.model), reference_params)  # checkpointing does not perturb training
+    assert_same(state_copy(trainer.model), reference_params)  # checkpointing does not perturb training
     for step in (3, 6):
         name = f"checkpoint-{step}"
         files = set(os.listdir(tmp_path / name))
         assert files >= COMPRESSED | {"config.json", "trainer_state.json", "rng_state.pth"}
         assert not files & ORIGINALS
         plain = reference_dir / name
-        assert_identical(ckptzip.load(tmp_path / name / "model.ckz"), _safetensors(plain / "model.safetensors"))
+        assert_same(ckptzip.load(tmp_path / name / "model.ckz"), _safetensors(plain / "model.safetensors"))
         for stem in ("optimizer", "scheduler"):
             expected = torch.load(plain / f"{stem}.pt", weights_only=True)
-            assert_identical(ckptzip.load(tmp_path / name / f"{stem}.ckz"), expected)
+            assert_same(ckptzip.load(tmp_path / name / f"{stem}.ckz"), expected)
 
 
 def _safetensors(path: pathlib.Path) -> dict[str, torch.Tensor]:
@@ -137,8 +116,8 @@ def test_resume_matches_uninterrupted_training(
     resumed.train(resume_from_checkpoint=resume_from)
 
     assert resumed.state.global_step == STEPS
-    assert_identical(params(resumed.model), reference_params)
-    assert_identical(resumed.optimizer.state_dict(), reference_optimizer)
+    assert_same(state_copy(resumed.model), reference_params)
+    assert_same(resumed.optimizer.state_dict(), reference_optimizer)
 
 
 def test_load_best_model_at_end_reads_model_ckz(tmp_path: pathlib.Path) -> None:
@@ -150,7 +129,8 @@ def test_load_best_model_at_end_reads_model_ckz(tmp_path: pathlib.Path) -> None:
     best = pathlib.Path(trainer.state.best_model_checkpoint)
     assert (best / "model.ckz").is_file() and not (best / "model.safetensors").exists()
     stored = ckptzip.load(best / "model.ckz")
-    assert_identical({k: v for k, v in params(trainer.model).items() if k in stored}, stored)
+    # model.ckz keeps the key order of the safetensors file it replaced, not the module's
+    assert_same({k: v for k, v in state_copy(trainer.model).items() if k in stored}, stored, key_order=False)
 
 
 def test_save_model_still_exports_safetensors(tmp_path: pathlib.Path) -> None:
@@ -158,7 +138,7 @@ def test_save_model_still_exports_safetensors(tmp_path: pathlib.Path) -> None:
     trainer.save_model(str(tmp_path / "export"))
     assert (tmp_path / "export" / "model.safetensors").is_file()
     loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "export")
-    assert_identical(params(loaded), params(trainer.model))
+    assert_same(state_copy(loaded), state_copy(trainer.model))
 
 
 def test_compress_model_weights_merges_shards(tmp_path: pathlib.Path) -> None:
@@ -172,5 +152,5 @@ def test_compress_model_weights_merges_shards(tmp_path: pathlib.Path) -> None:
 
     assert compress_model_weights(tmp_path, codec="zstd")
     assert sorted(os.listdir(tmp_path)) == ["config.json", "generation_config.json", "model.ckz"]
-    assert_identical(ckptzip.load(tmp_path / "model.ckz"), expected)
+    assert_same(ckptzip.load(tmp_path / "model.ckz"), expected)
     assert not compress_model_weights(tmp_path)  # nothing left to replace

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import assert_same, state_copy
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -68,24 +69,6 @@ def ckz_callback(dirpath: pathlib.Path) -> Any:
     return callback
 
 
-def assert_identical(a: Any, b: Any, path: str = "") -> None:
-    """Same types, same keys in the same order, bit-identical tensors."""
-    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
-    if isinstance(a, torch.Tensor):
-        assert (a.dtype, a.shape, a.device) == (b.dtype, b.shape, b.device), path
-        assert torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)), path
-    elif isinstance(a, dict):
-        assert list(a) == list(b), path
-        for key in a:
-            assert_identical(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{path}.{i}")
-    else:
-        assert a == b, path
-
-
 class RecordingIO(CkptzipCheckpointIO):
     """Keeps a deep copy of every checkpoint dict Lightning hands over."""
 
@@ -111,13 +94,9 @@ def test_lightning_checkpoint_round_trips_exactly(tmp_path: pathlib.Path) -> Non
             continue
         assert pathlib.Path(path).read_bytes()[: len(MAGIC)] == MAGIC
         loaded = io.load_checkpoint(path)
-        assert_identical(loaded, expected)
+        assert_same(loaded, expected, device=True)
         assert set(loaded) >= {"state_dict", "optimizer_states", "lr_schedulers", "loops", "callbacks"}
         assert loaded["hyper_parameters"] == {"hidden": 8, "lr": 0.05, "name": "tiny", "extra": None}
-
-
-def fit_state(model: Any) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty:UserWarning")
@@ -137,8 +116,8 @@ def test_resume_from_last_matches_uninterrupted_training(tmp_path: pathlib.Path,
     resumed_trainer.fit(resumed, loader(), ckpt_path="last")
 
     assert resumed_trainer.global_step == straight_trainer.global_step == 16
-    assert_identical(fit_state(resumed), fit_state(straight))
-    assert_identical(resumed_trainer.optimizers[0].state_dict(), straight_trainer.optimizers[0].state_dict())
+    assert_same(state_copy(resumed), state_copy(straight), device=True)
+    assert_same(resumed_trainer.optimizers[0].state_dict(), straight_trainer.optimizers[0].state_dict(), device=True)
 
 
 def test_pytorch_lightning_namespace_is_supported(tmp_path: pathlib.Path) -> None:
@@ -148,7 +127,7 @@ def test_pytorch_lightning_namespace_is_supported(tmp_path: pathlib.Path) -> Non
     trainer(tmp_path, 1, namespace=standalone, plugins=[CkptzipCheckpointIO()]).fit(model, loader())
     (path,) = (tmp_path / "checkpoints").iterdir()
     assert path.read_bytes()[: len(MAGIC)] == MAGIC
-    assert_identical(ckptzip.load(path)["state_dict"], model.state_dict())
+    assert_same(ckptzip.load(path)["state_dict"], model.state_dict(), device=True)
 
 
 def test_fabric_save_and_load(tmp_path: pathlib.Path) -> None:
@@ -166,8 +145,8 @@ def test_fabric_save_and_load(tmp_path: pathlib.Path) -> None:
     state = {"model": restored_model, "optimizer": restored_optimizer, "step": 0}
     assert fabric.load(tmp_path / "state.ckz", state) == {}
     assert state["step"] == 1
-    assert_identical(restored_model.state_dict(), model.state_dict())
-    assert_identical(restored_optimizer.state_dict(), optimizer.state_dict())
+    assert_same(restored_model.state_dict(), model.state_dict(), device=True)
+    assert_same(restored_optimizer.state_dict(), optimizer.state_dict(), device=True)
 
 
 def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -205,7 +184,7 @@ def test_on_unsupported_repr(tmp_path: pathlib.Path) -> None:
     loaded = ckptzip.load(tmp_path / "a.ckpt")
     assert loaded["hyper_parameters"] == {"lr": 0.1, "data_dir": "PosixPath('/data')", "dims": [1, "PosixPath('/x')"]}
     assert loaded["callbacks"] == {"PosixPath('/key')": 1, "ok": {"n": 2}}
-    assert_identical(loaded["state_dict"], checkpoint["state_dict"])
+    assert_same(loaded["state_dict"], checkpoint["state_dict"], device=True)
     assert isinstance(checkpoint["hyper_parameters"]["data_dir"], pathlib.Path)  # caller's dict untouched
 
 
@@ -223,13 +202,13 @@ def test_on_unsupported_drop(tmp_path: pathlib.Path) -> None:
 def test_policy_leaves_a_storable_checkpoint_alone(tmp_path: pathlib.Path) -> None:
     checkpoint = {"state_dict": {"w": torch.ones(2)}, "hyper_parameters": {"lr": 0.1, "betas": (0.9, 0.99)}}
     CkptzipCheckpointIO(on_unsupported="drop").save_checkpoint(checkpoint, tmp_path / "a.ckpt")
-    assert_identical(ckptzip.load(tmp_path / "a.ckpt"), checkpoint)
+    assert_same(ckptzip.load(tmp_path / "a.ckpt"), checkpoint, device=True)
 
 
 def test_loads_a_torch_checkpoint_written_before_the_plugin(tmp_path: pathlib.Path) -> None:
     checkpoint = {"state_dict": {"w": torch.arange(3.0)}, "epoch": 2}
     torch.save(checkpoint, tmp_path / "old.ckpt")
-    assert_identical(CkptzipCheckpointIO().load_checkpoint(tmp_path / "old.ckpt"), checkpoint)
+    assert_same(CkptzipCheckpointIO().load_checkpoint(tmp_path / "old.ckpt"), checkpoint, device=True)
 
 
 def test_remote_paths_go_through_fsspec_and_a_failed_save_leaves_nothing() -> None:
@@ -237,7 +216,7 @@ def test_remote_paths_go_through_fsspec_and_a_failed_save_leaves_nothing() -> No
     io = CkptzipCheckpointIO()
     checkpoint = {"state_dict": {"w": torch.arange(5, dtype=torch.bfloat16)}, "epoch": 1}
     io.save_checkpoint(checkpoint, "memory://ckptzip-test/run/a.ckpt")
-    assert_identical(io.load_checkpoint("memory://ckptzip-test/run/a.ckpt"), checkpoint)
+    assert_same(io.load_checkpoint("memory://ckptzip-test/run/a.ckpt"), checkpoint, device=True)
     io.remove_checkpoint("memory://ckptzip-test/run/a.ckpt")
     with pytest.raises(UnsupportedObjectError):
         io.save_checkpoint(checkpoint_with_unsupported_values(), "memory://ckptzip-test/run/a.ckpt")
