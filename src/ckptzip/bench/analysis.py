@@ -153,7 +153,7 @@ def _planes_stored(codec: Any, planes: list[torch.Tensor], chunk_bytes: int) -> 
     chunks = [c for plane in planes for c in plane.split(chunk_bytes)]  # type: ignore[no-untyped-call]
     encoded = codec.encode(chunks)
     decoded = codec.decode(encoded, [c.numel() for c in chunks])
-    if not all(torch.equal(a, b) for a, b in zip(chunks, decoded, strict=True)):
+    if not torch.equal(torch.cat(chunks), torch.cat(decoded)):
         return None
     stored = 0
     start = 0

@@ -175,6 +175,17 @@ def _ceilings(device: str, directory: str) -> dict[str, Any]:
     return dict(ceilings(directory=directory))
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with infinite and NaN floats (a zero-time measurement) as ``None``: strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _write_json(doc: dict[str, Any], path: str | None) -> None:
     """Refresh targets and the top-level method summary, then replace ``path`` atomically."""
     for state in doc["states"]:
@@ -189,7 +200,7 @@ def _write_json(doc: dict[str, Any], path: str | None) -> None:
     if path is None:
         return
     tmp = Path(f"{path}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False), encoding="utf-8")
+    tmp.write_text(json.dumps(_finite(doc), indent=1, allow_nan=False), encoding="utf-8")
     os.replace(tmp, path)
 
 
