@@ -156,17 +156,24 @@ def assert_same_tensor(got: torch.Tensor, want: torch.Tensor, where: str = "<roo
     assert torch.equal(tensor_bits(got), tensor_bits(want)), f"{where}: tensor bits differ"
 
 
-def assert_same(got: Any, want: Any, where: str = "<root>", *, key_order: bool = True, device: bool = False) -> None:
+def assert_same(
+    got: Any, want: Any, where: str = "<root>", *, key_order: bool = True, dict_type: bool = True, device: bool = False
+) -> None:
     """Structural equality with exact types: dict order, tuple vs list, float bits, tensor bits.
 
-    ``key_order=False`` compares dict keys as sets (each key still of the same type), for loaders
-    that rebuild dicts in another order; ``device=True`` also requires tensors on the same device.
+    Options, for loaders that legitimately rebuild containers: ``key_order=False`` compares dict
+    keys as sets (each key still of the same type); ``dict_type=False`` lets any dict class stand
+    for another (an ``OrderedDict``'s ``_metadata`` is then not compared). ``device=True`` also
+    requires tensors on the same device.
     """
+    options = {"key_order": key_order, "dict_type": dict_type, "device": device}
     if isinstance(want, torch.Tensor):
         assert_same_tensor(got, want, where, device=device)
         return
+    if isinstance(want, dict):
+        _assert_same_dict(got, want, where, **options)
+        return
     assert type(got) is type(want), f"{where}: got {type(got).__name__}, expected {type(want).__name__}"
-    options = {"key_order": key_order, "device": device}
     if isinstance(want, float):
         assert float_bits(got) == float_bits(want), f"{where}: {got!r} is not bit-identical to {want!r}"
     elif isinstance(want, np.ndarray):
@@ -174,27 +181,34 @@ def assert_same(got: Any, want: Any, where: str = "<root>", *, key_order: bool =
         assert got.tobytes() == want.tobytes(), f"{where}: array bytes differ"
     elif isinstance(want, np.generic):
         assert (got.dtype, got.tobytes()) == (want.dtype, want.tobytes()), f"{where}: {got!r} != {want!r}"
-    elif isinstance(want, dict):
-        assert len(got) == len(want), f"{where}: {len(got)} keys, expected {len(want)}"
-        if key_order:
-            pairs = list(zip(got, want))
-        else:
-            got_keys = {k: k for k in got}  # looks up the stored key object, to compare its type
-            missing = [wk for wk in want if wk not in got_keys]
-            assert not missing, f"{where}: keys {missing!r} missing"
-            pairs = [(got_keys[wk], wk) for wk in want]
-        for gk, wk in pairs:
-            assert_same(gk, wk, f"{where}[key]", **options)
-            assert_same(got[gk], want[wk], f"{where}.{wk}", **options)
-        if isinstance(want, collections.OrderedDict):
-            metadata = getattr(got, "_metadata", None), getattr(want, "_metadata", None)
-            assert_same(*metadata, f"{where}._metadata", **options)
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want), f"{where}: length {len(got)}, expected {len(want)}"
         for i, (g, w) in enumerate(zip(got, want)):
             assert_same(g, w, f"{where}.{i}", **options)
     else:
         assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+def _assert_same_dict(got: Any, want: dict, where: str, *, key_order: bool, dict_type: bool, device: bool) -> None:
+    if dict_type:
+        assert type(got) is type(want), f"{where}: got {type(got).__name__}, expected {type(want).__name__}"
+    else:
+        assert isinstance(got, dict), f"{where}: got {type(got).__name__}, expected a dict"
+    assert len(got) == len(want), f"{where}: {len(got)} keys, expected {len(want)}"
+    if key_order:
+        pairs = list(zip(got, want))
+    else:
+        got_keys = {k: k for k in got}  # looks up the stored key object, to compare its type
+        missing = [wk for wk in want if wk not in got_keys]
+        assert not missing, f"{where}: keys {missing!r} missing"
+        pairs = [(got_keys[wk], wk) for wk in want]
+    options = {"key_order": key_order, "dict_type": dict_type, "device": device}
+    for gk, wk in pairs:
+        assert_same(gk, wk, f"{where}[key]", **options)
+        assert_same(got[gk], want[wk], f"{where}.{wk}", **options)
+    if dict_type and isinstance(want, collections.OrderedDict):
+        metadata = getattr(got, "_metadata", None), getattr(want, "_metadata", None)
+        assert_same(*metadata, f"{where}._metadata", **options)
 
 
 # --- saving and loading ----------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from helpers import assert_same, assert_same_tensor
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
@@ -79,30 +80,6 @@ def _failure(excinfo: pytest.ExceptionInfo[CheckpointException]) -> BaseExceptio
     return error
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def assert_same(a: Any, b: Any, where: str = "state") -> None:
-    """Equal structure and values; tensors bit-exact (compared as bytes). DCP rebuilds nested
-    state as plain dicts, so any two dicts compare by their items."""
-    if not (isinstance(a, dict) and isinstance(b, dict)):
-        assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, dict):
-        assert set(a) == set(b), f"{where}: keys {sorted(a, key=str)} != {sorted(b, key=str)}"
-        for key in a:
-            assert_same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), where
-        assert torch.equal(_as_bytes(a), _as_bytes(b)), f"{where}: values differ"
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
 @pytest.fixture
 def saved(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     state = _trained_state(1)
@@ -134,7 +111,7 @@ def test_layout_one_data_file_of_ckz_blobs_and_a_ckz_metadata_file(saved: tuple[
     assert all(a.offset + a.length == b.offset for a, b in zip(items, items[1:]))  # no gaps
     weight = _stored(path, "model.0.weight")
     blob = ckptzip.CompressedTensor.from_bytes(data[weight.offset : weight.offset + weight.length])
-    assert torch.equal(_as_bytes(ckptzip.decompress(blob)), _as_bytes(state["model"]["0.weight"]))
+    assert_same_tensor(ckptzip.decompress(blob), state["model"]["0.weight"])
     assert weight.pipeline["transforms"] == blob.entry.transforms
     assert weight.checksum == blob.entry.checksum
     # Every file ckptzip wrote is a .ckz container; the metadata one holds a plain tree.
@@ -378,7 +355,7 @@ def test_validate_checkpoint_id(saved: tuple[Path, dict[str, Any]], tmp_path: Pa
 def test_convert_to_ckz_and_back(saved: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     path, state = saved
     dcp_to_ckz(path, tmp_path / "one.ckz")
-    assert_same(ckptzip.load(tmp_path / "one.ckz"), state)
+    assert_same(ckptzip.load(tmp_path / "one.ckz"), state, dict_type=False)  # rebuilt from DCP items as plain dicts
     ckz_to_dcp(tmp_path / "one.ckz", tmp_path / "again")
     target = _trained_state(2)
     _load(target, tmp_path / "again")
