@@ -219,7 +219,7 @@ def test_a_restore_that_is_not_bit_exact_is_reported_without_numbers(
     m = _methods(doc["states"][0])["torch.save"]
     assert status == 1
     assert (m["status"], m["exact"], m["ratio"]) == ("mismatch", None, None)
-    assert m["reason"] == "restore 1: model.blocks.0.attn.qkv.weight: tensor bytes differ"
+    assert m["reason"] == "repetition 1: model.blocks.0.attn.qkv.weight: tensor bytes differ"
     assert "save_seconds" not in m
 
 
@@ -229,6 +229,7 @@ def test_a_restore_that_is_not_bit_exact_is_reported_without_numbers(
         (["--methods", "torch.save,gzip"], "unknown method(s) gzip; expected names from ckptzip-auto, torch.save"),
         (["--preset", "huge"], "unknown model preset 'huge'; expected one of tiny"),
         (["--dir", "/nonexistent/dir"], "--dir '/nonexistent/dir' is not a directory"),
+        (["--preset", "none", "--moe-preset", "none"], "--preset none and --moe-preset none leave nothing"),
     ],
 )
 def test_unusable_options_exit_2_with_a_message(
@@ -236,6 +237,23 @@ def test_unusable_options_exit_2_with_a_message(
 ) -> None:
     assert bench(["--device", "cpu", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_presets_report_resident_throughput_and_their_first_round(tmp_path: Path) -> None:
+    status = bench(["--device", "cuda", "--preset", "none", "--moe-preset", "tiny-moe", "--steps", "2",
+                    "--reps", "1", "--cache", "warm", "--methods", "ckptzip-auto,nvcomp-zstd",
+                    "--dir", str(tmp_path), "--out-json", str(tmp_path / "b.json")])
+    doc = json.loads((tmp_path / "b.json").read_text())
+    state = doc["states"][0]
+    methods = _methods(state)
+    assert status == 0 and state["label"] == "moe" and state["reference_backend"] == "cuda"
+    auto = methods["ckptzip-auto"]
+    assert auto["exact"] is True and auto["device"]["encode_gbps"] > 0 and auto["device"]["decode_gbps"] > 0
+    assert auto["first_round"]["save_seconds"] > 0
+    assert methods["nvcomp-zstd"]["device"]["exact"] is True
+    assert "ans" in state["reference"]["weights"]["codecs"]
+    assert doc["ceilings"]["d2d_copy_gbps"] > 0
 
 
 # ------------------------------------------------------------------------------ pure parts

@@ -203,35 +203,44 @@ def measure_method(method: Baseline, state: Any, ctx: RunContext) -> dict[str, A
 def _measure(method: Baseline, state: Any, ctx: RunContext) -> dict[str, Any]:
     expected = method.expected(state)
     raw = tensor_nbytes(expected)
+    # On the GPU a ckptzip preset first runs once untimed: a fresh process compiles its Triton
+    # kernels and creates nvCOMP contexts then. That first round is reported on its own.
+    on_gpu = method if isinstance(method, CkptzipPreset) and ctx.device.type == "cuda" else None
+    first = -1 if on_gpu else 0
     saves: list[float] = []
     loads: list[float] = []
+    first_round: dict[str, float] = {}
     written = 0
     sizes: list[TensorSize] | None = None
     device: dict[str, Any] | None = None
-    for rep in range(ctx.reps):
-        if rep and ctx.out_of_time():
+    for rep in range(first, ctx.reps):
+        if rep > 0 and ctx.out_of_time():
             break
-        directory = ctx.workdir / f"{method.name}-{rep}"
+        what = "warm-up round" if rep < 0 else f"repetition {rep + 1}"
+        directory = ctx.workdir / f"{method.name}-{rep - first}"
         try:
             saved = method.save(state, directory)
-            if rep == 0:
+            if rep == first:
                 written = saved.bytes_written
                 sizes = tensor_sizes(method, directory, state)
-                if isinstance(method, CkptzipPreset) and ctx.device.type == "cuda":
-                    checkpoint = directory / method.filename
-                    device = _device_speed(functools.partial(_resident, method, state, checkpoint, ctx.reps))
+                if on_gpu:
+                    checkpoint = directory / on_gpu.filename
+                    device = _device_speed(functools.partial(_resident, on_gpu, state, checkpoint, ctx.reps))
             ctx.cache.drop()
             loaded, load_seconds = method.load(directory, ctx.device)
             try:
                 assert_state_equal(expected, loaded)
             except AssertionError as error:
-                return _record(method, "mismatch", f"restore {rep + 1}: {error}")
+                return _record(method, "mismatch", f"{what}: {error}")
             finally:
                 del loaded
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-        saves.append(saved.seconds)
-        loads.append(load_seconds)
+        if rep < 0:
+            first_round = {"save_seconds": saved.seconds, "load_seconds": load_seconds}
+        else:
+            saves.append(saved.seconds)
+            loads.append(load_seconds)
     throughput = getattr(method, "throughput", None)
     if throughput is not None and ctx.device.type == "cuda":
         device = _device_speed(lambda: _codec_speed(throughput(state)))
@@ -254,4 +263,5 @@ def _measure(method: Baseline, state: Any, ctx: RunContext) -> dict[str, Any]:
         "read_cache": ctx.cache.mode,
         "classes": group_totals(sizes) if sizes is not None else None,
         "device": device,
+        "first_round": first_round or None,
     }

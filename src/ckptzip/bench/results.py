@@ -122,11 +122,15 @@ def methods_table(state: dict[str, Any]) -> str:
             rows.append([m["name"], _exact(m), *["–"] * 8, f"{m['status']}: {m['reason']}"])
             continue
         core = ((m.get("classes") or {}).get(CORE) or {}).get("ratio")
+        first = m.get("first_round")
+        notes = [(m.get("device") or {}).get("error", "")]
+        if first:
+            notes.append(f"first round in this process: save {first['save_seconds']:.2f} s, "
+                         f"restore {first['load_seconds']:.2f} s")
         rows.append([
             m["name"], _exact(m), _ratio(m["ratio"]), _ratio(core), _seconds(m["save_seconds"]),
             _seconds(m["load_seconds"]), _gbps(m["save_gbps"]), _gbps(m["load_gbps"]),
-            _gbps(_device(m, "encode_gbps")), _gbps(_device(m, "decode_gbps")),
-            (m.get("device") or {}).get("error", ""),
+            _gbps(_device(m, "encode_gbps")), _gbps(_device(m, "decode_gbps")), "; ".join(n for n in notes if n),
         ])
     header = ["method", "bit-exact", "ratio", f"ratio {CORE}", "save s", "restore s", "save GB/s",
               "restore GB/s", "GPU compress GB/s", "GPU decompress GB/s", "note"]

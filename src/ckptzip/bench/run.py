@@ -84,7 +84,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "bench", help="compare ckptzip with torch.save, safetensors, DCP, zstd, ZipNN and nvCOMP on real state",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--preset", help="dense model preset (default: medium on CUDA, tiny on CPU)")
+    p.add_argument("--preset", help="dense model preset, or 'none' (default: medium on CUDA, tiny on CPU)")
     p.add_argument("--moe-preset", help="mixture-of-experts preset, or 'none' (default: medium-moe on CUDA, "
                                         "tiny-moe on CPU)")
     p.add_argument("--steps", type=_positive_int, default=30, help="AdamW steps to train (default: %(default)s)")
@@ -125,7 +125,9 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         raise BenchArgumentError("--device cuda was given but CUDA is not available here; use --device cpu")
     preset = args.preset or _DEFAULT_PRESETS[device][0]
     moe = args.moe_preset or _DEFAULT_PRESETS[device][1]
-    presets = [preset] + ([] if moe == "none" else [moe])
+    presets = [name for name in (preset, moe) if name != "none"]
+    if not presets:
+        raise BenchArgumentError("--preset none and --moe-preset none leave nothing to benchmark; keep one")
     for name in presets:
         try:
             get_preset(name)
@@ -134,7 +136,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.dir is not None and not Path(args.dir).is_dir():
         raise BenchArgumentError(f"--dir {args.dir!r} is not a directory; create it or pick another")
     return {
-        "device": device, "presets": presets, "steps": args.steps, "bf16_weights": args.bf16_weights,
+        "device": device, "preset": preset, "moe_preset": moe, "presets": presets, "steps": args.steps,
+        "bf16_weights": args.bf16_weights,
         "methods": _methods(args.methods), "reps": args.reps, "budget_s": args.budget_s,
         "dir": args.dir, "cache": args.cache,
     }
@@ -142,9 +145,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _command(settings: dict[str, Any], args: argparse.Namespace) -> str:
     """The command that repeats this run, every default spelled out."""
-    presets = settings["presets"]
-    words = ["ckptzip", "bench", "--device", settings["device"], "--preset", presets[0],
-             "--moe-preset", presets[1] if len(presets) > 1 else "none", "--steps", str(settings["steps"]),
+    words = ["ckptzip", "bench", "--device", settings["device"], "--preset", settings["preset"],
+             "--moe-preset", settings["moe_preset"], "--steps", str(settings["steps"]),
              "--reps", str(settings["reps"]), "--cache", settings["cache"], "--methods", ",".join(settings["methods"])]
     if settings["bf16_weights"]:
         words.append("--bf16-weights")
@@ -278,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
         ctx = RunContext(torch.device(settings["device"]), settings["reps"], cache, Path(tmp),
                          started + (settings["budget_s"] or math.inf))
         for n, preset in enumerate(settings["presets"]):
-            label = "dense" if n == 0 else "moe"
+            label = "moe" if get_preset(preset).moe else "dense"
             record: dict[str, Any] = {"label": label, "preset": preset, "config": asdict(get_preset(preset)),
                                       "bf16_weights": settings["bf16_weights"], "steps": settings["steps"],
                                       "reps": settings["reps"], "status": "running", "reason": None}
