@@ -201,16 +201,21 @@ def _json_mutation(rng: random.Random, data: bytes) -> bytes:
     return parts.build()
 
 
-def _chunk_mutation(rng: random.Random, data: bytes) -> bytes:
-    """Damage one chunk's stored bytes and fix its XXH3, so the codec and the tensor checksum see it."""
-    parts = CkzParts.parse(data)
-    where = [
+def _chunk_positions(parts: CkzParts, codec_id: str | None = None) -> list[tuple[int, int, int]]:
+    """(tensor, stream, chunk) of every chunk, or only of the streams stored with ``codec_id``."""
+    return [
         (i, j, k)
         for i, t in enumerate(parts.index["tensors"])
         for j, s in enumerate(t["streams"])
+        if codec_id is None or s["codec"]["id"] == codec_id
         for k in range(len(s["chunks"]))
     ]
-    i, j, k = rng.choice(where)
+
+
+def _chunk_mutation(rng: random.Random, data: bytes) -> bytes:
+    """Damage one chunk's stored bytes and fix its XXH3, so the codec and the tensor checksum see it."""
+    parts = CkzParts.parse(data)
+    i, j, k = rng.choice(_chunk_positions(parts))
     offset, length, _, _ = parts.chunk(i, j, k)
     stored = parts.data[offset - 16 : offset - 16 + length]
     parts.replace_chunk(i, j, k, _raw_mutation(rng, stored) if length > 1 else _random_bytes(rng, rng.randint(1, 9)))
@@ -220,14 +225,7 @@ def _chunk_mutation(rng: random.Random, data: bytes) -> bytes:
 def _zstd_bomb(rng: random.Random, data: bytes) -> bytes:
     """Replace a zstd chunk by a frame whose header claims a huge decoded size."""
     parts = CkzParts.parse(data)
-    where = [
-        (i, j, k)
-        for i, t in enumerate(parts.index["tensors"])
-        for j, s in enumerate(t["streams"])
-        if s["codec"]["id"] == "zstd"
-        for k in range(len(s["chunks"]))
-    ]
-    i, j, k = rng.choice(where)
+    i, j, k = rng.choice(_chunk_positions(parts, codec_id="zstd"))
     claimed = rng.randint(2**32, 2**62)
     body = zstandard.ZstdCompressor(write_content_size=False).compress(_random_bytes(rng, 64))
     assert body[4] == 0  # no content size, not single-segment: a window byte follows the descriptor
