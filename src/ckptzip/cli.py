@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import __version__, api
@@ -22,32 +22,39 @@ def _codec_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _summary(src: Path, dst: Path, seconds: float) -> None:
-    a, b = src.stat().st_size, dst.stat().st_size
-    print(f"{src} ({human_bytes(a)}) -> {dst} ({human_bytes(b)}), {a / max(b, 1):.3f}x, {seconds:.2f} s")
+def _compress(args: argparse.Namespace) -> None:
+    api.save(read_foreign(args.src), args.dst, codec=args.codec, progress=True)
 
 
-def _cmd_compress(args: argparse.Namespace) -> int:
-    start = time.perf_counter()
-    obj = read_foreign(args.src)
-    api.save(obj, args.dst, codec=args.codec, progress=True)
-    _summary(Path(args.src), Path(args.dst), time.perf_counter() - start)
-    return 0
+def _decompress(args: argparse.Namespace) -> None:
+    write_foreign(api.load(args.src, map_location="cpu", progress=True), args.dst)
 
 
-def _cmd_decompress(args: argparse.Namespace) -> int:
-    start = time.perf_counter()
-    obj = api.load(args.src, map_location="cpu", progress=True)
-    write_foreign(obj, args.dst)
-    _summary(Path(args.src), Path(args.dst), time.perf_counter() - start)
-    return 0
-
-
-def _cmd_convert(args: argparse.Namespace) -> int:
-    start = time.perf_counter()
+def _convert(args: argparse.Namespace) -> None:
     convert(args.src, args.dst, codec=args.codec, progress=True)
-    _summary(Path(args.src), Path(args.dst), time.perf_counter() - start)
-    return 0
+
+
+def _add_file_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_text: str,
+    action: Callable[[argparse.Namespace], None], *, codec: bool,
+) -> None:
+    """Add ``NAME SRC DST [--codec]``: run ``action``, then print both sizes, the ratio and the time."""
+    p = sub.add_parser(name, help=help_text)
+    p.add_argument("src")
+    p.add_argument("dst")
+    if codec:
+        _codec_arg(p)
+
+    def run(args: argparse.Namespace) -> int:
+        start = time.perf_counter()
+        action(args)
+        seconds = time.perf_counter() - start
+        src, dst = Path(args.src), Path(args.dst)
+        a, b = src.stat().st_size, dst.stat().st_size
+        print(f"{src} ({human_bytes(a)}) -> {dst} ({human_bytes(b)}), {a / max(b, 1):.3f}x, {seconds:.2f} s")
+        return 0
+
+    p.set_defaults(func=run)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -72,22 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ckptzip {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("compress", help="torch.save or .safetensors file -> .ckz")
-    p.add_argument("src")
-    p.add_argument("dst")
-    _codec_arg(p)
-    p.set_defaults(func=_cmd_compress)
-
-    p = sub.add_parser("decompress", help=".ckz -> torch.save file, or .safetensors by DST's extension")
-    p.add_argument("src")
-    p.add_argument("dst")
-    p.set_defaults(func=_cmd_decompress)
-
-    p = sub.add_parser("convert", help="re-encode a .ckz file with another codec (e.g. --codec portable)")
-    p.add_argument("src")
-    p.add_argument("dst")
-    _codec_arg(p)
-    p.set_defaults(func=_cmd_convert)
+    _add_file_command(sub, "compress", "torch.save or .safetensors file -> .ckz", _compress, codec=True)
+    _add_file_command(
+        sub, "decompress", ".ckz -> torch.save file, or .safetensors by DST's extension", _decompress, codec=False
+    )
+    _add_file_command(
+        sub, "convert", "re-encode a .ckz file with another codec (e.g. --codec portable)", _convert, codec=True
+    )
 
     p = sub.add_parser("inspect", help="per-tensor ratio table and totals by tensor class")
     p.add_argument("path")
