@@ -230,6 +230,7 @@ def test_a_restore_that_is_not_bit_exact_is_reported_without_numbers(
         (["--preset", "huge"], "unknown model preset 'huge'; expected one of tiny"),
         (["--dir", "/nonexistent/dir"], "--dir '/nonexistent/dir' is not a directory"),
         (["--preset", "none", "--moe-preset", "none"], "--preset none and --moe-preset none leave nothing"),
+        (["--out-json", "/nonexistent/b.json"], "--out-json '/nonexistent/b.json': its directory does not exist"),
     ],
 )
 def test_unusable_options_exit_2_with_a_message(

@@ -135,6 +135,9 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             raise BenchArgumentError(str(e)) from None
     if args.dir is not None and not Path(args.dir).is_dir():
         raise BenchArgumentError(f"--dir {args.dir!r} is not a directory; create it or pick another")
+    for flag, path in (("--out-json", args.out_json), ("--results-md", args.results_md), ("--plot", args.plot)):
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise BenchArgumentError(f"{flag} {path!r}: its directory does not exist; create it first")
     return {
         "device": device, "preset": preset, "moe_preset": moe, "presets": presets, "steps": args.steps,
         "bf16_weights": args.bf16_weights,
@@ -309,6 +312,7 @@ def _report(doc: dict[str, Any], args: argparse.Namespace) -> None:
             print(f"\n== {state['label']} ({state['preset']})\n{methods_table(state)}\n\n"
                   f"{format_targets(state['targets'])}")
     plot_ref = None
+    later = "render it later from the JSON: python -m ckptzip.bench.results"
     if args.plot:
         try:
             write_plot(doc, args.plot)
@@ -316,10 +320,13 @@ def _report(doc: dict[str, Any], args: argparse.Namespace) -> None:
             plot_ref = os.path.relpath(args.plot, base)
             print(f"wrote {args.plot}")
         except BenchResultsError as e:
-            print(f"no plot: {e}; render it later: python -m ckptzip.bench.results JSON --plot PNG", file=sys.stderr)
+            print(f"no plot: {e}; {later}", file=sys.stderr)
     if args.results_md:
-        Path(args.results_md).write_text(render_markdown([doc], plot_ref), encoding="utf-8")
-        print(f"wrote {args.results_md}")
+        try:
+            Path(args.results_md).write_text(render_markdown([doc], plot_ref), encoding="utf-8")
+            print(f"wrote {args.results_md}")
+        except BenchResultsError as e:
+            print(f"no {args.results_md}: {e}; {later}", file=sys.stderr)
     if args.out_json:
         print(f"wrote {args.out_json}")
 
