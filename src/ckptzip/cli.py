@@ -106,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _plugin_modules() -> list:
     """Subcommands that live with their subsystem: each has ``add_parser(sub)`` and ``run(args)``."""
     from . import cost, dcp
+    from .bench import run as bench
 
-    return [cost, dcp]
+    return [cost, dcp, bench]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
