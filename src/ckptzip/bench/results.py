@@ -170,6 +170,7 @@ def planes_table(state: dict[str, Any]) -> str:
 
 
 def targets_table(targets: list[dict[str, Any]]) -> str:
+    """One row per target: met / not met / not measured, the number, what it needs and the details."""
     rows = []
     for t in targets:
         status = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
@@ -282,7 +283,7 @@ def write_plot(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
     except ImportError as e:
         raise BenchResultsError("the plot needs matplotlib: pip install matplotlib") from e
     state = _first_measured(doc, "plot")
-    methods = [m for m in state["methods"] if m["status"] == "ok"]
+    methods = [m for m in state["methods"] if m["status"] == "ok" and m["save_gbps"] and m["load_gbps"]]
     fig = Figure(figsize=(14, 5.5), layout="constrained")
     panels = fig.subplots(1, 2, sharey=True)
     for ax, (title, wall, device) in zip(panels, (("compress", "save_gbps", "encode_gbps"),
