@@ -546,8 +546,9 @@ class _Nvcomp(_BlobBaseline):
             key = tensor.dtype if self.typed else None
             codec = codecs.get(key) or codecs.setdefault(key, self._codec(key))
             encoded = codec.encode(nvcomp.as_array(data, cuda_stream=stream))
-            # The exported buffer has the worst-case size; the real size is buffer_size.
-            out.append(from_dlpack(encoded).reshape(-1).view(torch.uint8)[: encoded.buffer_size])
+            # The exported buffer has the worst-case size; the real size is buffer_size. nvCOMP
+            # frees its buffer with the array object, so copy the bytes into torch's memory.
+            out.append(from_dlpack(encoded).reshape(-1).view(torch.uint8)[: encoded.buffer_size].clone())
         return out
 
     def decode_on_device(self, blobs: list[torch.Tensor], like: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -561,7 +562,7 @@ class _Nvcomp(_BlobBaseline):
                 out.append(_from_raw(blob, meta))
                 continue
             decoded = codec.decode(nvcomp.as_array(blob, cuda_stream=stream))
-            out.append(_from_raw(from_dlpack(decoded).reshape(-1).view(torch.uint8), meta))
+            out.append(_from_raw(from_dlpack(decoded).reshape(-1).view(torch.uint8).clone(), meta))
         return out
 
     def _encode(self, tensors: list[torch.Tensor]) -> list[Any]:
