@@ -555,12 +555,14 @@ class _Nvcomp(_BlobBaseline):
         """Inverse of :meth:`encode_on_device`; ``like`` gives each tensor's shape and dtype."""
         nvcomp = _nvcomp()
         stream = torch.cuda.current_stream().cuda_stream
-        codec = self._codec()
+        codecs: dict[torch.dtype | None, Any] = {}
         out = []
         for blob, meta in zip(blobs, like, strict=True):
             if blob.numel() == 0:
                 out.append(_from_raw(blob, meta))
                 continue
+            key = meta.dtype if self.typed else None  # decode with the data_type it was encoded with
+            codec = codecs.get(key) or codecs.setdefault(key, self._codec(key))
             decoded = codec.decode(nvcomp.as_array(blob, cuda_stream=stream))
             out.append(_from_raw(from_dlpack(decoded).reshape(-1).view(torch.uint8).clone(), meta))
         return out
