@@ -302,6 +302,12 @@ HOSTILE_INDEXES: list[tuple[str, Edit, type[Exception], str]] = [
         CorruptCheckpointError,
         "has 1 streams, its transforms make 4",
     ),
+    (
+        "byteplanes itemsize vs dtype",
+        _set(W, "transforms", [{"id": "byteplanes", "itemsize": 2}]),
+        CorruptCheckpointError,
+        r"transform \{'id': 'byteplanes', 'itemsize': 2\} does not match the 4-byte float32",
+    ),
     ("tensors not a list", lambda i: i.__setitem__("tensors", {}), CorruptCheckpointError, "'tensors' is not an array"),
     (
         "unknown top-level key",

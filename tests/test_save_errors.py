@@ -175,3 +175,25 @@ def test_save_into_a_directory_path_is_a_write_error(tmp_path: Path) -> None:
         ckptzip.save({"a": 1}, tmp_path / "dir")
     assert [p.name for p in tmp_path.iterdir()] == ["dir"]
     assert list((tmp_path / "dir").iterdir()) == []
+
+
+class _FullFile(io.RawIOBase):
+    """A writable file object whose device is full after a few bytes."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:  # noqa: ANN001
+        if self.written > 100:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.written += len(data)
+        return len(data)
+
+
+def test_full_device_behind_a_file_object_is_a_checkpoint_write_error() -> None:
+    with pytest.raises(ckptzip.CheckpointWriteError, match=r"No space left on device; what was written is incomplete") as info:
+        ckptzip.save({"w": torch.randn(1000)}, _FullFile())
+    assert info.value.errno == errno.ENOSPC

@@ -82,8 +82,15 @@ def save(obj: Any, f: PathOrFile, *, codec: str = "auto", progress: bool = False
     if isinstance(f, (str, os.PathLike)):
         with atomic_file(f) as fh:
             _write(fh, obj, codec, progress)
-    else:
+        return
+    try:
         _write(f, obj, codec, progress)
+    except OSError as exc:
+        if isinstance(exc, CkptzipError):
+            raise
+        raise CheckpointWriteError(
+            exc.errno, f"could not write the checkpoint to {f!r}: {exc.strerror or exc}; what was written is incomplete"
+        ) from exc
 
 
 def resolve_device(saved: str | None, map_location: MapLocation) -> torch.device:

@@ -219,7 +219,10 @@ def _parse_tensor(doc: Any, i: int) -> TensorEntry:
     _expect(isinstance(transforms, list) and len(transforms) <= 1, f"{what} has transforms {transforms!r:.80}")
     sizes = [nbytes]
     for config in transforms:
-        sizes = [s for size in sizes for s in get_transform(config).stream_sizes(size)]
+        transform = get_transform(config)
+        item = getattr(transform, "itemsize", itemsize)
+        _expect(item == itemsize, f"{what}: transform {config} does not match the {itemsize}-byte {dtype}")
+        sizes = [s for size in sizes for s in transform.stream_sizes(size)]
     streams = doc["streams"]
     _expect(isinstance(streams, list), f"{what} has no stream list")
     _expect(len(streams) == len(sizes), f"{what} has {len(streams)} streams, its transforms make {len(sizes)}")
