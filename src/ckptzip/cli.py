@@ -12,7 +12,7 @@ from . import __version__, api
 from .convert import convert, read_foreign, write_foreign
 from .errors import CkptzipError
 from .planner import PRESETS
-from .report import class_table, human_bytes, tensor_table
+from .report import class_table, human_bytes, portability_note, tensor_table
 
 
 def _codec_arg(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +65,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(class_table(entries))
         print(f"\nfile {human_bytes(reader.file_size)}; tensors {human_bytes(reader.nbytes)} -> "
               f"{human_bytes(reader.compressed_nbytes)} ({reader.ratio:.3f}x)")
+        print(portability_note(entries))
     return 0
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .codecs import GPU_ONLY_IDS
 from .format import DTYPES, TensorEntry
 from .training import TENSOR_CLASSES, tensor_class
 
@@ -91,3 +92,14 @@ def class_table(entries: list[TensorEntry]) -> str:
     for name, t in class_totals(entries).items():
         rows.append([name, str(t.tensors), human_bytes(t.nbytes), human_bytes(t.compressed), f"{t.ratio:.3f}"])
     return _table(rows, right={1, 2, 3, 4})
+
+
+def portability_note(entries: list[TensorEntry]) -> str:
+    """Whether the file loads without a GPU, and how to make it do so if not."""
+    gpu_only = sorted({c for e in entries for c in e.codecs} & GPU_ONLY_IDS)
+    if not gpu_only:
+        return "portable: every codec has a CPU decoder; loads on any machine"
+    return (
+        f"GPU-only codecs: {', '.join(gpu_only)}; loading needs an NVIDIA GPU with nvCOMP "
+        "(ckptzip[gpu]). For CPU use: ckptzip convert SRC DST --codec portable"
+    )
