@@ -8,7 +8,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from ..encode import EncodedTensor, encode_gpu_batch, encode_tensor
 from ..format import ContainerReader
 from ..state_io import _decode_gpu_batch, _read_groups, _save_groups
 from ..tree import flatten
+from .baselines import CodecThroughput
 
 
 def cuda_seconds(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> float:
@@ -34,29 +34,6 @@ def cuda_seconds(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> float
     return statistics.median(times)
 
 
-@dataclass
-class ResidentResult:
-    """GPU-resident throughput of one preset on one state."""
-
-    codec: str
-    raw_bytes: int
-    stored_bytes: int
-    encode_seconds: float
-    decode_seconds: float
-
-    @property
-    def ratio(self) -> float:
-        return self.raw_bytes / self.stored_bytes
-
-    @property
-    def encode_gbps(self) -> float:
-        return self.raw_bytes / self.encode_seconds / 1e9
-
-    @property
-    def decode_gbps(self) -> float:
-        return self.raw_bytes / self.decode_seconds / 1e9
-
-
 def encode_resident(state: Any, codec: str) -> list[EncodedTensor]:
     """Encode every tensor of ``state`` the way save() does, leaving the chunks on the GPU."""
     flat = flatten(state)
@@ -67,7 +44,7 @@ def encode_resident(state: Any, codec: str) -> list[EncodedTensor]:
     return out
 
 
-def measure_resident(state: Any, checkpoint: Path, codec: str, reps: int = 3) -> ResidentResult:
+def measure_resident(state: Any, checkpoint: Path, codec: str, reps: int = 3) -> CodecThroughput:
     """Time GPU-resident encode of ``state`` and GPU-resident decode of ``checkpoint`` (saved with
     the same codec): the decode reads stored bytes into device memory first, untimed."""
     encoded = encode_resident(state, codec)
@@ -89,7 +66,7 @@ def measure_resident(state: Any, checkpoint: Path, codec: str, reps: int = 3) ->
             reader.read_into(host, first, chunks)
             batches.append((entries, host.cuda()))
     decode_s = cuda_seconds(lambda: [_decode_gpu_batch(e, r) for e, r in batches], reps)
-    return ResidentResult(codec, raw, stored, encode_s, decode_s)
+    return CodecThroughput(f"ckptzip-{codec}", raw, stored, encode_s, decode_s, mismatch=None)
 
 
 def ceilings(nbytes: int = 1 << 31, directory: str | None = None) -> dict[str, float]:
