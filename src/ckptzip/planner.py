@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import dataclass
 
 import torch
@@ -103,18 +102,13 @@ def entropy_of_counts(counts: torch.Tensor) -> torch.Tensor:
     return (-(p * torch.log2(p.clamp_min(1e-30))).sum(dim=-1)).clamp_min(0.0)
 
 
-def entropies_from_counts(counts: torch.Tensor) -> list:
-    """:func:`entropy_of_counts` as nested Python lists."""
-    return entropy_of_counts(counts).cpu().tolist()
-
-
 def plane_entropies(data: torch.Tensor, itemsize: int) -> list[float]:
     """Order-0 entropy in bits/byte of each byte plane, from an evenly strided sample of elements."""
     elements = data.numel() // itemsize
     sample = data.view(-1, itemsize)[:: max(1, elements // _SAMPLE_ELEMENTS)].t().long()
     offsets = torch.arange(itemsize, device=data.device)[:, None] * 256
     counts = torch.bincount((sample + offsets).reshape(-1), minlength=256 * itemsize)
-    return entropies_from_counts(counts.view(itemsize, 256))
+    return entropy_of_counts(counts.view(itemsize, 256)).cpu().tolist()
 
 
 def plan_tensor(
@@ -144,9 +138,3 @@ def plan_tensor(
 def splits_into_planes(dtype: torch.dtype, nbytes: int) -> bool:
     """Whether presets split tensors of this dtype and size into byte planes."""
     return nbytes >= SMALL_TENSOR_BYTES and dtype.itemsize in (2, 4, 8)
-
-
-def entropy_bound(entropies: list[float]) -> float:
-    """Compression ratio an order-0 coder could reach on planes with these entropies."""
-    bits = sum(entropies)
-    return math.inf if bits == 0 else 8 * len(entropies) / bits
