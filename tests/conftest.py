@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ckptzip import planner
+from ckptzip.engine import policy
 
-SMALL_CHUNK_BYTES = 1000
+SMALL_CHUNK_BYTES = 1024
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -25,6 +25,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> int:
     """Make every codec use chunks of SMALL_CHUNK_BYTES, so small tensors span many chunks."""
-    monkeypatch.setattr(planner, "_CHUNK_BYTES", dict.fromkeys(planner._CHUNK_BYTES, SMALL_CHUNK_BYTES))
-    monkeypatch.setattr(planner, "_DEFAULT_CHUNK_BYTES", SMALL_CHUNK_BYTES)
+    monkeypatch.setattr(policy, "CHUNK_BYTES", dict.fromkeys(policy.CHUNK_BYTES, SMALL_CHUNK_BYTES))
+    monkeypatch.setattr(policy, "DEFAULT_CHUNK_BYTES", SMALL_CHUNK_BYTES)
     return SMALL_CHUNK_BYTES

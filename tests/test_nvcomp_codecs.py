@@ -13,7 +13,7 @@ import pytest
 import torch
 import zstandard
 
-from ckptzip.codecs import GPU_ONLY_IDS, KNOWN_IDS, Codec, get_codec, has_codec
+from ckptzip.codecs import Codec, codec_ids, get_codec, gpu_only_ids, has_codec
 from ckptzip.codecs import nvcomp as gpu
 from ckptzip.errors import CodecUnavailableError, CorruptCheckpointError
 
@@ -25,11 +25,10 @@ needs_nvcomp = pytest.mark.skipif(
 
 
 def test_every_gpu_codec_id_is_registered_or_marked_unavailable() -> None:
-    assert {cls.codec_id for cls in gpu.CODECS} == KNOWN_IDS - {"raw"}
+    assert {cls.codec_id for cls in gpu.CODECS} == codec_ids() - {"raw"}
     for cls in gpu.CODECS:
         assert has_codec(cls.codec_id, "cuda") == (gpu.UNAVAILABLE_REASON is None)
         assert cls.backend == "cuda"
-        assert cls.gpu_only == (cls.codec_id in GPU_ONLY_IDS)
         assert cls.max_chunk_bytes == gpu.MAX_CHUNK_BYTES[cls.codec_id]
 
 

@@ -21,7 +21,8 @@ import torch
 import zstandard
 from helpers import CkzParts, assert_same, load_bytes, random_tensor, save_bytes, with_preamble
 
-from ckptzip import CkptzipError, planner
+from ckptzip import CkptzipError
+from ckptzip.engine import policy
 
 CASE_TIMEOUT_S = 10.0
 
@@ -65,8 +66,8 @@ def bases() -> list[tuple[bytes, Any]]:
     """Valid files (several codecs, chunks of 1000 bytes so tensors span chunks) and their objects."""
     out = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(planner, "_CHUNK_BYTES", dict.fromkeys(planner._CHUNK_BYTES, 1000))
-        mp.setattr(planner, "_DEFAULT_CHUNK_BYTES", 1000)
+        mp.setattr(policy, "CHUNK_BYTES", dict.fromkeys(policy.CHUNK_BYTES, 1000))
+        mp.setattr(policy, "DEFAULT_CHUNK_BYTES", 1000)
         for obj, codec in _objects():
             data = save_bytes(obj, codec=codec)
             out.append((data, load_bytes(data)))

@@ -13,14 +13,15 @@ from typing import Any, BinaryIO, Union
 import torch
 from tqdm.auto import tqdm
 
+from .engine.policy import Policy
+from .engine.reader import read_tensors
+from .engine.writer import write_state
 from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, DeviceUnavailableError
-from .format import ContainerReader, ContainerWriter, TensorEntry
-from .pipeline import read_tensor, write_tensor
-from .state_io import read_state, write_state
-from .planner import validate_codec_arg
+from .format import ContainerReader, TensorEntry
 from .tree import flatten, unflatten
 
 PathOrFile = Union[str, os.PathLike, BinaryIO]
+CodecArg = Union[str, Policy]
 MapLocation = Union[None, str, torch.device, dict]
 
 
@@ -64,27 +65,28 @@ def _progress(total: int, enabled: bool, desc: str) -> tqdm:
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not enabled, leave=False)
 
 
-def _write(f: BinaryIO, obj: Any, codec: str, progress: bool) -> None:
+def _write(f: BinaryIO, obj: Any, policy: Policy, progress: bool) -> None:
     flat = flatten(obj)
-    total = sum(item.tensor.numel() * item.tensor.element_size() for item in flat.tensors)
+    tensors = [item.tensor for item in flat.tensors]
+    total = sum(t.numel() * t.element_size() for t in tensors)
     with _progress(total, progress, "compress") as bar:
-        write_state(f, flat.tensors, flat.tree, codec, bar.update)
+        write_state(f, [item.name for item in flat.tensors], tensors, flat.tree, policy, bar.update)
 
 
-def save(obj: Any, f: PathOrFile, *, codec: str = "auto", progress: bool = False) -> None:
+def save(obj: Any, f: PathOrFile, *, codec: CodecArg = "auto", progress: bool = False) -> None:
     """Save ``obj`` (nested dict/list/tuple of tensors and plain values) to a path or binary file.
 
     A path is written atomically: to a temporary file, synced, then renamed. ``codec`` is a preset
     (``"auto"``, ``"fast"``, ``"portable"``) or a codec id applied to every tensor. ``progress``
     shows a progress bar on stderr.
     """
-    validate_codec_arg(codec)
+    policy = Policy.parse(codec)
     if isinstance(f, (str, os.PathLike)):
         with atomic_file(f) as fh:
-            _write(fh, obj, codec, progress)
+            _write(fh, obj, policy, progress)
         return
     try:
-        _write(f, obj, codec, progress)
+        _write(f, obj, policy, progress)
     except OSError as exc:
         if isinstance(exc, CkptzipError):
             raise
@@ -172,14 +174,15 @@ class CheckpointReader:
 
     def _tensor(self, index: int) -> torch.Tensor:
         entry = self._reader.tensors[index]
-        return read_tensor(self._reader, entry, resolve_device(entry.device, self.map_location))
+        device = resolve_device(entry.device, self.map_location)
+        return read_tensors(self._reader, [index], [device], lambda _: None)[0]
 
     def load(self, *, progress: bool = False) -> Any:
         """The whole saved object, every tensor decoded and verified (read in file order)."""
         entries = self._reader.tensors
         devices = [resolve_device(e.device, self.map_location) for e in entries]
         with _progress(self.nbytes, progress, "decompress") as bar:
-            tensors = read_state(self._reader, devices, bar.update)
+            tensors = read_tensors(self._reader, list(range(len(entries))), devices, bar.update)
         return unflatten(self._reader.index.tree, tensors.__getitem__, len(tensors))
 
     @property
@@ -202,6 +205,8 @@ class CheckpointReader:
         return self.nbytes / self.compressed_nbytes if self.compressed_nbytes else 1.0
 
     def close(self) -> None:
+        if hasattr(self, "_reader"):
+            self._reader.source.close()
         if self._owned:
             self._file.close()
 
@@ -283,15 +288,13 @@ class CompressedTensor:
         )
 
 
-def compress(tensor: torch.Tensor, *, codec: str = "auto") -> CompressedTensor:
+def compress(tensor: torch.Tensor, *, codec: CodecArg = "auto") -> CompressedTensor:
     """Compress one tensor (CUDA tensors on their GPU when nvCOMP is installed)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"compress() takes a torch.Tensor, got {type(tensor).__name__}")
-    validate_codec_arg(codec)
+    policy = Policy.parse(codec)
     buf = io.BytesIO()
-    writer = ContainerWriter(buf)
-    write_tensor(writer, "tensor", flatten(tensor).tensors[0].tensor, codec)
-    writer.finish({"tensor": 0})
+    write_state(buf, ["tensor"], [flatten(tensor).tensors[0].tensor], {"tensor": 0}, policy, lambda _: None)
     return CompressedTensor(buf.getvalue())
 
 
@@ -300,5 +303,8 @@ def decompress(ct: CompressedTensor | bytes, *, device: str | torch.device | Non
     if not isinstance(ct, CompressedTensor):
         ct = CompressedTensor.from_bytes(ct)
     reader = ContainerReader(io.BytesIO(ct.to_bytes()))
-    entry = reader.tensors[0]
-    return read_tensor(reader, entry, resolve_device(entry.device, device))
+    try:
+        entry = reader.tensors[0]
+        return read_tensors(reader, [0], [resolve_device(entry.device, device)], lambda _: None)[0]
+    finally:
+        reader.source.close()

@@ -1,8 +1,11 @@
-"""Checksums of the format: XXH3-64 of stored chunks, ``wsum64`` of decoded tensors.
+"""Checksums of the format: ``wsum64`` of stored chunks and of decoded tensors; XXH3-64 of the index
+(and of the stored chunks of version-1 files).
 
 ``wsum64`` (docs/FORMAT.md) is the sum modulo 2**64 of ``w_i * (2i + 1)`` over the bytes read as
 little-endian u64 words (the tail zero-padded). Integer arithmetic makes it exact and independent
-of reduction order, so the CPU and the GPU compute the same value from one pass over the data.
+of reduction order, so the CPU and the GPU compute the same value in one pass over the data, many
+segments at once (:func:`ckptzip.kernels.segments.segment_sums` on the GPU). Its CPU form here is
+NumPy, which releases the GIL, so threads checksum in parallel.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ import torch
 import xxhash
 
 _MASK64 = (1 << 64) - 1
-_SMALL = 1 << 16
-_BLOCK_WORDS = {"cpu": 1 << 20, "cuda": 1 << 26}
+_BLOCK_WORDS = 1 << 12  # words per row of the blocked CPU sum
+_BLOCK_WEIGHTS = np.arange(1, 2 * _BLOCK_WORDS, 2, dtype=np.uint64)
+_TORCH_BLOCK_WORDS = 1 << 26
 
 
 def xxh3_hex(data: torch.Tensor | bytes | bytearray | memoryview) -> str:
@@ -23,19 +27,42 @@ def xxh3_hex(data: torch.Tensor | bytes | bytearray | memoryview) -> str:
     return f"{xxhash.xxh3_64_intdigest(data):016x}"
 
 
-def _wsum64_small(data: torch.Tensor) -> int:
-    """``wsum64`` of a small CPU tensor with NumPy (fewer calls than the blocked torch version)."""
-    raw = data.numpy()
-    padded = np.zeros(-(-raw.size // 8) * 8, dtype=np.uint8)
-    padded[: raw.size] = raw
-    words = padded.view("<u8")
-    return int((words * (np.arange(words.size, dtype=np.uint64) * np.uint64(2) + np.uint64(1))).sum(dtype=np.uint64))
+def wsum64_array(raw: np.ndarray) -> int:
+    """``wsum64`` of a 1-D uint8 NumPy array as an unsigned int.
+
+    Blocked: each row of ``_BLOCK_WORDS`` words is one integer dot product with the odd weights,
+    and row ``r`` adds ``2·r·_BLOCK_WORDS`` times its plain sum (the weights' offset).
+    """
+    n = raw.size
+    nwords, tail = divmod(n, 8)
+    total = 0
+    whole = nwords - nwords % _BLOCK_WORDS
+    if whole:
+        body = raw[: whole * 8]
+        if body.ctypes.data % 8:
+            body = body.copy()
+        rows = body.view("<u8").reshape(-1, _BLOCK_WORDS)
+        starts = np.arange(rows.shape[0], dtype=np.uint64) * np.uint64(2 * _BLOCK_WORDS)
+        total = int((rows @ _BLOCK_WEIGHTS + starts * rows.sum(axis=1, dtype=np.uint64)).sum(dtype=np.uint64))
+    if nwords > whole or tail:
+        rest = np.zeros(-(-(n - whole * 8) // 8) * 8, dtype=np.uint8)
+        rest[: n - whole * 8] = raw[whole * 8 :]
+        words = rest.view("<u8")
+        weights = np.arange(whole, whole + words.size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        total += int((words * weights).sum(dtype=np.uint64))
+    return total & _MASK64
+
+
+def wsum64_segments(buffer: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``wsum64`` of ``buffer[offsets[i] : offsets[i] + lengths[i]]`` for every i (uint64 array)."""
+    return np.array([wsum64_array(buffer[o : o + n]) for o, n in zip(offsets.tolist(), lengths.tolist())],
+                    dtype=np.uint64)
 
 
 def wsum64_tensor(data: torch.Tensor) -> torch.Tensor:
     """``wsum64`` of a 1-D uint8 tensor as a 0-d int64 tensor on the data's device (no sync)."""
-    if not data.is_cuda and data.numel() <= _SMALL:
-        value = _wsum64_small(data)
+    if not data.is_cuda:
+        value = wsum64_array(data.numpy())
         return torch.tensor(value - (1 << 64) if value >= 1 << 63 else value, dtype=torch.int64)
     device = data.device
     nwords, tail = divmod(data.numel(), 8)
@@ -45,9 +72,8 @@ def wsum64_tensor(data: torch.Tensor) -> torch.Tensor:
         if words.storage_offset() % 8:  # an int64 view needs 8-byte alignment (sliced tensors lack it)
             words = words.clone()
         words = words.view(torch.int64)
-        block = _BLOCK_WORDS.get(device.type, _BLOCK_WORDS["cuda"])
-        for start in range(0, nwords, block):
-            stop = min(start + block, nwords)
+        for start in range(0, nwords, _TORCH_BLOCK_WORDS):
+            stop = min(start + _TORCH_BLOCK_WORDS, nwords)
             weights = torch.arange(2 * start + 1, 2 * stop + 1, 2, dtype=torch.int64, device=device)
             total += (words[start:stop] * weights).sum()
     if tail:
@@ -59,9 +85,11 @@ def wsum64_tensor(data: torch.Tensor) -> torch.Tensor:
 
 def wsum64(data: torch.Tensor) -> int:
     """``wsum64`` of a 1-D uint8 tensor as an unsigned Python int."""
+    if not data.is_cuda:
+        return wsum64_array(data.numpy())
     return int(wsum64_tensor(data).item()) & _MASK64
 
 
 def format_wsum64(value: int) -> str:
-    """The index form of a ``wsum64`` value."""
+    """The index form of a tensor's ``wsum64`` value."""
     return f"wsum64:{value & _MASK64:016x}"

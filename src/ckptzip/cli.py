@@ -11,14 +11,15 @@ from pathlib import Path
 from . import __version__, api
 from .convert import convert, read_foreign, write_foreign
 from .errors import CkptzipError
-from .planner import PRESETS
+from .codecs import codec_ids
+from .engine.policy import PRESETS
 from .report import class_table, human_bytes, portability_note, tensor_table
 
 
 def _codec_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--codec", default="auto",
-        help=f"preset ({', '.join(PRESETS)}) or codec id (zstd, deflate, lz4, raw, ans, bitcomp, gdeflate, cascaded)",
+        help=f"preset ({', '.join(PRESETS)}) or codec id ({', '.join(sorted(codec_ids()))})",
     )
 
 

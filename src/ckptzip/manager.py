@@ -27,7 +27,7 @@ import torch
 
 from . import api
 from .errors import CheckpointNotFoundError, CorruptCheckpointError
-from .planner import validate_codec_arg
+from .engine.policy import Policy
 from .storage import open_storage
 from .tree import flatten, unflatten
 
@@ -240,7 +240,7 @@ class CheckpointManager:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         if snapshot not in ("device", "host"):
             raise ValueError(f"snapshot must be 'device' or 'host', got {snapshot!r}")
-        validate_codec_arg(codec)
+        Policy.parse(codec)
         self._storage = open_storage(directory, storage_options)
         self._keep_last = keep_last
         self._codec = codec

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .codecs import GPU_ONLY_IDS
+from .codecs import gpu_only_ids
 from .format import DTYPES, TensorEntry
 from .training import TENSOR_CLASSES, tensor_class
 
@@ -96,7 +96,7 @@ def class_table(entries: list[TensorEntry]) -> str:
 
 def portability_note(entries: list[TensorEntry]) -> str:
     """Whether the file loads without a GPU, and how to make it do so if not."""
-    gpu_only = sorted({c for e in entries for c in e.codecs} & GPU_ONLY_IDS)
+    gpu_only = sorted({c for e in entries for c in e.codecs} & gpu_only_ids())
     if not gpu_only:
         return "portable: every codec has a CPU decoder; loads on any machine"
     return (

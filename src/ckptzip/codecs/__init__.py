@@ -2,11 +2,11 @@
 
 from . import cpu as _cpu  # noqa: F401  (registers the CPU codecs)
 from .base import Codec
-from .registry import GPU_ONLY_IDS, KNOWN_IDS, get_codec, has_codec, register
+from .registry import codec_ids, get_codec, gpu_only_ids, has_codec, register
 
 try:  # GPU codecs register themselves when nvCOMP and CUDA are usable; never fails to import.
     from . import nvcomp as _nvcomp  # noqa: F401
 except ImportError:  # pragma: no cover - module absent in a partial install
     pass
 
-__all__ = ["Codec", "GPU_ONLY_IDS", "KNOWN_IDS", "get_codec", "has_codec", "register"]
+__all__ = ["Codec", "codec_ids", "get_codec", "gpu_only_ids", "has_codec", "register"]

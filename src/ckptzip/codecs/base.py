@@ -6,6 +6,7 @@ import abc
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 
@@ -19,7 +20,6 @@ class Codec(abc.ABC):
 
     codec_id: ClassVar[str]
     backend: ClassVar[str]
-    gpu_only: ClassVar[bool] = False
 
     @abc.abstractmethod
     def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -28,6 +28,25 @@ class Codec(abc.ABC):
     @abc.abstractmethod
     def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
         """Decompress each chunk; ``raw_sizes[i]`` is the exact decoded size of chunk ``i``."""
+
+    def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
+                        ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Compress chunks ``base[offsets[i] : offsets[i] + lengths[i]]`` of one 1-D uint8 buffer.
+
+        Returns one buffer holding the coded chunks, and their offsets and lengths in it.
+        """
+        coded = self.encode([base[o : o + n] for o, n in zip(offsets.tolist(), lengths.tolist())])
+        sizes = np.array([c.numel() for c in coded], dtype=np.int64)
+        out = torch.cat(coded) if coded else base.new_empty(0)
+        return out, np.cumsum(sizes) - sizes, sizes
+
+    def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
+                        dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
+        """Decompress chunk ``i`` of ``src`` into ``dst[dst_offsets[i]:]``, exactly ``raw_lengths[i]``
+        bytes; ``CorruptCheckpointError`` naming the chunk (its position ``i``) otherwise."""
+        chunks = [src[o : o + n] for o, n in zip(src_offsets.tolist(), src_lengths.tolist())]
+        for d, o, n in zip(self.decode(chunks, raw_lengths.tolist()), dst_offsets.tolist(), raw_lengths.tolist()):
+            dst[o : o + n].copy_(d)
 
     def get_config(self) -> dict[str, Any]:
         """JSON-able configuration with an ``"id"`` key; enough to rebuild an equal codec."""

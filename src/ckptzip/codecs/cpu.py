@@ -6,6 +6,7 @@ import threading
 import zlib
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 import zstandard
 
@@ -60,6 +61,33 @@ class _CpuCodec(Codec):
             return _to_tensor(out)
 
         return parallel_map(run, jobs, sum(raw_sizes))
+
+    def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
+                        ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        data = memoryview(base.numpy())
+        views = [data[o : o + n] for o, n in zip(offsets.tolist(), lengths.tolist())]
+        coded = parallel_map(self._encode_one, views, int(lengths.sum()))
+        sizes = np.array([len(c) for c in coded], dtype=np.int64)
+        out = np.frombuffer(b"".join(coded), dtype=np.uint8) if coded else np.empty(0, np.uint8)
+        return torch.from_numpy(out.copy()), np.cumsum(sizes) - sizes, sizes
+
+    def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
+                        dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
+        source, target = memoryview(src.numpy()), dst.numpy()
+
+        def run(i: int) -> None:
+            o, n, d, raw = int(src_offsets[i]), int(src_lengths[i]), int(dst_offsets[i]), int(raw_lengths[i])
+            try:
+                out = self._decode_one(source[o : o + n], raw)
+                _check_size(self.codec_id, i, len(out), raw)
+            except Exception as exc:  # each library has its own error type; name the chunk
+                error = exc if isinstance(exc, CorruptCheckpointError) else CorruptCheckpointError(
+                    f"{self.codec_id} chunk {i} does not decode: {exc}")
+                error.chunk = i  # type: ignore[attr-defined]
+                raise error from exc
+            target[d : d + raw] = np.frombuffer(out, dtype=np.uint8)
+
+        parallel_map(run, range(len(raw_lengths)), int(raw_lengths.sum()))
 
 
 @register

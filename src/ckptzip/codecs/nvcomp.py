@@ -29,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from ..errors import CodecUnavailableError, CorruptCheckpointError
@@ -53,7 +54,8 @@ MAX_CHUNK_BYTES: dict[str, int] = {
 # compression and decompression requirements (nvcomp<Format>Required*Alignment, nvCOMP 6.0).
 _ALIGNMENT = {"zstd": 8, "deflate": 8, "gdeflate": 8, "lz4": 4, "ans": 16, "bitcomp": 8, "cascaded": 8}
 _ITEMSIZE = {"|u1": 1, "<u2": 2, "<u4": 4, "<f2": 2, "<f4": 4}
-_MIN_CHUNK_CAPACITY = 1 << 16  # nvCOMP's default uncomp_chunk_size
+_MIN_CHUNK_CAPACITY = 1 << 16
+_SLOT_ALIGN = 256  # output slots of encode_segments start at multiples of this  # nvCOMP's default uncomp_chunk_size
 _MAX_CACHED_ENGINES = 16
 
 
@@ -285,6 +287,86 @@ class _NvcompCodec(Codec):
                 )
         return _views(out, offsets, raw_sizes)
 
+    def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
+                        ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """One nvCOMP launch over chunks of ``base`` read in place (they must start at the codec's
+        alignment); the outputs lie in slots of the compressed-size bound, one sync for the sizes."""
+        if not len(lengths):
+            return base.new_empty(0), offsets, lengths
+        self._require_nvcomp()
+        device = self._check_chunks([base])
+        sizes = lengths.tolist()
+        self._check_sizes(sizes, ValueError, "has")
+        self._check_aligned(base, offsets)
+        with torch.cuda.device(device):
+            engine = self._engine_for(device, max(sizes))
+            source = _nv.as_arrays(base, offsets.tolist(), sizes, cuda_stream=engine.stream)
+            slot = -(-engine.slot_bytes() // _SLOT_ALIGN) * _SLOT_ALIGN
+            out_offsets = np.arange(len(sizes), dtype=np.int64) * slot
+            out = torch.empty(slot * len(sizes), dtype=torch.uint8, device=device)
+            target = _nv.as_arrays(out, out_offsets.tolist(), [engine.slot_bytes()] * len(sizes),
+                                   cuda_stream=engine.stream)
+            encoded = engine.codec.encode(source, out=target)
+            compressed = np.array(encoded.buffer_sizes, dtype=np.int64)  # waits for the sizes
+        return out, out_offsets, compressed
+
+    def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
+                        dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
+        """One nvCOMP launch from chunks of ``src`` into ``dst``, both read and written in place at
+        the codec's alignment; chunk sizes checked against ``raw_lengths``."""
+        if not len(raw_lengths):
+            return
+        self._require_nvcomp()
+        device = self._check_chunks([src, dst])
+        raw = raw_lengths.tolist()
+        self._check_sizes(raw, CorruptCheckpointError, "decodes to")
+        if (src_lengths <= 0).any():
+            index = int(np.argmax(src_lengths <= 0))
+            raise CorruptCheckpointError(f"{self.codec_id} chunk {index} is empty; a compressed chunk has bytes")
+        self._check_aligned(src, src_offsets)
+        self._check_aligned(dst, dst_offsets)
+        with torch.cuda.device(device):
+            engine = self._engine_for(device, max(raw))
+            source = _nv.as_arrays(src, src_offsets.tolist(), src_lengths.tolist(), cuda_stream=engine.stream)
+            target = _nv.as_arrays(dst, dst_offsets.tolist(), raw, cuda_stream=engine.stream)
+            try:
+                decoded = self._run_decode(engine, source, target, raw)
+            except torch.OutOfMemoryError:
+                raise
+            except (RuntimeError, ValueError) as exc:  # what nvCOMP raises for a stream it rejects
+                chunks = [src[o : o + n] for o, n in zip(src_offsets.tolist(), src_lengths.tolist())]
+                culprit = self._find_corrupt(device, chunks, raw)
+                if culprit is None:
+                    raise
+                raise culprit from exc
+        for index, (got, expected) in enumerate(zip(decoded, raw)):
+            if got != expected:
+                error = CorruptCheckpointError(
+                    f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {expected}"
+                )
+                error.chunk = index  # type: ignore[attr-defined]
+                raise error
+
+    def _check_aligned(self, base: torch.Tensor, offsets: np.ndarray) -> None:
+        misaligned = (base.data_ptr() + offsets) % self.alignment != 0
+        if misaligned.any():
+            index = int(np.argmax(misaligned))
+            raise ValueError(
+                f"codec {self.codec_id!r} (cuda) reads and writes chunks at {self.alignment}-byte aligned "
+                f"addresses; chunk {index} is at offset {int(offsets[index])}"
+            )
+
+    def _run_decode(self, engine: _Engine, source: Any, target: Any, raw_sizes: list[int]) -> list[int]:
+        if self.sizes_in_stream:
+            # nvCOMP parses the sizes the streams declare, so a size that differs from the index is caught.
+            decoded = engine.codec.decode(source, out=target)
+        else:
+            # A config built from the raw sizes spares nvCOMP a synchronising parse of every stream;
+            # the output sizes still bound every write, and the tensor checksum checks the content.
+            config = engine.codec.decompression_config(engine.codec.compression_config(raw_sizes))
+            decoded = engine.codec.decode(source, out=target, decompression_config=config)
+        return [int(n) for n in decoded.buffer_sizes]  # waits for nvCOMP's result
+
     def _decode_batch(
         self, device: torch.device, chunks: list[torch.Tensor], raw_sizes: list[int]
     ) -> tuple[torch.Tensor, list[int], list[int]]:
@@ -294,15 +376,7 @@ class _NvcompCodec(Codec):
         offsets, total = _slots(raw_sizes, self.alignment)
         out = torch.empty(total, dtype=torch.uint8, device=device)
         target = _nv.as_arrays(out, offsets, raw_sizes, cuda_stream=engine.stream)
-        if self.sizes_in_stream:
-            # nvCOMP parses the sizes the streams declare, so a size that differs from the index is caught.
-            decoded = engine.codec.decode(source, out=target)
-        else:
-            # A config built from the raw sizes spares nvCOMP a synchronising parse of every stream;
-            # the output sizes still bound every write, and the tensor checksum checks the content.
-            config = engine.codec.decompression_config(engine.codec.compression_config(raw_sizes))
-            decoded = engine.codec.decode(source, out=target, decompression_config=config)
-        return out, offsets, [int(n) for n in decoded.buffer_sizes]  # waits for nvCOMP's result
+        return out, offsets, self._run_decode(engine, source, target, raw_sizes)
 
     def _find_corrupt(
         self, device: torch.device, chunks: list[torch.Tensor], raw_sizes: list[int]
@@ -314,11 +388,15 @@ class _NvcompCodec(Codec):
             except torch.OutOfMemoryError:
                 raise
             except (RuntimeError, ValueError) as exc:
-                return CorruptCheckpointError(f"{self.codec_id} chunk {index} does not decode on the GPU: {exc}")
-            if got != raw_size:
-                return CorruptCheckpointError(
+                error = CorruptCheckpointError(f"{self.codec_id} chunk {index} does not decode on the GPU: {exc}")
+            else:
+                if got == raw_size:
+                    continue
+                error = CorruptCheckpointError(
                     f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {raw_size}"
                 )
+            error.chunk = index  # type: ignore[attr-defined]
+            return error
         return None
 
     def _require_nvcomp(self) -> None:
@@ -400,7 +478,6 @@ class NvcompAnsCodec(_NvcompCodec):
 
     codec_id = "ans"
     algorithm = "ANS"
-    gpu_only = True
     option_names = ("data_type",)
 
     def __init__(self, data_type: str = "|u1") -> None:
@@ -415,7 +492,6 @@ class NvcompBitcompCodec(_NvcompCodec):
 
     codec_id = "bitcomp"
     algorithm = "Bitcomp"
-    gpu_only = True
     option_names = ("algorithm_type", "data_type")
 
     def __init__(self, algorithm_type: int = 0, data_type: str = "|u1") -> None:
@@ -433,7 +509,6 @@ class NvcompGdeflateCodec(_NvcompCodec):
 
     codec_id = "gdeflate"
     algorithm = "GDeflate"
-    gpu_only = True
     option_names = ("algorithm_type",)
 
     def __init__(self, algorithm_type: int = 1) -> None:
@@ -448,7 +523,6 @@ class NvcompCascadedCodec(_NvcompCodec):
 
     codec_id = "cascaded"
     algorithm = "Cascaded"
-    gpu_only = True
     option_names = ("data_type",)
 
     def __init__(self, data_type: str = "|u1") -> None:

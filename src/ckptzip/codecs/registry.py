@@ -11,8 +11,6 @@ _REGISTRY: dict[tuple[str, str], type[Codec]] = {}
 # Codec ids that exist but whose implementation could not be loaded here, with the reason.
 _UNAVAILABLE: dict[tuple[str, str], str] = {}
 
-GPU_ONLY_IDS = frozenset({"ans", "bitcomp", "gdeflate", "cascaded"})
-KNOWN_IDS = frozenset({"raw", "zstd", "deflate", "lz4"}) | GPU_ONLY_IDS
 
 
 def register(cls: type[Codec]) -> type[Codec]:
@@ -24,6 +22,17 @@ def register(cls: type[Codec]) -> type[Codec]:
 def mark_unavailable(codec_id: str, backend: str, reason: str) -> None:
     """Record why an implementation of ``codec_id`` on ``backend`` cannot load here."""
     _UNAVAILABLE.setdefault((codec_id, backend), reason)
+
+
+def codec_ids() -> frozenset[str]:
+    """Every codec id this ckptzip knows, whether or not it can run here (derived from the classes)."""
+    return frozenset(cid for cid, _ in (*_REGISTRY, *_UNAVAILABLE))
+
+
+def gpu_only_ids() -> frozenset[str]:
+    """Codec ids with no CPU implementation at all (NVIDIA formats only nvCOMP decodes)."""
+    cpu = {cid for cid, backend in (*_REGISTRY, *_UNAVAILABLE) if backend == "cpu"}
+    return codec_ids() - cpu
 
 
 def has_codec(codec_id: str, backend: str) -> bool:
@@ -41,9 +50,9 @@ def get_codec(config: dict[str, Any] | str, backend: str) -> Codec:
     if isinstance(config, str):
         config = {"id": config}
     codec_id = config.get("id")
-    if codec_id not in KNOWN_IDS:
+    if codec_id not in codec_ids():
         raise UnsupportedFormatError(
-            f"unknown codec id {codec_id!r}; this ckptzip knows {sorted(KNOWN_IDS)}. "
+            f"unknown codec id {codec_id!r}; this ckptzip knows {sorted(codec_ids())}. "
             "Upgrade ckptzip to read this file."
         )
     cls = _REGISTRY.get((codec_id, backend))
@@ -57,7 +66,7 @@ def get_codec(config: dict[str, Any] | str, backend: str) -> Codec:
 
 def _unavailable_message(codec_id: str, backend: str) -> str:
     reason = _UNAVAILABLE.get((codec_id, backend))
-    if backend == "cpu" and codec_id in GPU_ONLY_IDS:
+    if backend == "cpu" and codec_id in gpu_only_ids():
         return (
             f"codec {codec_id!r} is GPU-only (NVIDIA nvCOMP) and has no CPU decoder. "
             "Load this checkpoint on a machine with a CUDA GPU and `pip install ckptzip[gpu]`, "

@@ -18,7 +18,7 @@ from torch.futures import Future
 
 from ..codecs._threads import cpu_threads
 from ..errors import CheckpointNotFoundError, CkptzipError, CorruptCheckpointError
-from ._ahead import Task, read_ahead, run_ahead
+from ..engine.ahead import Task, read_ahead, run_ahead
 from ._items import check_safe_object, check_shape, decode_blob, describe
 from ._metadata import StoredItem, decode_metadata, metadata_file
 from ._storage import CheckpointDir, read_exact

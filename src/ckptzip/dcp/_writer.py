@@ -18,8 +18,8 @@ from torch.futures import Future
 
 from ..codecs._threads import cpu_threads
 from ..errors import CheckpointWriteError, CkptzipError, UnsupportedObjectError
-from ..planner import validate_codec_arg
-from ._ahead import Task, WriteBehind, run_ahead
+from ..engine.policy import Policy
+from ..engine.ahead import Task, WriteBehind, run_ahead
 from ._items import Encoded, describe, encode_bytes, encode_tensor
 from ._metadata import StoredItem, check_planner_data, encode_metadata, metadata_file
 from ._storage import CheckpointDir
@@ -66,7 +66,7 @@ class CompressedStorageWriter(StorageWriter):
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        validate_codec_arg(codec)
+        Policy.parse(codec)
         self.codec = codec
         self.sync_files = sync_files
         self.overwrite = overwrite

@@ -11,7 +11,7 @@ import torch
 
 from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
 from ..transforms import get_transform
-from .spec import DTYPES, FORMAT_NAME, MAX_CHUNK_RAW, PREAMBLE_SIZE, VERSION
+from .spec import DTYPES, FORMAT_NAME, MAX_CHUNK_RAW, MAX_DIMS, PREAMBLE_SIZE, READABLE_MAJORS, VERSION
 
 _TOP_KEYS = {"format", "version", "writer", "tree", "tensors", "bases"}
 _TENSOR_KEYS = {"name", "dtype", "shape", "nbytes", "checksum", "transforms", "streams"}
@@ -21,15 +21,16 @@ _STREAM_KEYS = {"codec", "nbytes", "chunks"}
 
 @dataclass(frozen=True)
 class Chunk:
-    """``length`` stored bytes at ``offset`` that decode to ``raw_length`` bytes."""
+    """``length`` stored bytes at ``offset`` that decode to ``raw_length`` bytes; ``digest`` is the
+    checksum of the stored bytes (16 hex digits: wsum64 in format 2, XXH3-64 in format 1)."""
 
     offset: int
     length: int
     raw_length: int
-    xxh3: str
+    digest: str
 
     def to_json(self) -> list:
-        return [self.offset, self.length, self.raw_length, self.xxh3]
+        return [self.offset, self.length, self.raw_length, self.digest]
 
 
 @dataclass
@@ -115,12 +116,12 @@ class Index:
         _expect(isinstance(doc, dict), "the index is not a JSON object")
         version = doc.get("version")
         _expect(_is_int_list(version, 2), f"index 'version' is {version!r:.40}, expected [major, minor]")
-        if version[0] != VERSION[0]:
+        if version[0] not in READABLE_MAJORS:
             raise UnsupportedFormatError(
-                f"index format version {version[0]}.{version[1]}; this ckptzip reads version {VERSION[0]}.x. "
-                "Install a ckptzip release that supports it."
+                f"index format version {version[0]}.{version[1]}; this ckptzip reads versions "
+                f"{', '.join(f'{m}.x' for m in READABLE_MAJORS)}. Install a ckptzip release that supports it."
             )
-        if version[1] <= VERSION[1]:
+        if version[0] < VERSION[0] or version[1] <= VERSION[1]:
             _check_keys(doc, _TOP_KEYS, set(), "index")
         else:
             _expect(_TOP_KEYS <= set(doc), f"index lacks keys {sorted(_TOP_KEYS - set(doc))}")
@@ -203,7 +204,10 @@ def _parse_tensor(doc: Any, i: int) -> TensorEntry:
     if dtype not in DTYPES:
         raise UnsupportedFormatError(f"{what} has dtype {dtype!r:.40}, which this torch build does not have")
     shape = doc["shape"]
-    _expect(_is_int_list(shape) and len(shape) <= 64, f"{what} has shape {shape!r:.80}, expected a list of sizes")
+    _expect(
+        _is_int_list(shape) and len(shape) <= MAX_DIMS and all(x < 1 << 62 for x in shape),
+        f"{what} has shape {shape!r:.80}, expected a list of at most {MAX_DIMS} sizes",
+    )
     itemsize = DTYPES[dtype].itemsize
     nbytes = doc["nbytes"]
     _expect(_is_int(nbytes), f"{what} has nbytes {nbytes!r:.40}")

@@ -1,17 +1,19 @@
-"""Container reader: validates trailer and index up front, then reads verified chunks on demand."""
+"""Container reader: validates trailer and index up front; reads stored bytes on demand, from any
+number of threads at once."""
 
 from __future__ import annotations
 
+import io
 import os
+import threading
 from typing import BinaryIO
 
-import torch
+import numpy as np
 import xxhash
 
 from ..checksum import xxh3_hex
-from ..codecs._threads import parallel_map
 from ..errors import CorruptCheckpointError
-from .index import Chunk, Index, StreamEntry, TensorEntry
+from .index import Chunk, Index, TensorEntry
 from .spec import PREAMBLE_SIZE, TRAILER_SIZE, Trailer, check_preamble
 
 
@@ -32,11 +34,66 @@ def _file_size(f: BinaryIO) -> int:
         return f.seek(0, os.SEEK_END)
 
 
-class ContainerReader:
-    """Random access to the verified contents of one .ckz container."""
+class ByteSource:
+    """Positioned reads of a file object, safe from several threads: ``os.preadv`` on a real file,
+    zero-copy views of an in-memory ``io.BytesIO``, a lock around seek + read otherwise."""
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
+        self._lock = threading.Lock()
+        self._memory: np.ndarray | None = None
+        self._fd: int | None = None
+        if isinstance(f, io.BytesIO):
+            self._memory = np.frombuffer(f.getbuffer(), dtype=np.uint8)
+        elif hasattr(os, "preadv"):
+            try:
+                self._fd = f.fileno()
+            except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+                self._fd = None
+
+    def view(self, offset: int, length: int) -> np.ndarray | None:
+        """The bytes without a copy when the file is in memory, else None."""
+        if self._memory is None:
+            return None
+        return self._memory[offset : offset + length]
+
+    def read_into(self, out: np.ndarray, offset: int) -> int:
+        """Fill the 1-D uint8 array ``out`` from ``offset``; return how many bytes the file had."""
+        if self._memory is not None:
+            got = max(0, min(out.size, self._memory.size - offset))
+            out[:got] = self._memory[offset : offset + got]
+            return got
+        view = memoryview(out)
+        got = 0
+        if self._fd is not None:
+            while got < out.size:
+                n = os.preadv(self._fd, [view[got:]], offset + got)
+                if not n:
+                    break
+                got += n
+            return got
+        with self._lock:
+            self._f.seek(offset)
+            while got < out.size:
+                n = self._f.readinto(view[got:]) if hasattr(self._f, "readinto") else None
+                if n is None:
+                    data = self._f.read(out.size - got)
+                    n = len(data)
+                    view[got : got + n] = data
+                if not n:
+                    break
+                got += n
+        return got
+
+    def close(self) -> None:
+        """Drop the in-memory view (so a BytesIO can grow or close again)."""
+        self._memory = None
+
+
+class ContainerReader:
+    """The verified index of one .ckz container, and its stored bytes."""
+
+    def __init__(self, f: BinaryIO) -> None:
         size = _file_size(f)
         if size < PREAMBLE_SIZE + TRAILER_SIZE:
             Trailer.unpack(b"\0" * TRAILER_SIZE, size)  # raises with the size in the message
@@ -48,50 +105,41 @@ class ContainerReader:
                 "the index checksum does not match: the file header or index is damaged "
                 f"(index at offset {trailer.index_offset}, {trailer.index_length} bytes)"
             )
-        check_preamble(head)
+        major = check_preamble(head)
         self.file_size = size
         self.index = Index.parse(raw_index, trailer.index_offset)
+        if self.index.version[0] != major:
+            raise CorruptCheckpointError(
+                f"the preamble says format {major}.x but the index says {self.index.version[0]}.x; "
+                "the file is damaged or was not written by ckptzip"
+            )
+        self.source = ByteSource(f)
 
     @property
     def tensors(self) -> list[TensorEntry]:
         return self.index.tensors
 
-    def read_stream(self, tensor: TensorEntry, stream_no: int) -> list[torch.Tensor]:
-        """Read one stream's stored chunks (one contiguous read), each checked against its XXH3."""
-        stream: StreamEntry = tensor.streams[stream_no]
-        if not stream.chunks:
-            return []
-        whole = torch.empty(stream.compressed_nbytes, dtype=torch.uint8)
-        group = [(tensor, stream_no, k, c) for k, c in enumerate(stream.chunks)]
-        self.read_into(whole, stream.chunks[0].offset, group)
-        return list(whole.split([c.length for c in stream.chunks]))
+    @property
+    def digest_is_wsum64(self) -> bool:
+        """Whether chunk digests are wsum64 (format 2) rather than XXH3-64 (format 1)."""
+        return self.index.version[0] >= 2
 
-    def read_into(self, out: torch.Tensor, offset: int, chunks: list[tuple[TensorEntry, int, int, Chunk]]) -> None:
-        """Read ``out.numel()`` bytes at ``offset`` into the 1-D uint8 CPU tensor ``out`` and check
-        the XXH3 of each chunk in it (given as (tensor, stream number, chunk number, chunk))."""
-        view = memoryview(out.numpy())
-        self._f.seek(offset)
-        got = 0
-        while got < len(view):
-            n = self._f.readinto(view[got:]) if hasattr(self._f, "readinto") else None
-            if n is None:
-                data = self._f.read(len(view) - got)
-                n = len(data)
-                view[got : got + n] = data
-            if not n:
-                break
-            got += n
-        if got != len(view):
-            tensor, stream_no, _, _ = chunks[0]
+    def read_into(self, out: np.ndarray, offset: int, what: str) -> None:
+        """Fill ``out`` with the stored bytes at ``offset``; a short file is corruption."""
+        got = self.source.read_into(out, offset)
+        if got != out.size:
             raise CorruptCheckpointError(
-                f"tensor {tensor.name!r} stream {stream_no}: expected {len(view)} bytes at offset {offset}, "
-                f"the file gave {got}; it was truncated"
+                f"{what}: expected {out.size} bytes at offset {offset}, the file gave {got}; it was truncated"
             )
-        digests = parallel_map(lambda c: xxh3_hex(view[c.offset - offset : c.offset - offset + c.length]),
-                               [c for _, _, _, c in chunks], len(view))
-        for (tensor, stream_no, k, c), digest in zip(chunks, digests):
-            if digest != c.xxh3:
-                raise CorruptCheckpointError(
-                    f"tensor {tensor.name!r} stream {stream_no} chunk {k} (file bytes {c.offset}..{c.offset + c.length}) "
-                    f"is damaged: XXH3 {digest}, expected {c.xxh3}"
-                )
+
+
+def verify_xxh3(data: np.ndarray, start: int, chunks: list[tuple[TensorEntry, int, int, Chunk]]) -> None:
+    """Check the XXH3-64 digests of format-1 chunks whose stored bytes are ``data`` (from file
+    offset ``start``); the error names the tensor, stream and chunk."""
+    for tensor, stream_no, k, c in chunks:
+        digest = xxh3_hex(data[c.offset - start : c.offset - start + c.length])
+        if digest != c.digest:
+            raise CorruptCheckpointError(
+                f"tensor {tensor.name!r} stream {stream_no} chunk {k} (file bytes {c.offset}..{c.offset + c.length}) "
+                f"is damaged: XXH3 {digest}, expected {c.digest}"
+            )

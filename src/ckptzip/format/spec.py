@@ -11,11 +11,13 @@ from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
 MAGIC = b"\x89CKZ\r\n\x1a\n"
 END_MAGIC = b"CKZINDEX"
-VERSION = (1, 0)
+VERSION = (2, 0)
+READABLE_MAJORS = (1, 2)  # format 1: chunk digests are XXH3-64; format 2: wsum64
 PREAMBLE_SIZE = 16
 TRAILER_SIZE = 32
 MIN_FILE_SIZE = PREAMBLE_SIZE + TRAILER_SIZE
 MAX_CHUNK_RAW = 1 << 28
+MAX_DIMS = 64
 FORMAT_NAME = "ckptzip"
 
 _PREAMBLE = struct.Struct("<8sHHI")
@@ -71,15 +73,17 @@ class Trailer:
         return cls(offset, length, digest)
 
 
-def check_preamble(raw: bytes) -> None:
-    """Check magic, version and flags; call only after the index hash (which covers them) matched."""
+def check_preamble(raw: bytes) -> int:
+    """Check magic, version and flags (call only after the index hash, which covers them, matched);
+    return the major version."""
     magic, major, minor, flags = _PREAMBLE.unpack(raw)
     if magic != MAGIC:
         raise CorruptCheckpointError(f"bad magic {magic!r}, expected {MAGIC!r}: not a ckptzip file")
-    if major != VERSION[0]:
+    if major not in READABLE_MAJORS:
         raise UnsupportedFormatError(
-            f"file format version {major}.{minor}; this ckptzip reads version {VERSION[0]}.x. "
-            "Install a ckptzip release that supports it."
+            f"file format version {major}.{minor}; this ckptzip reads versions "
+            f"{', '.join(f'{m}.x' for m in READABLE_MAJORS)}. Install a ckptzip release that supports it."
         )
     if flags != 0:
         raise UnsupportedFormatError(f"file has format flags {flags:#x}; this ckptzip knows none. Upgrade ckptzip.")
+    return int(major)

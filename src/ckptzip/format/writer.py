@@ -1,20 +1,18 @@
-"""Sequential container writer: chunks first, index and trailer last."""
+"""Sequential container writer: stored chunks first, index and trailer last, never seeking."""
 
 from __future__ import annotations
 
 from typing import Any, BinaryIO
 
-import torch
 import xxhash
 
 from .._version import __version__
-from ..checksum import xxh3_hex
-from .index import Chunk, Index, TensorEntry
-from .spec import PREAMBLE_SIZE, Trailer, preamble
+from .index import Index, TensorEntry
+from .spec import PREAMBLE_SIZE, TRAILER_SIZE, Trailer, preamble
 
 
 class ContainerWriter:
-    """Writes one .ckz container to a binary file object, front to back, without seeking."""
+    """Writes one .ckz container to a binary file object, front to back."""
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
@@ -23,20 +21,19 @@ class ContainerWriter:
         self.offset = PREAMBLE_SIZE
         self.tensors: list[TensorEntry] = []
 
-    def write_chunk(self, data: torch.Tensor, raw_length: int) -> Chunk:
-        """Append one stored chunk (1-D uint8 CPU tensor) and return its index entry."""
-        view = memoryview(data.numpy())
-        self._f.write(view)
-        chunk = Chunk(self.offset, len(view), raw_length, xxh3_hex(view))
-        self.offset += len(view)
-        return chunk
+    def append(self, data: memoryview) -> int:
+        """Append stored bytes; return the file offset they start at."""
+        start = self.offset
+        self._f.write(data)
+        self.offset += data.nbytes
+        return start
 
     def flush(self) -> None:
         """Flush the file object's buffer to the OS."""
         self._f.flush()
 
     def add_tensor(self, entry: TensorEntry) -> None:
-        """Record a tensor whose chunks were written (in table order)."""
+        """Record a tensor whose chunks were appended (table order is the caller's)."""
         self.tensors.append(entry)
 
     def finish(self, tree: Any) -> int:
@@ -45,4 +42,4 @@ class ContainerWriter:
         digest = xxhash.xxh3_64_intdigest(self._preamble + index)
         self._f.write(index)
         self._f.write(Trailer(self.offset, len(index), digest).pack())
-        return self.offset + len(index) + 32
+        return self.offset + len(index) + TRAILER_SIZE

@@ -1,65 +1,34 @@
-"""Fused byte-plane split / merge with the ``wsum64`` checksum, one launch for many tensors.
+"""Byte-plane split and merge (docs/FORMAT.md, ``byteplanes``) of many tensors at once, with each
+tensor's ``wsum64`` from the same pass and, when splitting, sampled byte counts of every plane.
 
-``split_many`` writes the byte planes of many tensors (stream j = byte j of every element,
-docs/FORMAT.md) into one buffer and returns each tensor's ``wsum64``; ``merge_many`` is the
-inverse. Each reads every input byte once and writes every output byte once. Programs find their
-tensor through small address tables, so one launch serves a whole batch without packing copies.
-On machines without CUDA and Triton, ``split_planes``/``merge_planes`` fall back to torch ops.
+Plane ``j`` of a tensor holds byte ``j`` of every element. Split reads every input byte once and
+writes every plane byte once; merge the reverse. Planes may lie anywhere (a table gives each
+plane's address), so the reader merges raw planes in place in the stored bytes and coded planes
+where the decoder put them, without copies. Any element count works.
 
-The checksum is linear in the data words: an element contributes
-``(x << 8·k·(e mod 8/k)) · (2·⌊e / (8/k)⌋ + 1)`` independently, so per-program partial sums add
-up (mod 2**64) to the same value in any order.
+The checksum is linear in the data words: element ``e`` of ``k`` bytes contributes
+``(x << 8·k·(e mod 8/k)) · (2·⌊e / (8/k)⌋ + 1)`` independently, so per-program partial sums add up
+(mod 2**64) to the same value in any order.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from ..checksum import wsum64_tensor
-from ..transforms import BytePlanes
+from ..checksum import wsum64_array
+from . import triton, use_triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the environment
-    triton = None
-
-ROWS_PER_PROGRAM = 1024  # rows of 4 elements each
-_SAMPLE_EVERY = 64  # blocks whose bytes are counted into the plane histograms
-_SAMPLE_BYTES_PER_PLANE = 1 << 16
-PLANE_ALIGN = 256  # bytes: planes start at multiples of this, so nvCOMP reads them in place
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def fused_available(device: torch.device, nbytes: int, itemsize: int) -> bool:
-    """Whether the fused kernels handle this data (CUDA + Triton, whole rows of 4 elements)."""
-    return (
-        triton is not None
-        and (device.type == "cuda" or _INTERPRET)
-        and itemsize in (2, 4, 8)
-        and nbytes > 0
-        and nbytes % (4 * itemsize) == 0
-    )
-
+ELEMENTS_PER_PROGRAM = 4096
+PLANE_ALIGN = 256  # bytes: plane starts in a planes buffer, so nvCOMP reads and writes them in place
+_SAMPLE_EVERY = 16  # programs whose bytes are counted into the plane histograms (GPU)
+_SAMPLE_ELEMENTS = 1 << 13  # elements sampled per tensor (CPU)
+MAX_ITEMSIZE = 8
 
 if triton is not None:
-
-    @triton.jit
-    def _element_sum(x, rows, K: tl.constexpr):
-        """Σ over a [R, 4] tile of each element's bits, shifted to its place in its 8-byte word,
-        times (2·word + 1) (int64, wrapping)."""
-        EPW: tl.constexpr = 8 // K
-        cols = tl.arange(0, 4)[None, :]
-        elem = rows[:, None].to(tl.int64) * 4 + cols
-        value = x.to(tl.int64)
-        if K < 8:
-            value = value & ((1 << (8 * K)) - 1)
-        placed = value << ((elem % EPW) * (8 * K))
-        return tl.sum(tl.sum(placed * ((elem // EPW) * 2 + 1), axis=1), axis=0)
+    import triton.language as tl
 
     @triton.jit
     def _element_ptr(addr, K: tl.constexpr):
@@ -71,163 +40,152 @@ if triton is not None:
             return addr.to(tl.pointer_type(tl.int64))
 
     @triton.jit
-    def _split_many_kernel(table, partial, hist, K: tl.constexpr, R: tl.constexpr, SAMPLE_EVERY: tl.constexpr):
-        # table row per program: src address, planes address, tensor rows, first row, plane stride
-        # (int32 units), histogram row
+    def _element_sum(x, elems, K: tl.constexpr):
+        """Σ of each element's bits (int64, zero-extended), placed in its word, times (2·word + 1)."""
+        EPW: tl.constexpr = 8 // K
+        placed = x << ((elems % EPW) * (8 * K)).to(tl.int64)
+        return tl.sum(placed * ((elems // EPW) * 2 + 1).to(tl.int64), axis=0)
+
+    @triton.jit
+    def _split_kernel(table, partial, hist, K: tl.constexpr, E: tl.constexpr, SAMPLE_EVERY: tl.constexpr):
+        # table row per program: source address, elements, first element, histogram row, K plane addresses
+        W: tl.constexpr = 4 + 8
         pid = tl.program_id(0)
-        src = _element_ptr(tl.load(table + pid * 6), K)
-        dst = tl.load(table + pid * 6 + 1).to(tl.pointer_type(tl.int32))
-        nrows = tl.load(table + pid * 6 + 2)
-        row0 = tl.load(table + pid * 6 + 3)
-        stride = tl.load(table + pid * 6 + 4)
-        rows = row0 + tl.arange(0, R)
-        mask = rows < nrows
-        cols = tl.arange(0, 4)[None, :]
-        x = tl.load(src + rows[:, None] * 4 + cols, mask=mask[:, None], other=0)
-        tl.store(partial + pid, _element_sum(x, rows, K))
-        byte_shift = (cols * 8).to(tl.int32)
-        sampled = ((row0 // R) % SAMPLE_EVERY == 0) & (row0 + R <= nrows)
-        hist_row = hist + tl.load(table + pid * 6 + 5) * (8 * 256)
+        src = _element_ptr(tl.load(table + pid * W), K)
+        n = tl.load(table + pid * W + 1)
+        e0 = tl.load(table + pid * W + 2)
+        elems = e0 + tl.arange(0, E)
+        mask = elems < n
+        x = tl.load(src + elems, mask=mask, other=0).to(tl.int64)
+        if K < 8:
+            x = x & ((1 << (8 * K)) - 1)
+        tl.store(partial + pid, _element_sum(x, elems, K))
+        sampled = ((e0 // E) % SAMPLE_EVERY == 0) & (e0 + E <= n)
+        hist_row = hist + tl.load(table + pid * W + 3) * (8 * 256)
         for j in tl.static_range(K):
-            b = ((x >> (8 * j)) & 0xFF).to(tl.int32)
-            tl.store(dst + j * stride + rows, tl.sum(b << byte_shift, axis=1), mask=mask)
+            plane = tl.load(table + pid * W + 4 + j).to(tl.pointer_type(tl.uint8))
+            b = ((x >> (8 * j)) & 0xFF).to(tl.uint8)
+            tl.store(plane + elems, b, mask=mask)
             if sampled:
-                counts = tl.histogram(tl.reshape(b, (R * 4,)), 256)
+                counts = tl.histogram(b.to(tl.int32), 256)
                 tl.atomic_add(hist_row + j * 256 + tl.arange(0, 256), counts)
 
     @triton.jit
-    def _merge_many_kernel(table, partial, K: tl.constexpr, R: tl.constexpr):
-        # table row per program: planes address, output address, tensor rows, first row, plane stride
+    def _merge_kernel(table, partial, K: tl.constexpr, E: tl.constexpr):
+        # table row per program: output address, elements, first element, unused, K plane addresses
+        W: tl.constexpr = 4 + 8
         pid = tl.program_id(0)
-        src = tl.load(table + pid * 5).to(tl.pointer_type(tl.int32))
-        dst = _element_ptr(tl.load(table + pid * 5 + 1), K)
-        nrows = tl.load(table + pid * 5 + 2)
-        row0 = tl.load(table + pid * 5 + 3)
-        stride = tl.load(table + pid * 5 + 4)
-        rows = row0 + tl.arange(0, R)
-        mask = rows < nrows
-        cols = tl.arange(0, 4)[None, :]
-        byte_shift = (cols * 8).to(tl.int32)
-        if K == 8:
-            x = tl.zeros((R, 4), dtype=tl.int64)
-        else:
-            x = tl.zeros((R, 4), dtype=tl.int32)
+        dst = _element_ptr(tl.load(table + pid * W), K)
+        n = tl.load(table + pid * W + 1)
+        e0 = tl.load(table + pid * W + 2)
+        elems = e0 + tl.arange(0, E)
+        mask = elems < n
+        x = tl.zeros((E,), dtype=tl.int64)
         for j in tl.static_range(K):
-            packed = tl.load(src + j * stride + rows, mask=mask, other=0)
-            b = (packed[:, None] >> byte_shift) & 0xFF
-            x = x | (b.to(x.dtype) << (8 * j))
-        tl.store(partial + pid, _element_sum(x, rows, K))
-        tl.store(dst + rows[:, None] * 4 + cols, x.to(dst.dtype.element_ty), mask=mask[:, None])
+            plane = tl.load(table + pid * W + 4 + j).to(tl.pointer_type(tl.uint8))
+            b = tl.load(plane + elems, mask=mask, other=0).to(tl.int64)
+            x = x | (b << (8 * j))
+        tl.store(partial + pid, _element_sum(x, elems, K))
+        tl.store(dst + elems, x.to(dst.dtype.element_ty), mask=mask)
 
 
-def _programs(nrows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """For tensors of ``nrows`` rows: the tensor of each program and its first row."""
-    counts = np.array([-(-n // ROWS_PER_PROGRAM) for n in nrows], dtype=np.int64)
-    owner = np.repeat(np.arange(len(nrows), dtype=np.int64), counts)
-    first = np.arange(len(owner), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    return owner, first * ROWS_PER_PROGRAM
+def plane_layout(nbytes: Sequence[int], itemsize: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Where planes go in a planes buffer: each tensor's first plane offset and plane stride (both
+    multiples of PLANE_ALIGN), and the buffer size."""
+    n = np.asarray(nbytes, dtype=np.int64) // itemsize
+    strides = -(-n // PLANE_ALIGN) * PLANE_ALIGN
+    sizes = strides * itemsize
+    starts = np.cumsum(sizes) - sizes
+    return starts, strides, int(sizes.sum())
 
 
-def _per_tensor_sums(partial: torch.Tensor, owner: torch.Tensor, count: int) -> torch.Tensor:
-    return torch.zeros(count, dtype=torch.int64, device=partial.device).index_add_(0, owner, partial)
+def _programs(elements: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For tensors of ``elements`` elements: the tensor of each program and its first element."""
+    counts = -(-elements // ELEMENTS_PER_PROGRAM)
+    owner = np.repeat(np.arange(elements.size, dtype=np.int64), counts)
+    first = np.arange(owner.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return owner, first * ELEMENTS_PER_PROGRAM
 
 
-def plane_layout(nbytes: Sequence[int], itemsize: int) -> tuple[list[int], list[int], int]:
-    """Where ``split_many`` puts each tensor's planes: start offsets, plane strides (bytes, both
-    multiples of PLANE_ALIGN) and the buffer size."""
-    starts, strides, end = [], [], 0
-    for n in nbytes:
-        stride = -(-(n // itemsize) // PLANE_ALIGN) * PLANE_ALIGN
-        starts.append(end)
-        strides.append(stride)
-        end += stride * itemsize
-    return starts, strides, end
+def _launch(kernel, device: torch.device, rows: list[np.ndarray], owner: np.ndarray, count: int,  # noqa: ANN001
+            *args: object, **meta: object) -> torch.Tensor:
+    table = np.zeros((owner.size, 4 + MAX_ITEMSIZE), dtype=np.int64)
+    for c, column in enumerate(rows):
+        if column.ndim == 1:
+            table[:, c] = column
+        else:
+            table[:, 4 : 4 + column.shape[1]] = column
+    sums = torch.zeros(count, dtype=torch.int64, device=device)
+    if owner.size:
+        table_dev = torch.from_numpy(table.reshape(-1)).to(device, non_blocking=True)
+        partial = torch.empty(owner.size, dtype=torch.int64, device=device)
+        kernel[(owner.size,)](table_dev, partial, *args, E=ELEMENTS_PER_PROGRAM, **meta)
+        sums.index_add_(0, torch.from_numpy(owner).to(device, non_blocking=True), partial)
+    return sums
 
 
-def split_many(datas: Sequence[torch.Tensor], itemsize: int, hist: torch.Tensor,
-               hist_rows: Sequence[int]) -> tuple[torch.Tensor, list[int], list[int], torch.Tensor]:
-    """Split 1-D uint8 tensors of one device (each ``fused_available``) into byte planes in one
-    launch. Returns the planes buffer, each tensor's planes offset and plane stride (plane j of
-    tensor t is ``buffer[start + j·stride :][: nbytes/itemsize]``), and their wsum64 (int64 [T]).
-    Sampled byte counts of tensor t's planes are added to ``hist[hist_rows[t]]`` (8×256 int32)."""
-    device = datas[0].device
-    sizes = [d.numel() for d in datas]
-    starts, strides, total = plane_layout(sizes, itemsize)
-    planes = torch.empty(total, dtype=torch.uint8, device=device)
-    nrows = [n // (4 * itemsize) for n in sizes]
-    owner, first = _programs(nrows)
-    base = planes.data_ptr()
-    columns = [
-        np.array([d.data_ptr() for d in datas], dtype=np.int64)[owner],
-        (base + np.array(starts, dtype=np.int64))[owner],
-        np.array(nrows, dtype=np.int64)[owner],
-        first,
-        (np.array(strides, dtype=np.int64) // 4)[owner],
-        np.array(hist_rows, dtype=np.int64)[owner],
-    ]
-    table = torch.from_numpy(np.stack(columns, axis=1).reshape(-1)).to(device)
-    partial = torch.empty(len(owner), dtype=torch.int64, device=device)
-    _split_many_kernel[(len(owner),)](table, partial, hist, K=itemsize, R=ROWS_PER_PROGRAM, SAMPLE_EVERY=_SAMPLE_EVERY)
-    owner_dev = torch.from_numpy(owner).to(device)
-    return planes, starts, strides, _per_tensor_sums(partial, owner_dev, len(datas))
+def split_planes(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Tensor, starts: np.ndarray,
+                 strides: np.ndarray, hist: torch.Tensor, hist_rows: np.ndarray) -> torch.Tensor:
+    """Split 1-D uint8 tensors (whole ``itemsize``-byte elements, one device) into the planes
+    buffer: plane j of tensor t at ``planes[starts[t] + j·strides[t]:]``. Adds sampled byte counts
+    of tensor t's planes to ``hist[hist_rows[t]]`` (8×256 int32) and returns each tensor's wsum64
+    (int64)."""
+    device = planes.device
+    elements = np.array([d.numel() // itemsize for d in datas], dtype=np.int64)
+    if not use_triton(device):
+        return _split_numpy(datas, itemsize, planes, starts, strides, hist, hist_rows)
+    owner, first = _programs(elements)
+    src = np.array([d.data_ptr() for d in datas], dtype=np.int64)
+    plane_ptrs = planes.data_ptr() + starts[:, None] + strides[:, None] * np.arange(itemsize)[None, :]
+    rows = [src[owner], elements[owner], first, hist_rows.astype(np.int64)[owner], plane_ptrs[owner]]
+    return _launch(_split_kernel, device, rows, owner, len(datas), hist, K=itemsize, SAMPLE_EVERY=_SAMPLE_EVERY)
 
 
-def merge_many(sources: Sequence[torch.Tensor], itemsize: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Inverse of ``split_many`` for tensors whose planes each lie back to back in one 1-D uint8
-    tensor (``sources[t]``, plane stride = its size / itemsize): the data and their wsum64."""
-    device = sources[0].device
-    outputs = [torch.empty_like(s) for s in sources]
-    nrows = [s.numel() // (4 * itemsize) for s in sources]
-    owner, first = _programs(nrows)
-    columns = [
-        np.array([s.data_ptr() for s in sources], dtype=np.int64)[owner],
-        np.array([o.data_ptr() for o in outputs], dtype=np.int64)[owner],
-        np.array(nrows, dtype=np.int64)[owner],
-        first,
-        np.array([s.numel() // itemsize // 4 for s in sources], dtype=np.int64)[owner],
-    ]
-    table = torch.from_numpy(np.stack(columns, axis=1).reshape(-1)).to(device)
-    partial = torch.empty(len(owner), dtype=torch.int64, device=device)
-    _merge_many_kernel[(len(owner),)](table, partial, K=itemsize, R=ROWS_PER_PROGRAM)
-    owner_dev = torch.from_numpy(owner).to(device)
-    return outputs, _per_tensor_sums(partial, owner_dev, len(sources))
+def merge_planes(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[torch.Tensor],
+                 plane_base: np.ndarray, plane_offset: np.ndarray) -> torch.Tensor:
+    """Inverse of :func:`split_planes` into the 1-D uint8 tensors ``outs``: plane j of tensor t is
+    at ``bases[plane_base[t, j]][plane_offset[t, j]:]``. Returns each tensor's wsum64 (int64)."""
+    device = outs[0].device
+    elements = np.array([o.numel() // itemsize for o in outs], dtype=np.int64)
+    if not use_triton(device):
+        return _merge_numpy(outs, itemsize, bases, plane_base, plane_offset)
+    owner, first = _programs(elements)
+    dst = np.array([o.data_ptr() for o in outs], dtype=np.int64)
+    base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
+    plane_ptrs = base_ptrs[plane_base] + plane_offset
+    rows = [dst[owner], elements[owner], first, np.zeros_like(owner), plane_ptrs[owner]]
+    return _launch(_merge_kernel, device, rows, owner, len(outs), K=itemsize)
 
 
-def split_planes(
-    data: torch.Tensor, itemsize: int, hist: torch.Tensor | None = None
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Byte planes of one tensor and its wsum64 (0-d int64 tensor), fused where possible.
-    ``hist`` (≥ itemsize × 256 int32 zeros) receives sampled byte counts of each plane."""
-    if not fused_available(data.device, data.numel(), itemsize):
-        planes = BytePlanes(itemsize).forward(data)
-        if hist is not None:
-            sample_histograms(planes, hist)
-        return planes, wsum64_tensor(data)
-    if hist is None:
-        hist = torch.zeros(8 * 256, dtype=torch.int32, device=data.device)
-    buffer, (start,), (stride,), checksum = split_many([data], itemsize, hist.view(1, -1), [0])
-    n = data.numel() // itemsize
-    return [buffer[start + j * stride : start + j * stride + n] for j in range(itemsize)], checksum[0]
+def _split_numpy(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Tensor, starts: np.ndarray,
+                 strides: np.ndarray, hist: torch.Tensor, hist_rows: np.ndarray) -> torch.Tensor:
+    buffer = planes.numpy()
+    counts = hist.numpy().reshape(-1, 8, 256)
+    sums = np.empty(len(datas), dtype=np.uint64)
+    for t, data in enumerate(datas):
+        raw = data.numpy()
+        elements = raw.reshape(-1, itemsize)
+        n = elements.shape[0]
+        for j in range(itemsize):
+            start = int(starts[t] + j * strides[t])
+            buffer[start : start + n] = elements[:, j]
+        sample = elements[:: max(1, n // _SAMPLE_ELEMENTS)]
+        for j in range(itemsize):
+            counts[hist_rows[t], j] += np.bincount(sample[:, j], minlength=256).astype(np.int32)
+        sums[t] = wsum64_array(raw)
+    return torch.from_numpy(sums.view(np.int64))
 
 
-def merge_planes(planes: list[torch.Tensor], itemsize: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`split_planes`: the data and its wsum64."""
-    nbytes = sum(p.numel() for p in planes)
-    if not fused_available(planes[0].device, nbytes, itemsize):
-        data = BytePlanes(itemsize).inverse(planes, nbytes)
-        return data, wsum64_tensor(data)
-    first = planes[0]
-    adjacent = all(p.data_ptr() == first.data_ptr() + j * first.numel() for j, p in enumerate(planes))
-    src = first.as_strided((nbytes,), (1,)) if adjacent else torch.cat(planes)
-    (data,), checksum = merge_many([src], itemsize)
-    return data, checksum[0]
-
-
-def sample_histograms(planes: list[torch.Tensor], hist: torch.Tensor) -> None:
-    """Add byte counts of evenly spaced samples of each plane into ``hist`` (planes × 256)."""
-    n = planes[0].numel()
-    if n < ROWS_PER_PROGRAM * 4:
-        return
-    step = max(1, n // _SAMPLE_BYTES_PER_PLANE)
-    for j, plane in enumerate(planes):
-        hist.view(-1, 256)[j].add_(torch.bincount(plane[::step].int(), minlength=256).int())
+def _merge_numpy(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[torch.Tensor],
+                 plane_base: np.ndarray, plane_offset: np.ndarray) -> torch.Tensor:
+    arrays = [b.numpy() for b in bases]
+    sums = np.empty(len(outs), dtype=np.uint64)
+    for t, out in enumerate(outs):
+        raw = out.numpy()
+        elements = raw.reshape(-1, itemsize)
+        n = elements.shape[0]
+        for j in range(itemsize):
+            start = int(plane_offset[t, j])
+            elements[:, j] = arrays[plane_base[t, j]][start : start + n]
+        sums[t] = wsum64_array(raw)
+    return torch.from_numpy(sums.view(np.int64))

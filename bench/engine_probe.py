@@ -1,0 +1,192 @@
+"""Probe the engine on one GPU: bit-exact round trips, then the pipeline's own speed.
+
+Builds a synthetic training-like state on the GPU (fp32 weights, both AdamW moments, bf16
+gradients; per-class value scales like real training) of about --gb gigabytes, checks that
+save/load round-trips bit for bit for each preset, then times (medians of --reps, first calls
+reported apart): save to a file object that discards its input, load from bytes in host memory,
+GPU-resident encode/decode of the whole state, torch.save/torch.load on the same sinks, and a
+profile of one save and one load. Usage: python bench/engine_probe.py --gb 10 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import ckptzip
+from ckptzip.engine.decode import decode_batch
+from ckptzip.engine.encode import encode_batch
+from ckptzip.engine.policy import Policy
+from ckptzip.engine.reader import plan_batches as read_plan
+from ckptzip.engine.writer import plan_batches as write_plan
+from ckptzip.format import ContainerReader
+
+
+class Discard(io.RawIOBase):
+    """A writable file object that counts and drops what it is given."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # noqa: ANN001
+        n = memoryview(b).nbytes
+        self.n += n
+        return n
+
+
+class Keep(io.RawIOBase):
+    """Collects what it is given (for building an in-memory file once, untimed)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # noqa: ANN001
+        self.parts.append(bytes(b))
+        return memoryview(b).nbytes
+
+
+def synthetic_state(gb: float, layers: int, seed: int = 0) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    per_layer = gb * 1e9 / layers / 14  # bytes/param: 4 w + 4 m + 4 v + 2 g
+    d = int((per_layer / 12) ** 0.5) // 64 * 64
+    shapes = {"qkv": (3 * d, d), "proj": (d, d), "fc1": (4 * d, d), "fc2": (d, 4 * d), "ln1": (d,), "ln2": (d,),
+              "b1": (4 * d,), "b2": (d,)}
+    model, grads, opt = {}, {}, {}
+    i = 0
+    for layer in range(layers):
+        for name, shape in shapes.items():
+            key = f"layers.{layer}.{name}"
+            w = torch.randn(shape, device="cuda", generator=g) * (0.02 if len(shape) == 2 else 1.0)
+            model[key] = w
+            grads[key] = (torch.randn(shape, device="cuda", generator=g) * 1e-3).bfloat16()
+            m = torch.randn(shape, device="cuda", generator=g) * 1e-4
+            opt[i] = {"step": torch.tensor(100.0), "exp_avg": m, "exp_avg_sq": m * m * 3 + 1e-12}
+            i += 1
+    return {"model": model, "grads": grads, "optimizer": {"state": opt, "param_groups": [{"lr": 1e-4, "params": list(range(i))}]}}
+
+
+def nbytes(state) -> int:  # noqa: ANN001
+    from ckptzip.tree import flatten
+    return sum(t.tensor.numel() * t.tensor.element_size() for t in flatten(state).tensors)
+
+
+def timed(fn, reps: int) -> tuple[float, float]:  # noqa: ANN001
+    """(first call, median of the next ``reps``) in seconds, device synced around each."""
+    times = []
+    for _ in range(reps + 1):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return times[0], statistics.median(times[1:])
+
+
+def same(a, b) -> None:  # noqa: ANN001
+    from ckptzip.bench.measure import assert_state_equal
+    assert_state_equal(a, b)
+
+
+def resident(state, policy: Policy, reps: int) -> dict:  # noqa: ANN001
+    from ckptzip.tree import flatten
+    tensors = [t.tensor for t in flatten(state).tensors]
+    plan = list(write_plan(tensors, policy))
+
+    def encode() -> list:
+        return [encode_batch([tensors[i] for i in idx], policy, key.backend) for key, idx in plan]
+
+    first_e, enc = timed(encode, reps)
+    keep = Keep()
+    ckptzip.save(state, keep, codec=policy)
+    reader = ContainerReader(io.BytesIO(b"".join(keep.parts)))
+    devices = [torch.device("cuda")] * len(reader.tensors)
+    regions = []
+    for backend, work, idx in read_plan(reader.tensors, devices):
+        entries = [reader.tensors[i] for i in idx]
+        chunks = [c for e in entries for s in e.streams for c in s.chunks]
+        start = min(c.offset for c in chunks)
+        end = max(c.offset + c.length for c in chunks)
+        host = torch.from_numpy(reader.source.view(start, end - start).copy())
+        regions.append((entries, host.to(work), start, backend))
+
+    def decode() -> list:
+        return [decode_batch(e, r, s, b, digests=True) for e, r, s, b in regions]
+
+    first_d, dec = timed(decode, reps)
+    raw = sum(t.numel() * t.element_size() for t in tensors)
+    return {"encode_s": enc, "decode_s": dec, "encode_gbps": raw / enc / 1e9, "decode_gbps": raw / dec / 1e9,
+            "first_encode_s": first_e, "first_decode_s": first_d}
+
+
+def profile(fn, label: str) -> None:  # noqa: ANN001
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    print(f"\n--- profile: {label} (top 18 by self CPU time) ---")
+    print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=40))
+    print(f"--- profile: {label} (top 12 by device time) ---")
+    print(p.key_averages().table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=40))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gb", type=float, default=10.0)
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--presets", default="auto,portable")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    state = synthetic_state(args.gb, args.layers)
+    raw = nbytes(state)
+    from ckptzip.tree import flatten
+    print(f"state: {raw / 1e9:.2f} GB in {len(flatten(state).tensors)} tensors")
+    results: dict = {"raw_bytes": raw, "presets": {}}
+    for name in args.presets.split(","):
+        keep = Keep()
+        ckptzip.save(state, keep, codec=name)
+        blob = b"".join(keep.parts)
+        back = ckptzip.load(io.BytesIO(blob), map_location="cuda")
+        same(state, back)
+        del back
+        print(f"{name}: bit-exact, ratio {raw / len(blob):.4f}")
+        first_s, save_s = timed(lambda: ckptzip.save(state, Discard(), codec=name), args.reps)
+        first_l, load_s = timed(lambda: ckptzip.load(io.BytesIO(blob), map_location="cuda"), args.reps)
+        res = resident(state, Policy.parse(name), args.reps)
+        r = {"ratio": raw / len(blob), "save_s": save_s, "load_s": load_s, "save_gbps": raw / save_s / 1e9,
+             "load_gbps": raw / load_s / 1e9, "first_save_s": first_s, "first_load_s": first_l, **res}
+        results["presets"][name] = r
+        print(json.dumps({name: r}, indent=1))
+        if args.profile and name == "auto":
+            profile(lambda: ckptzip.save(state, Discard(), codec=name), f"save {name}")
+            profile(lambda: ckptzip.load(io.BytesIO(blob), map_location="cuda"), f"load {name}")
+        del blob
+    buf = io.BytesIO()
+    first_ts, ts = timed(lambda: torch.save(state, Discard()), 1)
+    torch.save(state, buf)
+    tblob = buf.getvalue()
+    first_tl, tl = timed(lambda: torch.load(io.BytesIO(tblob), map_location="cuda", weights_only=True), 1)
+    results["torch"] = {"save_s": ts, "load_s": tl, "save_gbps": raw / ts / 1e9, "load_gbps": raw / tl / 1e9}
+    print(json.dumps({"torch": results["torch"]}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Stored chunks → tensors, a batch at a time: the mirror image of :mod:`.encode`.
+
+The stored bytes of a batch lie in one buffer on the backend's device (a GPU region filled by
+host-to-device copies, or host memory). One pass checksums every chunk (and, on a GPU, gathers
+the coded ones to the aligned addresses nvCOMP needs) before any decoder sees it; one codec call
+per codec decodes every coded chunk in place; one merge per item size rebuilds the tensors from
+their planes, raw planes read where they landed, computing each tensor's checksum in the same
+pass. The caller verifies those checksums (one sync for a whole load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import CkptzipError, CorruptCheckpointError
+from ..format import TensorEntry
+from ..kernels.planes import PLANE_ALIGN, merge_planes
+from ..kernels.segments import segment_sums
+from .policy import codec_for
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class _Chunks:
+    """Every chunk of a batch as columns, in file order."""
+
+    tensor: np.ndarray
+    stream: np.ndarray  # global stream number within the batch
+    offset: np.ndarray  # in the region
+    length: np.ndarray
+    raw: np.ndarray
+    digest: list[str]
+    where: list[tuple[int, int, int]]  # (tensor, stream of the tensor, chunk of the stream)
+
+
+def _columns(entries: list[TensorEntry], region_start: int) -> tuple[_Chunks, list[tuple[int, int]]]:
+    tensor, stream, offset, length, raw, digest, where = [], [], [], [], [], [], []
+    streams: list[tuple[int, int]] = []  # (tensor, stream of the tensor)
+    for t, entry in enumerate(entries):
+        for j, s in enumerate(entry.streams):
+            g = len(streams)
+            streams.append((t, j))
+            for k, c in enumerate(s.chunks):
+                tensor.append(t)
+                stream.append(g)
+                offset.append(c.offset - region_start)
+                length.append(c.length)
+                raw.append(c.raw_length)
+                digest.append(c.digest)
+                where.append((t, j, k))
+    arr = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
+    return _Chunks(arr(tensor), arr(stream), arr(offset), arr(length), arr(raw), digest, where), streams
+
+
+def _name(entries: list[TensorEntry], where: tuple[int, int, int]) -> str:
+    t, j, k = where
+    return f"tensor {entries[t].name!r} stream {j} chunk {k}"
+
+
+def verify_digests(entries: list[TensorEntry], chunks: _Chunks, found: np.ndarray, region_start: int) -> None:
+    """Raise ``CorruptCheckpointError`` naming the first chunk whose wsum64 is not the index's."""
+    expected = np.array([int(d, 16) for d in chunks.digest], dtype=np.uint64)
+    bad = np.flatnonzero(found.astype(np.uint64) != expected)
+    if bad.size:
+        i = int(bad[0])
+        start = int(chunks.offset[i]) + region_start
+        raise CorruptCheckpointError(
+            f"{_name(entries, chunks.where[i])} (file bytes {start}..{start + int(chunks.length[i])}) is damaged: "
+            f"wsum64 {int(found[i]) & _MASK64:016x}, expected {chunks.digest[i]}"
+        )
+
+
+def decode_batch(entries: list[TensorEntry], region: torch.Tensor, region_start: int, backend: str,
+                 *, digests: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Decode the tensors whose stored bytes fill ``region`` (from file offset ``region_start``).
+
+    Returns their bytes (1-D uint8 on the region's device) and their wsum64 (int64, for the caller
+    to verify). ``digests``: check each chunk's wsum64 here (files of format 2); files of format 1
+    carry XXH3 digests, which the reader checks on the host before the bytes get here.
+    """
+    device = region.device
+    chunks, streams = _columns(entries, region_start)
+    codecs = [entries[t].streams[j].codec for t, j in streams]
+    coded = np.array([c["id"] != "raw" for c in codecs], dtype=bool)
+    chunk_coded = coded[chunks.stream] if chunks.stream.size else np.zeros(0, bool)
+    on_gpu = backend == "cuda"
+    # Coded chunks move to aligned slots for nvCOMP (on the GPU), checksummed on the way.
+    c_sel = np.flatnonzero(chunk_coded)
+    slot = -(-chunks.length[c_sel] // PLANE_ALIGN) * PLANE_ALIGN
+    c_slot = np.cumsum(slot) - slot
+    coded_src = torch.empty(int(slot.sum()) if on_gpu else 0, dtype=torch.uint8, device=device)
+    found = torch.zeros(chunks.length.size, dtype=torch.int64, device=device)
+    zeros = np.zeros(chunks.length.size, dtype=np.int64)
+    r_sel = np.flatnonzero(~chunk_coded)
+    if digests or r_sel.size:
+        if digests and r_sel.size:
+            found[torch.from_numpy(r_sel).to(device)] = segment_sums([region], zeros[r_sel], chunks.offset[r_sel],
+                                                                     chunks.length[r_sel])
+    if c_sel.size and (digests or on_gpu):
+        gather = dict(outs=[coded_src], out_index=zeros[c_sel], out_offsets=c_slot) if on_gpu else {}
+        sums = segment_sums([region], zeros[c_sel], chunks.offset[c_sel], chunks.length[c_sel], **gather)
+        found[torch.from_numpy(c_sel).to(device)] = sums
+    if digests:
+        verify_digests(entries, chunks, found.cpu().numpy(), region_start)  # before any decoder runs
+    decoded, stream_at = _decode_coded(entries, chunks, streams, codecs, coded, region, coded_src, c_sel,
+                                       c_slot, on_gpu, backend)
+    return _rebuild(entries, chunks, streams, coded, region, decoded, stream_at)
+
+
+def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[int, int]], codecs: list[dict],
+                  coded: np.ndarray, region: torch.Tensor, coded_src: torch.Tensor, c_sel: np.ndarray,
+                  c_slot: np.ndarray, on_gpu: bool, backend: str) -> tuple[torch.Tensor, np.ndarray]:
+    """Decode every coded stream into one buffer, each stream contiguous at an aligned offset.
+
+    Returns the buffer and each stream's offset in it (-1 for raw streams)."""
+    device = region.device
+    sizes = np.array([entries[t].streams[j].nbytes for t, j in streams], dtype=np.int64)
+    stream_slot = np.where(coded, -(-sizes // PLANE_ALIGN) * PLANE_ALIGN, 0)
+    stream_at = np.where(coded, np.cumsum(stream_slot) - stream_slot, -1)
+    decoded = torch.empty(int(stream_slot.sum()), dtype=torch.uint8, device=device)
+    if not c_sel.size:
+        return decoded, stream_at
+    c_stream = chunks.stream[c_sel]
+    raw = chunks.raw[c_sel]
+    first = np.r_[True, c_stream[1:] != c_stream[:-1]]
+    starts = np.flatnonzero(first)
+    within = np.cumsum(raw) - raw
+    within = within - np.repeat(within[starts], np.diff(np.r_[starts, raw.size]))
+    dst = stream_at[c_stream] + within
+    src, src_offsets = (coded_src, c_slot) if on_gpu else (region, chunks.offset[c_sel])
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(c_stream.tolist()):
+        groups.setdefault(repr(sorted(codecs[s].items())), []).append(i)
+    for members in groups.values():
+        m = np.array(members, dtype=np.int64)
+        s = int(c_stream[m[0]])
+        t, j = streams[s]
+        try:
+            codec = codec_for(codecs[s], backend)
+        except CkptzipError as exc:
+            raise type(exc)(f"tensor {entries[t].name!r} stream {j}: {exc}") from exc
+        aligned = (decoded.data_ptr() + dst[m]) % getattr(codec, "alignment", 1) == 0
+        try:
+            if aligned.all():
+                codec.decode_segments(src, src_offsets[m], chunks.length[c_sel][m], decoded, dst[m], raw[m])
+            else:  # chunks of sizes off the codec's alignment (not written by ckptzip): one by one
+                for i in m.tolist():
+                    tmp = torch.empty(int(raw[i]), dtype=torch.uint8, device=device)
+                    codec.decode_segments(src, src_offsets[i : i + 1], chunks.length[c_sel][i : i + 1], tmp,
+                                          np.zeros(1, np.int64), raw[i : i + 1])
+                    decoded[int(dst[i]) : int(dst[i]) + int(raw[i])].copy_(tmp)
+        except CorruptCheckpointError as exc:
+            index = getattr(exc, "chunk", None)
+            where = chunks.where[int(c_sel[m[index]])] if index is not None else None
+            what = _name(entries, where) if where else f"tensors {sorted({entries[t].name for t, _ in streams})}"
+            raise CorruptCheckpointError(f"{what}: {exc}") from exc
+    return decoded, stream_at
+
+
+def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[int, int]], coded: np.ndarray,
+             region: torch.Tensor, decoded: torch.Tensor, stream_at: np.ndarray
+             ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Merge planes (or copy single streams) into one new tensor each; their wsum64."""
+    device = region.device
+    outs = [torch.empty(e.nbytes, dtype=torch.uint8, device=device) for e in entries]
+    checksums = torch.zeros(len(entries), dtype=torch.int64, device=device)
+    first_chunk = {}
+    for i, s in enumerate(chunks.stream.tolist()):
+        first_chunk.setdefault(s, i)
+    source_base = np.where(coded, 1, 0)  # 0: the region (raw streams in place), 1: the decoded buffer
+    source_offset = np.array([stream_at[s] if coded[s] else (chunks.offset[first_chunk[s]] if s in first_chunk else 0)
+                              for s in range(len(streams))], dtype=np.int64)
+    by_tensor: dict[int, list[int]] = {}
+    for s, (t, _) in enumerate(streams):
+        by_tensor.setdefault(t, []).append(s)
+    merges: dict[int, list[int]] = {}
+    singles: list[int] = []
+    for t, entry in enumerate(entries):
+        if entry.transforms:
+            merges.setdefault(len(entry.streams), []).append(t)
+        elif entry.nbytes:
+            singles.append(t)
+    for k, idx in merges.items():
+        plane_streams = np.array([by_tensor[t] for t in idx], dtype=np.int64)
+        sums = merge_planes([outs[t] for t in idx], k, [region, decoded], source_base[plane_streams],
+                            source_offset[plane_streams])
+        checksums[torch.from_numpy(np.array(idx)).to(device)] = sums
+    if singles:
+        s_of = np.array([by_tensor[t][0] for t in singles], dtype=np.int64)
+        sizes = np.array([entries[t].nbytes for t in singles], dtype=np.int64)
+        segment_sums([region, decoded], source_base[s_of], source_offset[s_of], sizes, outs=outs,
+                     out_index=np.array(singles), out_offsets=np.zeros(len(singles), np.int64))
+        sums = segment_sums([outs[t] for t in singles], np.arange(len(singles)), np.zeros(len(singles), np.int64),
+                            sizes)
+        checksums[torch.from_numpy(np.array(singles)).to(device)] = sums
+    return outs, checksums

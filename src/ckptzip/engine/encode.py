@@ -1,0 +1,225 @@
+"""Tensors → stored chunks, a batch at a time, on one backend (a CUDA device or the CPU).
+
+One pass splits every multi-byte tensor of the batch into byte planes (one launch per item size,
+checksums and sampled byte counts included); one host sync reads the plane entropies; the policy
+codes the planes that carry structure, with one codec call per codec; a last pass gathers every
+stored chunk into one buffer in file order and checksums each chunk. The plan is built with NumPy
+over the whole batch: no Python work per chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
+from ..kernels.segments import segment_sums
+from ..transforms import BytePlanes
+from .policy import RAW, RANDOM_ENTROPY_BITS, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy, chunk_bytes, codec_for
+
+
+@dataclass
+class StreamRecord:
+    """One stream of a tensor: its codec configuration, decoded size and number of chunks."""
+
+    codec: dict
+    nbytes: int
+    chunks: int
+
+
+@dataclass
+class EncodedBatch:
+    """A batch ready to be written: its stored chunks back to back in file order, and what the
+    index needs. Tensors stay on the backend's device until the writer copies them out."""
+
+    stored: torch.Tensor  # 1-D uint8
+    lengths: np.ndarray  # stored bytes of each chunk
+    raw_lengths: np.ndarray  # decoded bytes of each chunk
+    digests: torch.Tensor  # wsum64 of each stored chunk (int64)
+    checksums: torch.Tensor  # wsum64 of each tensor (int64)
+    transforms: list[list[dict]]
+    streams: list[list[StreamRecord]]
+
+
+def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements in C order as a 1-D uint8 tensor on its device (no copy if contiguous)."""
+    t = tensor.detach()
+    if t.is_conj() or t.is_neg():  # lazy conj/neg views have no byte view
+        t = t.resolve_conj().resolve_neg()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
+
+
+def entropy_of_counts(counts: torch.Tensor) -> torch.Tensor:
+    """Order-0 entropy in bits/byte of each row of byte counts (``[..., 256]``); 0 for empty rows."""
+    counts = counts.to(torch.float32)
+    p = counts / counts.sum(dim=-1, keepdim=True).clamp_min(1)
+    return (-(p * torch.log2(p.clamp_min(1e-30))).sum(dim=-1)).clamp_min(0.0)
+
+
+def _aligned_layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
+    slots = -(-sizes // PLANE_ALIGN) * PLANE_ALIGN
+    return np.cumsum(slots) - slots, int(slots.sum())
+
+
+class _Streams:
+    """The streams of a batch as columns: tensor, base buffer, offset in it, size, codec."""
+
+    def __init__(self) -> None:
+        self.tensor: list[np.ndarray] = []
+        self.base: list[np.ndarray] = []
+        self.offset: list[np.ndarray] = []
+        self.size: list[np.ndarray] = []
+
+    def add(self, tensor: np.ndarray, base: int, offset: np.ndarray, size: np.ndarray) -> None:
+        self.tensor.append(tensor)
+        self.base.append(np.full(tensor.size, base, dtype=np.int64))
+        self.offset.append(offset)
+        self.size.append(size)
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
+        tensor, base, offset, size = map(cat, (self.tensor, self.base, self.offset, self.size))
+        order = np.lexsort((offset, tensor))  # tensor order, then plane order (planes lie in order)
+        return tensor[order], base[order], offset[order], size[order]
+
+
+def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> EncodedBatch:
+    """Encode tensors that all live on the backend's device (``backend`` "cuda": one CUDA device;
+    "cpu": host memory) into one :class:`EncodedBatch`."""
+    datas = [tensor_bytes(t) for t in tensors]
+    device = datas[0].device
+    count = len(datas)
+    nbytes = np.array([d.numel() for d in datas], dtype=np.int64)
+    itemsize = np.array([t.element_size() for t in tensors], dtype=np.int64)
+    floating = np.array([t.dtype.is_floating_point or t.dtype.is_complex for t in tensors])
+    split = policy.splits(itemsize, nbytes)
+    hist = torch.zeros(count, 8 * 256, dtype=torch.int32, device=device)
+    checksums = torch.zeros(count, dtype=torch.int64, device=device)
+    bases: list[torch.Tensor] = []
+    streams = _Streams()
+    plane_of: dict[int, int] = {}  # stream columns later: plane number of split streams
+    for k in (2, 4, 8):
+        idx = np.flatnonzero(split & (itemsize == k))
+        if not idx.size:
+            continue
+        starts, strides, total = plane_layout(nbytes[idx], k)
+        planes = torch.empty(total, dtype=torch.uint8, device=device)
+        checksums[torch.from_numpy(idx).to(device)] = split_planes(
+            [datas[i] for i in idx], k, planes, starts, strides, hist, idx)
+        base = len(bases)
+        bases.append(planes)
+        plane_of[base] = k
+        offsets = starts[:, None] + strides[:, None] * np.arange(k)[None, :]
+        streams.add(np.repeat(idx, k), base, offsets.reshape(-1), np.repeat(nbytes[idx] // k, k))
+    whole = np.flatnonzero(~split)
+    if whole.size:
+        offsets, total = _aligned_layout(nbytes[whole])
+        buffer = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+        nonempty = whole[nbytes[whole] > 0]
+        sums = segment_sums([datas[i] for i in nonempty], np.arange(nonempty.size), np.zeros(nonempty.size, np.int64),
+                            nbytes[nonempty], outs=[buffer], out_index=np.zeros(nonempty.size, np.int64),
+                            out_offsets=offsets[nbytes[whole] > 0])
+        checksums[torch.from_numpy(nonempty).to(device)] = sums
+        streams.add(whole, len(bases), offsets, nbytes[whole])
+        bases.append(buffer)
+    s_tensor, s_base, s_offset, s_size = streams.columns()
+    coded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, hist, floating, bases, policy, backend)
+    return _assemble(tensors, checksums, bases, s_tensor, s_base, s_offset, s_size, coded, plane_of, backend)
+
+
+def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
+                   plane_of: dict[int, int], hist: torch.Tensor, floating: np.ndarray,
+                   bases: list[torch.Tensor], policy: Policy, backend: str) -> list[dict]:
+    """The codec configuration each stream is tried with (``RAW``: stored as it is)."""
+    plane_codec = policy.plane_codec(backend).get_config()
+    if not s_tensor.size:
+        return []
+    is_plane = np.isin(s_base, list(plane_of))
+    if is_plane.any():
+        entropies = entropy_of_counts(hist.view(-1, 8, 256)).cpu().numpy()  # the one sync before coding
+        plane_index = np.zeros(s_tensor.size, dtype=np.int64)
+        first = np.r_[True, s_tensor[1:] != s_tensor[:-1]]
+        group_start = np.maximum.accumulate(np.where(first, np.arange(s_tensor.size), 0))
+        plane_index = np.arange(s_tensor.size) - group_start
+        plane_entropy = entropies[s_tensor, np.minimum(plane_index, 7)]
+    configs: list[dict] = []
+    for s in range(s_tensor.size):
+        size = int(s_size[s])
+        if size == 0:
+            configs.append(RAW)
+        elif not is_plane[s]:
+            configs.append(policy.whole_codec(backend, size).get_config())
+        elif not floating[s_tensor[s]] or plane_entropy[s] < RANDOM_ENTROPY_BITS:
+            configs.append(plane_codec)
+        elif backend == "cpu" and _trial_gains(bases[s_base[s]], int(s_offset[s]), size, plane_codec, backend):
+            configs.append(plane_codec)
+        else:
+            configs.append(RAW)
+    return configs
+
+
+def _trial_gains(base: torch.Tensor, offset: int, size: int, config: dict, backend: str) -> bool:
+    """Whether coding a sample from the middle of a near-random plane shrinks it noticeably."""
+    if size < 4 * TRIAL_BYTES or config["id"] == "raw":
+        return False
+    start = offset + (size - TRIAL_BYTES) // 2
+    sample = base[start : start + TRIAL_BYTES]
+    (coded,) = codec_for(config, backend).encode([sample])
+    return coded.numel() < (1 - TRIAL_MIN_GAIN) * TRIAL_BYTES
+
+
+def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[torch.Tensor],
+              s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
+              configs: list[dict], plane_of: dict[int, int], backend: str) -> EncodedBatch:
+    """Chunk every stream, code the coded ones (one call per codec and buffer), fall back to raw
+    where coding did not shrink a stream, then gather all stored chunks in file order."""
+    device = bases[0].device if bases else checksums.device
+    ids = [c["id"] for c in configs]
+    cb = np.array([chunk_bytes(i, backend) for i in ids], dtype=np.int64)
+    nchunks = -(-s_size // np.maximum(cb, 1))
+    c_stream = np.repeat(np.arange(s_size.size), nchunks)
+    within = np.arange(c_stream.size) - np.repeat(np.cumsum(nchunks) - nchunks, nchunks)
+    c_raw = np.minimum(cb[c_stream], s_size[c_stream] - within * cb[c_stream])
+    c_base = s_base[c_stream].copy()
+    c_offset = s_offset[c_stream] + within * cb[c_stream]
+    c_length = c_raw.copy()
+    stream_codec = list(configs)
+    groups: dict[tuple[str, int], list[int]] = {}
+    for s, config in enumerate(configs):
+        if config["id"] != "raw" and nchunks[s]:
+            groups.setdefault((_key(config), int(s_base[s])), []).append(s)
+    for (_, base), members in groups.items():
+        codec = codec_for(configs[members[0]], backend)
+        sel = np.flatnonzero(np.isin(c_stream, members))
+        out, out_offsets, out_lengths = codec.encode_segments(bases[base], c_offset[sel], c_raw[sel])
+        coded_total = np.bincount(c_stream[sel], weights=out_lengths, minlength=s_size.size)
+        shrinks = coded_total[c_stream[sel]] < s_size[c_stream[sel]]
+        keep = sel[shrinks]
+        c_base[keep] = len(bases)
+        c_offset[keep] = out_offsets[shrinks]
+        c_length[keep] = out_lengths[shrinks]
+        bases.append(out)
+        for s in members:
+            if coded_total[s] >= s_size[s]:
+                stream_codec[s] = RAW
+    out_offsets = np.cumsum(c_length) - c_length
+    stored = torch.empty(int(c_length.sum()), dtype=torch.uint8, device=device)
+    digests = segment_sums(bases, c_base, c_offset, c_length, outs=[stored],
+                           out_index=np.zeros(c_length.size, np.int64), out_offsets=out_offsets)
+    transforms: list[list[dict]] = [[] for _ in tensors]
+    streams: list[list[StreamRecord]] = [[] for _ in tensors]
+    for s in range(s_size.size):
+        t = int(s_tensor[s])
+        k = plane_of.get(int(s_base[s]))
+        if k is not None and not transforms[t]:
+            transforms[t] = [BytePlanes(k).get_config()]
+        streams[t].append(StreamRecord(stream_codec[s], int(s_size[s]), int(nchunks[s])))
+    return EncodedBatch(stored, c_length, c_raw, digests, checksums, transforms, streams)
+
+
+def _key(config: dict) -> str:
+    return repr(sorted(config.items()))

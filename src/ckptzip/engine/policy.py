@@ -1,0 +1,126 @@
+"""The ``codec=`` argument, parsed once at the API boundary into a :class:`Policy` value.
+
+Presets:
+- ``"auto"``: byte planes for 2-, 4- and 8-byte dtypes; planes that carry structure get the best
+  codec of the backend (GPU: nvCOMP ans; CPU: zstd), near-random planes (float mantissa bytes)
+  are stored raw, since coding them costs time and gains nothing.
+- ``"fast"``: as auto, with the backend's fastest codec.
+- ``"portable"``: as auto, with zstd everywhere, so the file decodes on machines without a GPU.
+A codec id (``"zstd"``, ``"ans"``, ...) applies that codec to every tensor's raw bytes.
+
+Everything below the API receives a Policy; nothing re-parses the string.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..codecs import Codec, codec_ids, get_codec, gpu_only_ids, has_codec
+from ..errors import CkptzipError
+
+PRESETS = ("auto", "fast", "portable")
+SMALL_TENSOR_BYTES = 1 << 12
+RANDOM_ENTROPY_BITS = 7.5
+# A near-random plane is still coded on the CPU when a sample shrinks by more than this fraction.
+TRIAL_MIN_GAIN = 0.01
+TRIAL_BYTES = 1 << 16
+
+# Stored chunk size by (codec id, backend): large enough for the entropy coders' tables and the
+# GPU's parallelism, small enough that nvCOMP's zstd decoder stays fast. Multiples of 256, so
+# decoded chunks land at aligned addresses.
+CHUNK_BYTES = {
+    ("raw", "cpu"): 16 << 20,
+    ("raw", "cuda"): 16 << 20,
+    ("zstd", "cpu"): 1 << 20,
+    ("zstd", "cuda"): 256 << 10,
+    ("ans", "cuda"): 1 << 20,
+    ("bitcomp", "cuda"): 1 << 20,
+}
+DEFAULT_CHUNK_BYTES = 256 << 10
+
+_PRESET_CODECS = {
+    ("auto", "cuda"): {"id": "ans", "data_type": "|u1"},
+    ("fast", "cuda"): {"id": "ans", "data_type": "|u1"},
+    ("portable", "cuda"): {"id": "zstd", "level": 3},
+    ("auto", "cpu"): {"id": "zstd", "level": 3},
+    ("fast", "cpu"): {"id": "zstd", "level": 1},
+    ("portable", "cpu"): {"id": "zstd", "level": 3},
+}
+
+
+@functools.lru_cache(maxsize=64)
+def _codec(config: str, backend: str) -> Codec:
+    """Codec objects are immutable values: one per configuration and backend per process."""
+    return get_codec(json.loads(config), backend)
+
+
+def codec_for(config: dict[str, Any], backend: str) -> Codec:
+    """The (cached) implementation of a codec configuration on ``backend``."""
+    return _codec(json.dumps(config, sort_keys=True), backend)
+
+
+def chunk_bytes(codec_id: str, backend: str) -> int:
+    """Stored chunk size of streams coded with ``codec_id`` on ``backend``."""
+    return CHUNK_BYTES.get((codec_id, backend), DEFAULT_CHUNK_BYTES)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How tensors are stored: a preset name or a codec id, validated."""
+
+    name: str
+
+    @classmethod
+    def parse(cls, codec: str | Policy) -> Policy:
+        """The policy for a ``codec=`` argument; ``CkptzipError`` naming the choices otherwise."""
+        if isinstance(codec, Policy):
+            return codec
+        if not isinstance(codec, str) or (codec not in PRESETS and codec not in codec_ids()):
+            raise CkptzipError(
+                f"codec={codec!r} is neither a preset {list(PRESETS)} nor a codec id {sorted(codec_ids())}"
+            )
+        return cls(codec)
+
+    @property
+    def is_preset(self) -> bool:
+        return self.name in PRESETS
+
+    def backend(self, device: torch.device) -> str:
+        """Where tensors on ``device`` are encoded: their GPU when nvCOMP runs this policy's codec
+        there, else the CPU; a GPU-only codec id always runs on a GPU (or fails saying why)."""
+        if self.name in gpu_only_ids():
+            return "cuda"
+        if device.type != "cuda":
+            return "cpu"
+        probe = self.name if not self.is_preset else _PRESET_CODECS[(self.name, "cuda")]["id"]
+        return "cuda" if has_codec(probe, "cuda") else "cpu"
+
+    def splits(self, itemsize: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Which tensors (by item size and byte size) are split into byte planes."""
+        if not self.is_preset:
+            return np.zeros(len(nbytes), dtype=bool)
+        return (nbytes >= SMALL_TENSOR_BYTES) & np.isin(itemsize, (2, 4, 8))
+
+    def plane_codec(self, backend: str) -> Codec:
+        """The codec of structured planes (presets) or of every stream (a codec id)."""
+        if not self.is_preset:
+            return codec_for({"id": self.name}, backend)
+        return codec_for(_PRESET_CODECS[(self.name, backend)], backend)
+
+    def whole_codec(self, backend: str, nbytes: int) -> Codec:
+        """The codec of a tensor stored as one stream (not split into planes)."""
+        if self.is_preset and nbytes < SMALL_TENSOR_BYTES and backend == "cuda":
+            return codec_for({"id": "raw"}, backend)  # tiny tensors: not worth a GPU codec
+        return self.plane_codec(backend)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+RAW = {"id": "raw"}

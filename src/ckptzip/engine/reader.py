@@ -1,0 +1,247 @@
+"""Whole-state load: stored bytes in batches from the file to :func:`~.decode.decode_batch`.
+
+GPU batches: a reader thread fills pinned buffers (positioned reads, several at a time) and copies
+each to the GPU on the copy stream as soon as it is full, a batch or more ahead of the decoder.
+CPU batches decode on a thread pool, several at once, from zero-copy views where the file is
+already in memory. Every tensor checksum is verified before anything is returned.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..codecs import gpu_only_ids, has_codec
+from ..codecs._threads import cpu_threads
+from ..errors import CorruptCheckpointError
+from ..format import DTYPES, ContainerReader, TensorEntry
+from ..format.reader import verify_xxh3
+from .ahead import Task, run_ahead
+from .decode import decode_batch
+from .staging import copy_stream, pinned_pool
+
+BATCH_BYTES = {"cuda": 256 << 20, "cpu": 8 << 20}
+_READ_THREADS = 4
+_MASK64 = (1 << 64) - 1
+
+
+def decode_backend(entry: TensorEntry, device: torch.device) -> str:
+    """Decode on the GPU when the target is a GPU, or a codec is GPU-only, and a GPU can run it."""
+    ids = set(entry.codecs)
+    if all(has_codec(i, "cuda") for i in ids) and (device.type == "cuda" or ids & gpu_only_ids()):
+        return "cuda"
+    return "cpu"
+
+
+def plan_batches(entries: list[TensorEntry], devices: list[torch.device]
+                 ) -> list[tuple[str, torch.device, list[int]]]:
+    """Consecutive tensors decoded alike (backend and device), about ``BATCH_BYTES`` stored each."""
+    out: list[tuple[str, torch.device, list[int]]] = []
+    size = 0
+    for i, (entry, device) in enumerate(zip(entries, devices)):
+        backend = decode_backend(entry, device)
+        work = torch.device("cpu") if backend == "cpu" else (device if device.type == "cuda" else
+                                                             torch.device("cuda", torch.cuda.current_device()))
+        if out and out[-1][:2] == (backend, work) and size < BATCH_BYTES[backend]:
+            out[-1][2].append(i)
+            size += entry.compressed_nbytes
+            continue
+        out.append((backend, work, [i]))
+        size = entry.compressed_nbytes
+    return out
+
+
+def _extent(entries: list[TensorEntry]) -> tuple[int, int]:
+    """First file offset and length of the stored bytes of consecutive entries."""
+    chunks = [c for e in entries for s in e.streams for c in s.chunks]
+    if not chunks:
+        return 0, 0
+    start = min(c.offset for c in chunks)
+    return start, max(c.offset + c.length for c in chunks) - start
+
+
+def _chunk_list(entries: list[TensorEntry]) -> list[tuple[TensorEntry, int, int, Any]]:
+    return [(e, j, k, c) for e in entries for j, s in enumerate(e.streams) for k, c in enumerate(s.chunks)]
+
+
+def _host_region(reader: ContainerReader, entries: list[TensorEntry]) -> tuple[torch.Tensor, int]:
+    """The stored bytes of a CPU batch: a view where the file is in memory, else read."""
+    start, length = _extent(entries)
+    data = reader.source.view(start, length)
+    if data is None or data.size != length:
+        data = np.empty(length, dtype=np.uint8)
+        reader.read_into(data, start, f"tensor {entries[0].name!r}")
+    if not reader.digest_is_wsum64:
+        verify_xxh3(data, start, _chunk_list(entries))
+    return torch.from_numpy(data) if data.flags.writeable else torch.from_numpy(data.copy()), start
+
+
+def _decode_cpu(reader: ContainerReader, entries: list[TensorEntry]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    region, start = _host_region(reader, entries)
+    return decode_batch(entries, region, start, "cpu", digests=reader.digest_is_wsum64)
+
+
+class _Uploader:
+    """Reads GPU batches' stored bytes into pinned buffers and copies them to their devices, in
+    batch order, on a thread of its own; ``get`` returns each batch's device region."""
+
+    def __init__(self, reader: ContainerReader, batches: list[tuple[torch.device, list[TensorEntry]]]) -> None:
+        self._reader = reader
+        self._pool = pinned_pool()
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._stop = False
+        self._reads = ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="ckptzip-read")
+        self._thread = threading.Thread(target=self._run, args=(batches,), name="ckptzip-upload", daemon=True)
+        self._thread.start()
+
+    def _read(self, buffer: torch.Tensor, offset: int, n: int, entries: list[TensorEntry]) -> torch.Tensor:
+        data = buffer.numpy()[:n]
+        self._reader.read_into(data, offset, f"tensor {entries[0].name!r}")
+        return buffer
+
+    def _run(self, batches: list[tuple[torch.device, list[TensorEntry]]]) -> None:
+        pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]] = collections.deque()
+        try:
+            for device, entries in batches:
+                start, length = _extent(entries)
+                stream = copy_stream(device)
+                with torch.cuda.device(device), torch.cuda.stream(stream):
+                    region = torch.empty(length, dtype=torch.uint8, device=device)
+                    for offset, n, buffer in self._pieces(entries, start, length, pending):
+                        if self._stop:
+                            return
+                        region[offset - start : offset - start + n].copy_(buffer[:n], non_blocking=True)
+                        done = torch.cuda.Event()
+                        done.record(stream)
+                        pending.append((done, buffer))
+                    ready = torch.cuda.Event()
+                    ready.record(stream)
+                self._queue.put((region, start, ready))
+            self._queue.put(None)
+        except BaseException as exc:
+            self._queue.put(exc)
+        finally:
+            for done, buffer in pending:
+                done.synchronize()
+                self._release(buffer)
+
+    def _pieces(self, entries: list[TensorEntry], start: int, length: int,
+                pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]]) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """Pinned buffers filled with the batch's bytes, a few reads in flight, in order."""
+        size = self._pool.buffer_bytes
+        if self._reader.digest_is_wsum64:
+            spans = [(o, min(size, start + length - o)) for o in range(start, start + length, size)]
+        else:  # format-1 digests are checked on the host: keep chunks whole in one buffer
+            spans = _chunk_spans(_chunk_list(entries), size)
+        reads: collections.deque[tuple[int, int, Any]] = collections.deque()
+        for offset, n in spans:
+            while len(reads) >= _READ_THREADS:
+                yield self._finish(reads.popleft(), entries)
+            while pending and (pending[0][0].query() or len(pending) >= self._pool.count - _READ_THREADS):
+                done, buffer = pending.popleft()
+                done.synchronize()
+                self._release(buffer)
+            buffer = self._pool.acquire() if n <= size else torch.empty(n, dtype=torch.uint8)
+            reads.append((offset, n, self._reads.submit(self._read, buffer, offset, n, entries)))
+        while reads:
+            yield self._finish(reads.popleft(), entries)
+
+    def _finish(self, read: tuple[int, int, Any], entries: list[TensorEntry]) -> tuple[int, int, torch.Tensor]:
+        offset, n, future = read
+        buffer = future.result()
+        if not self._reader.digest_is_wsum64:
+            chunks = [c for c in _chunk_list(entries) if offset <= c[3].offset < offset + n]
+            verify_xxh3(buffer.numpy()[:n], offset, chunks)
+        return offset, n, buffer
+
+    def _release(self, buffer: torch.Tensor) -> None:
+        if buffer.is_pinned() and buffer.numel() == self._pool.buffer_bytes:
+            self._pool.release(buffer)
+
+    def get(self) -> tuple[torch.Tensor, int, torch.cuda.Event]:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop = True
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self._queue.get(timeout=0.05)
+        self._thread.join()
+        self._reads.shutdown(wait=True)
+
+
+def _chunk_spans(chunks: list[tuple[TensorEntry, int, int, Any]], size: int) -> list[tuple[int, int]]:
+    """Runs of whole chunks of at most ``size`` bytes (a larger chunk alone)."""
+    spans: list[tuple[int, int]] = []
+    for _, _, _, c in chunks:
+        if spans and spans[-1][0] + spans[-1][1] == c.offset and spans[-1][1] + c.length <= size:
+            spans[-1] = (spans[-1][0], spans[-1][1] + c.length)
+        else:
+            spans.append((c.offset, c.length))
+    return spans
+
+
+def _decode_gpu(uploader: _Uploader, entries: list[TensorEntry], device: torch.device, digests: bool
+                ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    region, start, ready = uploader.get()
+    with torch.cuda.device(device):
+        torch.cuda.current_stream(device).wait_event(ready)
+        region.record_stream(torch.cuda.current_stream(device))
+        return decode_batch(entries, region, start, "cuda", digests=digests)
+
+
+def verify_checksums(entries: list[TensorEntry], found: list[int]) -> None:
+    """Raise ``CorruptCheckpointError`` naming the first tensor whose decoded bytes do not match."""
+    for entry, value in zip(entries, found):
+        got = f"wsum64:{value & _MASK64:016x}"
+        if got != entry.checksum:
+            raise CorruptCheckpointError(
+                f"tensor {entry.name!r}: decoded bytes have checksum {got}, expected {entry.checksum}; "
+                "the file is damaged or a codec misbehaved"
+            )
+
+
+def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torch.device],
+                 on_progress: Callable[[int], None]) -> list[torch.Tensor]:
+    """Decode and verify tensors ``indices`` of the container onto ``devices`` (one each)."""
+    entries = [reader.tensors[i] for i in indices]
+    plan = plan_batches(entries, devices)
+    gpu = [(work, [entries[i] for i in idx]) for backend, work, idx in plan if backend == "cuda"]
+    uploader = _Uploader(reader, gpu) if gpu else None
+    digests = reader.digest_is_wsum64
+    tasks = (
+        Task(idx, functools.partial(_decode_gpu, uploader, [entries[i] for i in idx], work, digests), inline=True)
+        if backend == "cuda" else
+        Task(idx, functools.partial(_decode_cpu, reader, [entries[i] for i in idx]))
+        for backend, work, idx in plan
+    )
+    out: list[torch.Tensor] = [None] * len(entries)  # type: ignore[list-item]
+    sums: list[tuple[list[int], torch.Tensor]] = []
+    workers = cpu_threads() if any(backend == "cpu" for backend, _, _ in plan) else 1
+    try:
+        for idx, (datas, checksums) in run_ahead(tasks, workers):
+            for i, data in zip(idx, datas):
+                entry = entries[i]
+                tensor = data.view(DTYPES[entry.dtype]) if entry.nbytes else torch.empty(0, dtype=DTYPES[entry.dtype],
+                                                                                        device=data.device)
+                out[i] = tensor.reshape(entry.shape)
+            sums.append((idx, checksums))
+            on_progress(sum(entries[i].nbytes for i in idx))
+    finally:
+        if uploader is not None:
+            uploader.close()
+    for idx, checksums in sums:  # one sync per device for the whole load
+        verify_checksums([entries[i] for i in idx], checksums.tolist())
+    return [t if t.device == d else t.to(d) for t, d in zip(out, devices)]

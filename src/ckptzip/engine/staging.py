@@ -1,0 +1,71 @@
+"""Pinned host memory for device↔host copies: a bounded pool of buffers, reused across saves and
+loads, and a copy stream per device.
+
+Host memory is bounded by the pool (``CKPTZIP_PINNED_MB`` in all, default 1024 MiB in 64 MiB
+buffers, created on first use), never by the size of the state: when every buffer waits for the
+disk, the GPU side waits too (back-pressure).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+
+import torch
+
+BUFFER_BYTES = 64 << 20
+
+
+def _pool_buffers() -> int:
+    total = int(os.environ.get("CKPTZIP_PINNED_MB", "1024")) << 20
+    return max(2, total // BUFFER_BYTES)
+
+
+class PinnedPool:
+    """A fixed number of pinned host buffers, created on first use and reused."""
+
+    def __init__(self, buffer_bytes: int = BUFFER_BYTES, count: int | None = None) -> None:
+        self.buffer_bytes = buffer_bytes
+        self.count = count or _pool_buffers()
+        self._free: queue.Queue[torch.Tensor] = queue.Queue()
+        self._created = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> torch.Tensor:
+        """A free buffer; blocks while all are in use."""
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            if self._created < self.count:
+                self._created += 1
+                return torch.empty(self.buffer_bytes, dtype=torch.uint8, pin_memory=True)
+        return self._free.get()
+
+    def release(self, buffer: torch.Tensor) -> None:
+        self._free.put(buffer)
+
+
+_POOL: PinnedPool | None = None
+_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+_LOCK = threading.Lock()
+
+
+def pinned_pool() -> PinnedPool:
+    """The process-wide pool (pinned memory is slow to allocate, so it is kept)."""
+    global _POOL
+    with _LOCK:
+        if _POOL is None:
+            _POOL = PinnedPool()
+        return _POOL
+
+
+def copy_stream(device: torch.device) -> torch.cuda.Stream:
+    """The process-wide stream for host↔device copies of ``device`` (copies overlap compute)."""
+    with _LOCK:
+        stream = _STREAMS.get(device)
+        if stream is None:
+            stream = _STREAMS[device] = torch.cuda.Stream(device)
+        return stream

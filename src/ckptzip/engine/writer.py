@@ -1,0 +1,245 @@
+"""Whole-state save: tensors in batches through :func:`~.encode.encode_batch`, stored bytes to the
+file in order, the index last.
+
+GPU batches are encoded one after another on a side stream of their device; each batch's stored
+bytes leave the GPU in a few large copies into pinned buffers, on a copy stream, while the next
+batch encodes. CPU batches are encoded on a thread pool, several at once. A writer thread writes
+every batch in file order and builds its index entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+from ..codecs._threads import cpu_threads
+from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
+from .ahead import Task, run_ahead
+from .encode import EncodedBatch, encode_batch
+from .policy import Policy
+from .staging import PinnedPool, copy_stream, pinned_pool
+
+BATCH_BYTES = {"cuda": 256 << 20, "cpu": 8 << 20}
+WRITEBACK_BYTES = 64 << 20
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class BatchKey:
+    """Where a batch is encoded: the backend and its device."""
+
+    backend: str
+    device: torch.device
+
+
+def _key(tensor: torch.Tensor, policy: Policy) -> BatchKey:
+    backend = policy.backend(tensor.device)
+    if backend == "cpu":
+        return BatchKey("cpu", torch.device("cpu"))
+    device = tensor.device if tensor.is_cuda else torch.device("cuda", torch.cuda.current_device())
+    return BatchKey("cuda", device)
+
+
+def plan_batches(tensors: list[torch.Tensor], policy: Policy) -> Iterator[tuple[BatchKey, list[int]]]:
+    """Consecutive tensors encoded alike, in batches of about ``BATCH_BYTES`` of their backend."""
+    batch: list[int] = []
+    key: BatchKey | None = None
+    size = 0
+    for i, t in enumerate(tensors):
+        k = _key(t, policy)
+        if batch and (k != key or size >= BATCH_BYTES[k.backend]):
+            yield key, batch  # type: ignore[misc]
+            batch, size = [], 0
+        key = k
+        batch.append(i)
+        size += t.numel() * t.element_size()
+    if batch:
+        yield key, batch  # type: ignore[misc]
+
+
+def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy) -> EncodedBatch:
+    moved = [t if t.device == key.device else t.to(key.device) for t in tensors]
+    if key.backend == "cuda":
+        with torch.cuda.device(key.device):
+            return encode_batch(moved, policy, "cuda")
+    return encode_batch(moved, policy, "cpu")
+
+
+@dataclass
+class _Job:
+    """One batch on its way to the file: host pieces valid once ``ready`` has completed."""
+
+    names: list[str]
+    tensors: list[torch.Tensor]
+    batch: EncodedBatch
+    pieces: list[tuple[torch.Tensor, int]]
+    meta: torch.Tensor  # int64: chunk digests, then tensor checksums (host)
+    ready: torch.cuda.Event | None = None
+
+
+def _stage(names: list[str], tensors: list[torch.Tensor], batch: EncodedBatch, pool: PinnedPool | None) -> _Job:
+    """Start moving a batch's stored bytes and checksums to the host (device batches: large async
+    copies into pinned buffers on the copy stream; host batches: nothing to move)."""
+    meta = torch.cat([batch.digests, batch.checksums])
+    stored = batch.stored
+    if not stored.is_cuda:
+        return _Job(names, tensors, batch, [(stored, stored.numel())], meta)
+    assert pool is not None
+    stream = copy_stream(stored.device)
+    stream.wait_stream(torch.cuda.current_stream(stored.device))
+    pieces = []
+    with torch.cuda.stream(stream):
+        for start in range(0, stored.numel(), pool.buffer_bytes):
+            n = min(pool.buffer_bytes, stored.numel() - start)
+            buffer = pool.acquire()
+            buffer[:n].copy_(stored[start : start + n], non_blocking=True)
+            pieces.append((buffer, n))
+        host_meta = torch.empty(meta.shape, dtype=meta.dtype, pin_memory=True)
+        host_meta.copy_(meta, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(stream)
+    stored.record_stream(stream)
+    meta.record_stream(stream)
+    return _Job(names, tensors, batch, pieces, host_meta, ready)
+
+
+class _Sink:
+    """Writes staged batches on its own thread, in submission order, and records their entries."""
+
+    def __init__(self, writer: ContainerWriter, pool: PinnedPool | None, f: BinaryIO) -> None:
+        self._writer = writer
+        self._pool = pool
+        self._fd = _file_descriptor(f)
+        self._flushed_to = 0
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=8)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ckptzip-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                if self._error is None:
+                    self._write(job)
+            except BaseException as exc:  # surfaced to the submitting thread
+                self._error = exc
+            finally:
+                for buffer, _ in job.pieces:
+                    if buffer.is_pinned() and self._pool is not None and buffer.numel() == self._pool.buffer_bytes:
+                        self._pool.release(buffer)
+
+    def _write(self, job: _Job) -> None:
+        if job.ready is not None:
+            job.ready.synchronize()
+        start = self._writer.offset
+        for buffer, n in job.pieces:
+            self._writer.append(memoryview(buffer.numpy())[:n])
+        self._record(job, start)
+        self._writeback()
+
+    def _record(self, job: _Job, start: int) -> None:
+        batch = job.batch
+        meta = job.meta.numpy().view(np.uint64)
+        digests, checksums = meta[: batch.lengths.size], meta[batch.lengths.size :]
+        offsets = (start + np.cumsum(batch.lengths) - batch.lengths).tolist()
+        lengths, raws = batch.lengths.tolist(), batch.raw_lengths.tolist()
+        hexes = [f"{int(d):016x}" for d in digests.tolist()]
+        c = 0
+        for t, (name, tensor) in enumerate(zip(job.names, job.tensors)):
+            streams = []
+            for record in batch.streams[t]:
+                chunks = [Chunk(offsets[i], lengths[i], raws[i], hexes[i]) for i in range(c, c + record.chunks)]
+                c += record.chunks
+                streams.append(StreamEntry(record.codec, record.nbytes, chunks))
+            self._writer.add_tensor(TensorEntry(
+                name=name,
+                dtype=DTYPE_NAMES[tensor.dtype],
+                shape=tuple(tensor.shape),
+                nbytes=tensor.numel() * tensor.element_size(),
+                checksum=f"wsum64:{int(checksums[t]) & _MASK64:016x}",
+                transforms=batch.transforms[t],
+                streams=streams,
+                device=str(tensor.device),
+            ))
+
+    def _writeback(self) -> None:
+        """Ask the kernel to start writing what was written so far, so the disk works during encoding."""
+        end = self._writer.offset
+        if self._fd is None or end - self._flushed_to < WRITEBACK_BYTES:
+            return
+        self._writer.flush()
+        os.posix_fadvise(self._fd, self._flushed_to, end - self._flushed_to, os.POSIX_FADV_DONTNEED)
+        self._flushed_to = end
+
+    def submit(self, job: _Job) -> None:
+        self.check()
+        self._queue.put(job)
+
+    def check(self) -> None:
+        """Raise the writer thread's error, if it had one."""
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Wait for every job; raise the first error."""
+        self._queue.put(None)
+        self._thread.join()
+        self.check()
+
+
+def _file_descriptor(f: BinaryIO) -> int | None:
+    """The OS file descriptor behind ``f`` when early writeback can use it, else None."""
+    if not hasattr(os, "posix_fadvise"):
+        return None
+    try:
+        return f.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
+
+
+@contextlib.contextmanager
+def _side_streams(devices: set[torch.device]) -> Iterator[None]:
+    """Run on fresh streams of ``devices`` that first wait for the work already queued there."""
+    with contextlib.ExitStack() as stack:
+        for device in devices:
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            stack.enter_context(torch.cuda.stream(stream))
+        yield
+
+
+def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree: Any, policy: Policy,
+                on_progress: Callable[[int], None]) -> None:
+    """Write a whole container to ``f``: every tensor, then the index and trailer."""
+    writer = ContainerWriter(f)
+    plan = list(plan_batches(tensors, policy))
+    cuda = {key.device for key, _ in plan if key.backend == "cuda"}
+    pool = pinned_pool() if cuda else None
+    workers = cpu_threads() if any(key.backend == "cpu" for key, _ in plan) else 1
+    sink = _Sink(writer, pool, f)
+    tasks = (
+        Task((key, idx), functools.partial(_encode, [tensors[i] for i in idx], key, policy),
+             inline=key.backend == "cuda")
+        for key, idx in plan
+    )
+    try:
+        with _side_streams(cuda):
+            for (_, idx), batch in run_ahead(tasks, workers):
+                batch_tensors = [tensors[i] for i in idx]
+                sink.submit(_stage([names[i] for i in idx], batch_tensors, batch, pool))
+                on_progress(sum(t.numel() * t.element_size() for t in batch_tensors))
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            sink.close()
+        raise
+    sink.close()
+    writer.finish(tree)

@@ -1,0 +1,108 @@
+"""``wsum64`` of many byte segments in one launch, optionally gathering them into one buffer.
+
+A segment is ``length`` bytes at an address; its checksum numbers words from the segment's own
+start (docs/FORMAT.md). :func:`segment_sums` serves the writer (gather the stored chunks of a
+batch in file order and checksum each) and the reader (checksum the stored chunks of a batch
+where they landed, before any decoder sees them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..checksum import wsum64_array
+from . import triton, use_triton
+
+BLOCK = 8192  # bytes per program
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _segments_kernel(table, partial, BLOCK: tl.constexpr, GATHER: tl.constexpr):
+        # table row per program: source address, destination address, bytes (<= BLOCK), first word
+        pid = tl.program_id(0)
+        src = tl.load(table + pid * 4).to(tl.pointer_type(tl.uint8))
+        n = tl.load(table + pid * 4 + 2)
+        word0 = tl.load(table + pid * 4 + 3)
+        W: tl.constexpr = BLOCK // 8
+        offs = tl.arange(0, W)[:, None] * 8 + tl.arange(0, 8)[None, :]
+        mask = offs < n
+        x = tl.load(src + offs, mask=mask, other=0)
+        if GATHER:
+            dst = tl.load(table + pid * 4 + 1).to(tl.pointer_type(tl.uint8))
+            tl.store(dst + offs, x, mask=mask)
+        shifts = (tl.arange(0, 8) * 8).to(tl.int64)[None, :]
+        words = tl.sum(x.to(tl.int64) << shifts, axis=1)
+        weights = (word0 + tl.arange(0, W)).to(tl.int64) * 2 + 1
+        tl.store(partial + pid, tl.sum(words * weights, axis=0))
+
+
+def _as_signed(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.uint64).view(np.int64)
+
+
+def segment_sums(
+    bases: Sequence[torch.Tensor],
+    base_index: np.ndarray,
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    outs: Sequence[torch.Tensor] = (),
+    out_index: np.ndarray | None = None,
+    out_offsets: np.ndarray | None = None,
+) -> torch.Tensor:
+    """``wsum64`` (int64 tensor on the bases' device, no host sync on a GPU) of each segment
+    ``bases[base_index[i]][offsets[i] : offsets[i] + lengths[i]]`` (1-D uint8 tensors).
+
+    With ``outs``, also copy segment i to ``outs[out_index[i]][out_offsets[i]:]`` in the same pass.
+    """
+    device = bases[0].device if bases else torch.device("cpu")
+    count = len(lengths)
+    if count == 0:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    if not use_triton(device):
+        return _segment_sums_numpy(bases, base_index, offsets, lengths, outs, out_index, out_offsets)
+    lengths = lengths.astype(np.int64)
+    pieces = -(-lengths // BLOCK)
+    owner = np.repeat(np.arange(count, dtype=np.int64), pieces)
+    piece = np.arange(owner.size, dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
+    src = base_ptrs[base_index.astype(np.int64)] + offsets.astype(np.int64)
+    if outs:
+        out_ptrs = np.array([o.data_ptr() for o in outs], dtype=np.int64)
+        dst = out_ptrs[out_index.astype(np.int64)] + out_offsets.astype(np.int64)
+    else:
+        dst = np.zeros(count, dtype=np.int64)
+    table = np.stack([
+        src[owner] + piece * BLOCK,
+        dst[owner] + piece * BLOCK,
+        np.minimum(BLOCK, lengths[owner] - piece * BLOCK),
+        piece * (BLOCK // 8),
+    ], axis=1)
+    sums = torch.zeros(count, dtype=torch.int64, device=device)
+    if owner.size:
+        table_dev = torch.from_numpy(table.reshape(-1)).to(device, non_blocking=True)
+        partial = torch.empty(owner.size, dtype=torch.int64, device=device)
+        _segments_kernel[(owner.size,)](table_dev, partial, BLOCK=BLOCK, GATHER=bool(outs))
+        sums.index_add_(0, torch.from_numpy(owner).to(device, non_blocking=True), partial)
+    return sums
+
+
+def _segment_sums_numpy(
+    bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
+    outs: Sequence[torch.Tensor], out_index: np.ndarray | None, out_offsets: np.ndarray | None,
+) -> torch.Tensor:
+    arrays = [b.numpy() for b in bases]
+    targets = [o.numpy() for o in outs]
+    sums = np.empty(len(lengths), dtype=np.uint64)
+    for i, (b, o, n) in enumerate(zip(base_index.tolist(), offsets.tolist(), lengths.tolist())):
+        segment = arrays[b][o : o + n]
+        if targets:
+            d = int(out_offsets[i])
+            targets[int(out_index[i])][d : d + n] = segment
+        sums[i] = wsum64_array(segment)
+    return torch.from_numpy(_as_signed(sums))

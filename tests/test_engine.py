@@ -1,0 +1,175 @@
+"""The engine: batches of tensors ⇄ stored chunks on both backends, bit for bit.
+
+CPU cases run everywhere; the same cases run on a GPU (marker ``gpu``) through the Triton kernels
+and nvCOMP; kernels are also checked against their NumPy versions, and, where Triton is installed,
+through Triton's interpreter on the CPU.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_same, random_tensor
+
+import ckptzip
+from ckptzip.checksum import wsum64_array
+from ckptzip.codecs import has_codec
+from ckptzip.engine import reader as engine_reader
+from ckptzip.engine import writer as engine_writer
+from ckptzip.engine.decode import decode_batch
+from ckptzip.engine.encode import encode_batch
+from ckptzip.engine.policy import Policy
+from ckptzip.kernels.planes import merge_planes, plane_layout, split_planes
+from ckptzip.kernels.segments import segment_sums
+
+MASK = (1 << 64) - 1
+
+
+def _state(device: str = "cpu") -> dict:
+    g = torch.Generator().manual_seed(0)
+    state = {
+        "w": torch.randn(3000, generator=g) * 0.02,
+        "odd": torch.randn(7, 3, generator=g),  # below the small-tensor size: one stream
+        "bf": torch.randn(3001, generator=g).bfloat16(),  # an element count off any block
+        "d": torch.randn(1025, generator=g).double(),
+        "i8": torch.arange(5000, dtype=torch.int8),
+        "zeros": torch.zeros(4096),  # every plane codes to almost nothing
+        "noise": random_tensor(torch.float32, (2048,), seed=3),  # NaN payloads, subnormals, -0.0
+        "empty": torch.empty(0, 4),
+        "scalar": torch.tensor(7, dtype=torch.int64),
+        "nested": {"x": 3, "t": torch.ones(2, 3).t()},  # non-contiguous
+    }
+    state["tied"] = state["w"]
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+
+
+def _devices() -> list:
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("codec", ["auto", "fast", "portable", "zstd", "raw", "deflate"])
+def test_save_and_load_round_trip_bit_exactly(device: str, codec: str) -> None:
+    state = _state(device)
+    buf = io.BytesIO()
+    ckptzip.save(state, buf, codec=codec)
+    got = ckptzip.load(io.BytesIO(buf.getvalue()), map_location=device)
+    assert_same(got, state)
+    assert got["tied"] is got["w"]
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_many_batches_and_a_pinned_pool_of_two_buffers(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_writer, "BATCH_BYTES", {"cuda": 1 << 14, "cpu": 1 << 14})
+    monkeypatch.setattr(engine_reader, "BATCH_BYTES", {"cuda": 1 << 13, "cpu": 1 << 13})
+    from ckptzip.engine import staging
+
+    monkeypatch.setattr(staging, "_POOL", staging.PinnedPool(buffer_bytes=1 << 12, count=2) if device == "cuda" else None)
+    state = _state(device)
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)
+    assert_same(ckptzip.load(io.BytesIO(buf.getvalue()), map_location=device), state)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_a_batch_decodes_to_what_was_encoded(device: str) -> None:
+    state = _state(device)
+    tensors = [state[k].contiguous() for k in ("w", "odd", "bf", "d", "i8", "zeros", "noise", "empty", "scalar")]
+    backend = "cuda" if device == "cuda" and has_codec("ans", "cuda") else "cpu"
+    if device == "cuda" and backend == "cpu":
+        pytest.skip("nvCOMP is not installed")
+    batch = encode_batch(tensors, Policy.parse("auto"), backend)
+    assert batch.stored.numel() == int(batch.lengths.sum())
+    data = io.BytesIO()
+    ckptzip.save({str(i): t for i, t in enumerate(tensors)}, data)
+    with ckptzip.open(io.BytesIO(data.getvalue()), map_location=device) as reader:
+        for i, t in enumerate(tensors):
+            assert_same(reader[str(i)], t)
+
+
+def test_the_cpu_backend_codes_a_near_random_plane_that_still_shrinks() -> None:
+    # Mantissa bytes drawn from 64 values: ~6 bits of entropy per byte would be coded anyway;
+    # values repeating in long runs have ~8 bits of order-0 entropy yet zstd shrinks them.
+    g = np.random.default_rng(0)
+    runs = np.repeat(g.integers(0, 1 << 31, 4096, dtype=np.int64), 64).astype(np.int32)
+    t = torch.from_numpy(runs).view(torch.float32)
+    ct = ckptzip.compress(t, codec="auto")
+    assert ct.entry.codecs.count("zstd") == 4
+    assert ct.ratio > 4
+
+
+def test_splitting_on_the_cpu_matches_numpy_reference() -> None:
+    rng = np.random.default_rng(1)
+    for k in (2, 4, 8):
+        datas = [torch.from_numpy(rng.integers(0, 256, n * k, dtype=np.uint8)) for n in (1, 7, 4096, 4097)]
+        starts, strides, total = plane_layout([d.numel() for d in datas], k)
+        planes = torch.zeros(total, dtype=torch.uint8)
+        hist = torch.zeros(len(datas), 8 * 256, dtype=torch.int32)
+        sums = split_planes(datas, k, planes, starts, strides, hist, np.arange(len(datas)))
+        assert [int(s) & MASK for s in sums] == [wsum64_array(d.numpy()) for d in datas]
+        outs = [torch.empty_like(d) for d in datas]
+        offsets = starts[:, None] + strides[:, None] * np.arange(k)[None, :]
+        merged = merge_planes(outs, k, [planes], np.zeros_like(offsets), offsets)
+        assert all(torch.equal(a, b) for a, b in zip(outs, datas))
+        assert [int(s) & MASK for s in merged] == [int(s) & MASK for s in sums]
+
+
+def test_segment_sums_gather_and_checksum_each_segment() -> None:
+    buf = torch.from_numpy(np.random.default_rng(2).integers(0, 256, 100_000, dtype=np.uint8))
+    offsets, lengths = np.array([0, 5, 9000, 50_001]), np.array([5, 8999, 20_000, 17])
+    out = torch.zeros(int(lengths.sum()), dtype=torch.uint8)
+    sums = segment_sums([buf], np.zeros(4, np.int64), offsets, lengths, outs=[out],
+                        out_index=np.zeros(4, np.int64), out_offsets=np.cumsum(lengths) - lengths)
+    pieces = [buf.numpy()[o : o + n] for o, n in zip(offsets, lengths)]
+    assert [int(s) & MASK for s in sums] == [wsum64_array(p) for p in pieces]
+    assert np.array_equal(out.numpy(), np.concatenate(pieces))
+
+
+@pytest.mark.gpu
+def test_gpu_kernels_equal_the_cpu_kernels() -> None:
+    rng = np.random.default_rng(3)
+    for k in (2, 4, 8):
+        datas = [torch.from_numpy(rng.integers(0, 256, n * k, dtype=np.uint8)) for n in (1, 7, 4096, 4097, 100_003)]
+        starts, strides, total = plane_layout([d.numel() for d in datas], k)
+        cpu_planes, gpu_planes = torch.zeros(total, dtype=torch.uint8), torch.zeros(total, dtype=torch.uint8, device="cuda")
+        hist = torch.zeros(len(datas), 8 * 256, dtype=torch.int32)
+        rows = np.arange(len(datas))
+        cpu = split_planes(datas, k, cpu_planes, starts, strides, hist, rows)
+        gpu = split_planes([d.cuda() for d in datas], k, gpu_planes, starts, strides, hist.cuda(), rows)
+        assert torch.equal(cpu, gpu.cpu())
+        for t, d in enumerate(datas):
+            n = d.numel() // k
+            for j in range(k):
+                a = int(starts[t] + j * strides[t])
+                assert torch.equal(cpu_planes[a : a + n], gpu_planes[a : a + n].cpu())
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_a_damaged_chunk_is_named_before_any_decoder_runs(device: str) -> None:
+    state = {"w": (torch.randn(4096) * 0.02).to(device)}
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)
+    data = bytearray(buf.getvalue())
+    with ckptzip.open(io.BytesIO(bytes(data))) as reader:
+        chunk = reader.entries()[0].streams[3].chunks[0]
+    data[chunk.offset + 1] ^= 0x10
+    with pytest.raises(ckptzip.CorruptCheckpointError, match=r"tensor 'w' stream 3 chunk 0 .* is damaged: wsum64"):
+        ckptzip.load(io.BytesIO(bytes(data)), map_location=device)
+
+
+def test_decode_batch_returns_checksums_for_the_caller() -> None:
+    tensors = [torch.randn(5000), torch.arange(100)]
+    buf = io.BytesIO()
+    ckptzip.save({"a": tensors[0], "b": tensors[1]}, buf)
+    from ckptzip.format import ContainerReader
+
+    reader = ContainerReader(io.BytesIO(buf.getvalue()))
+    start = reader.tensors[0].streams[0].chunks[0].offset
+    end = reader.index.tensors[-1].streams[-1].chunks[-1]
+    region = torch.from_numpy(reader.source.view(start, end.offset + end.length - start).copy())
+    outs, sums = decode_batch(reader.tensors, region, start, "cpu", digests=True)
+    assert [f"wsum64:{int(s) & MASK:016x}" for s in sums] == [e.checksum for e in reader.tensors]
+    assert torch.equal(outs[0].view(torch.float32), tensors[0])
