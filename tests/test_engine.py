@@ -42,8 +42,9 @@ def _state(device: str = "cpu") -> dict:
         "scalar": torch.tensor(7, dtype=torch.int64),
         "nested": {"x": 3, "t": torch.ones(2, 3).t()},  # non-contiguous
     }
+    state = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
     state["tied"] = state["w"]
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+    return state
 
 
 def _devices() -> list:

@@ -21,6 +21,7 @@ from .format import ContainerReader, TensorEntry
 from .tree import flatten, unflatten
 
 PathOrFile = Union[str, os.PathLike, BinaryIO]
+Source = Union[PathOrFile, bytes, bytearray, memoryview]
 CodecArg = Union[str, Policy]
 MapLocation = Union[None, str, torch.device, dict]
 
@@ -134,7 +135,7 @@ def resolve_device(saved: str | None, map_location: MapLocation) -> torch.device
 class CheckpointReader:
     """Lazy access to a checkpoint: the index is read and validated up front, tensors on demand."""
 
-    def __init__(self, f: PathOrFile, *, map_location: MapLocation = None) -> None:
+    def __init__(self, f: Source, *, map_location: MapLocation = None) -> None:
         self._owned = isinstance(f, (str, os.PathLike))
         if self._owned:
             try:
@@ -217,13 +218,15 @@ class CheckpointReader:
         self.close()
 
 
-def open(path: PathOrFile, *, map_location: MapLocation = None) -> CheckpointReader:  # noqa: A001
-    """Open a checkpoint for lazy, per-tensor reads: ``ckptzip.open(p)["model.w"]``."""
+def open(path: Source, *, map_location: MapLocation = None) -> CheckpointReader:  # noqa: A001
+    """Open a checkpoint (a path, a binary file, or its bytes) for lazy, per-tensor reads:
+    ``ckptzip.open(p)["model.w"]``."""
     return CheckpointReader(path, map_location=map_location)
 
 
-def load(f: PathOrFile, *, map_location: MapLocation = None, progress: bool = False) -> Any:
-    """Load what :func:`save` saved; every tensor is verified bit-exact against its checksum."""
+def load(f: Source, *, map_location: MapLocation = None, progress: bool = False) -> Any:
+    """Load what :func:`save` saved from a path, a binary file, or the bytes of one (read in
+    place, without a copy); every tensor is verified bit-exact against its checksum."""
     with CheckpointReader(f, map_location=map_location) as reader:
         return reader.load(progress=progress)
 
@@ -233,7 +236,7 @@ class CompressedTensor:
 
     def __init__(self, data: bytes) -> None:
         self._data = bytes(data)
-        reader = ContainerReader(io.BytesIO(self._data))
+        reader = ContainerReader(self._data)
         if len(reader.tensors) != 1 or reader.index.tree != {"tensor": 0}:
             raise CkptzipError(
                 f"buffer holds a checkpoint of {len(reader.tensors)} tensors, expected exactly one compressed "
@@ -302,7 +305,7 @@ def decompress(ct: CompressedTensor | bytes, *, device: str | torch.device | Non
     """Decode a :class:`CompressedTensor` (or its bytes) onto ``device`` (default: where it was saved)."""
     if not isinstance(ct, CompressedTensor):
         ct = CompressedTensor.from_bytes(ct)
-    reader = ContainerReader(io.BytesIO(ct.to_bytes()))
+    reader = ContainerReader(ct.to_bytes())
     try:
         entry = reader.tensors[0]
         return read_tensors(reader, [0], [resolve_device(entry.device, device)], lambda _: None)[0]

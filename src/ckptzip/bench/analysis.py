@@ -16,7 +16,8 @@ import torch
 
 from ckptzip.bench.measure import iter_tensors
 from ckptzip.codecs import get_codec, has_codec
-from ckptzip.planner import SMALL_TENSOR_BYTES, plane_entropies
+from ckptzip.engine.encode import entropy_of_counts
+from ckptzip.engine.policy import SMALL_TENSOR_BYTES
 from ckptzip.training import TENSOR_CLASSES, tensor_class
 from ckptzip.transforms import BytePlanes
 
@@ -87,9 +88,20 @@ def _classified(state: Any) -> Iterator[tuple[str, str, int, torch.Tensor]]:
 
 # ------------------------------------------------------------------------------ entropy bound
 
+_SAMPLE_ELEMENTS = 1 << 13
+
+
+def plane_entropies(data: torch.Tensor, itemsize: int) -> list[float]:
+    """Order-0 entropy in bits/byte of each byte plane, from an evenly strided sample of elements."""
+    elements = data.numel() // itemsize
+    sample = data.view(-1, itemsize)[:: max(1, elements // _SAMPLE_ELEMENTS)].t().long()
+    offsets = torch.arange(itemsize, device=data.device)[:, None] * 256
+    counts = torch.bincount((sample + offsets).reshape(-1), minlength=256 * itemsize)
+    return entropy_of_counts(counts.view(itemsize, 256)).cpu().tolist()
+
 
 def entropy_by_group(state: Any) -> dict[str, dict[str, Any]]:
-    """Order-0 entropy of each tensor's byte planes (sampled as the planner samples), summed per group.
+    """Order-0 entropy of each tensor's byte planes (an evenly strided sample), summed per group.
 
     Per group: ``raw_bytes``; ``order0_bytes``, the size an order-0 coder fitted to each plane of
     each tensor would write; ``bound`` = raw / order0; ``planes``: per dtype, the bits per byte of

@@ -13,9 +13,12 @@ from typing import Any
 
 import torch
 
-from ..encode import EncodedTensor, encode_gpu_batch, encode_tensor
+from ..engine.decode import decode_batch
+from ..engine.encode import EncodedBatch, encode_batch
+from ..engine.policy import Policy
+from ..engine.reader import plan_batches as read_batches
+from ..engine.writer import plan_batches as write_batches
 from ..format import ContainerReader
-from ..state_io import _decode_gpu_batch, _read_groups, _save_groups
 from ..tree import flatten
 from .baselines import CodecThroughput
 
@@ -34,38 +37,34 @@ def cuda_seconds(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> float
     return statistics.median(times)
 
 
-def encode_resident(state: Any, codec: str) -> list[EncodedTensor]:
-    """Encode every tensor of ``state`` the way save() does, leaving the chunks on the GPU."""
-    flat = flatten(state)
-    out: list[EncodedTensor] = []
-    for gpu, group in _save_groups(flat.tensors, codec):
-        items = [(g.name, g.tensor) for g in group]
-        out.extend(encode_gpu_batch(items, codec) if gpu else [encode_tensor(*items[0], codec)])
-    return out
+def encode_resident(state: Any, codec: str) -> list[EncodedBatch]:
+    """Encode every tensor of ``state`` in the batches save() uses, leaving the chunks on the GPU."""
+    policy = Policy.parse(codec)
+    tensors = [item.tensor for item in flatten(state).tensors]
+    return [encode_batch([tensors[i] for i in idx], policy, key.backend) for key, idx in write_batches(tensors, policy)]
 
 
 def measure_resident(state: Any, checkpoint: Path, codec: str, reps: int = 3) -> CodecThroughput:
     """Time GPU-resident encode of ``state`` and GPU-resident decode of ``checkpoint`` (saved with
     the same codec): the decode reads stored bytes into device memory first, untimed."""
     encoded = encode_resident(state, codec)
-    raw = sum(e.tensor.numel() * e.tensor.element_size() for e in encoded)
-    stored = sum(p.numel() for e in encoded for s in e.streams for p in s.pieces)
+    raw = sum(t.tensor.numel() * t.tensor.element_size() for t in flatten(state).tensors)
+    stored = sum(b.stored.numel() for b in encoded)
     del encoded
     encode_s = cuda_seconds(lambda: encode_resident(state, codec), reps)
-    with open(checkpoint, "rb") as f:
-        reader = ContainerReader(f)
-        devices = [torch.device("cuda")] * len(reader.tensors)
-        batches = []
-        for kind, idx in _read_groups(reader.tensors, devices):
-            entries = [reader.tensors[i] for i in idx]
-            if kind != "cuda":
-                continue
-            host = torch.empty(sum(e.compressed_nbytes for e in entries), dtype=torch.uint8)
-            first = entries[0].streams[0].chunks[0].offset
-            chunks = [(e, j, k, c) for e in entries for j, s in enumerate(e.streams) for k, c in enumerate(s.chunks)]
-            reader.read_into(host, first, chunks)
-            batches.append((entries, host.cuda()))
-    decode_s = cuda_seconds(lambda: [_decode_gpu_batch(e, r) for e, r in batches], reps)
+    reader = ContainerReader(checkpoint.read_bytes())
+    devices = [torch.device("cuda")] * len(reader.tensors)
+    regions = []
+    for backend, work, idx in read_batches(reader.tensors, devices):
+        entries = [reader.tensors[i] for i in idx]
+        chunks = [c for e in entries for s in e.streams for c in s.chunks]
+        if not chunks:
+            continue
+        start = min(c.offset for c in chunks)
+        end = max(c.offset + c.length for c in chunks)
+        region = torch.from_numpy(reader.source.view(start, end - start).copy()).to(work)
+        regions.append((entries, region, start, backend))
+    decode_s = cuda_seconds(lambda: [decode_batch(e, r, s, b, digests=True) for e, r, s, b in regions], reps)
     return CodecThroughput(f"ckptzip-{codec}", raw, stored, encode_s, decode_s, mismatch=None)
 
 

@@ -32,9 +32,11 @@ class StreamRecord:
 @dataclass
 class EncodedBatch:
     """A batch ready to be written: its stored chunks back to back in file order, and what the
-    index needs. Tensors stay on the backend's device until the writer copies them out."""
+    index needs (chunks listed in table order). Tensors stay on the backend's device until the
+    writer copies them out."""
 
     stored: torch.Tensor  # 1-D uint8
+    offsets: np.ndarray  # where each chunk lies in ``stored`` (chunks in table order)
     lengths: np.ndarray  # stored bytes of each chunk
     raw_lengths: np.ndarray  # decoded bytes of each chunk
     digests: torch.Tensor  # wsum64 of each stored chunk (int64)
@@ -206,7 +208,14 @@ def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[
         for s in members:
             if coded_total[s] >= s_size[s]:
                 stream_codec[s] = RAW
-    out_offsets = np.cumsum(c_length) - c_length
+    # File order within the batch: raw streams of whole 16-byte words first (so they are copied
+    # and checksummed word-wise at aligned addresses), then the rest; each stream back to back.
+    raw_stream = np.array([c["id"] == "raw" for c in stream_codec], dtype=bool)
+    first = raw_stream & (s_size % 16 == 0)
+    order = np.argsort(~first[c_stream], kind="stable")
+    lengths_in_order = c_length[order]
+    out_offsets = np.empty_like(c_length)
+    out_offsets[order] = np.cumsum(lengths_in_order) - lengths_in_order
     stored = torch.empty(int(c_length.sum()), dtype=torch.uint8, device=device)
     digests = segment_sums(bases, c_base, c_offset, c_length, outs=[stored],
                            out_index=np.zeros(c_length.size, np.int64), out_offsets=out_offsets)
@@ -218,7 +227,7 @@ def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[
         if k is not None and not transforms[t]:
             transforms[t] = [BytePlanes(k).get_config()]
         streams[t].append(StreamRecord(stream_codec[s], int(s_size[s]), int(nchunks[s])))
-    return EncodedBatch(stored, c_length, c_raw, digests, checksums, transforms, streams)
+    return EncodedBatch(stored, out_offsets, c_length, c_raw, digests, checksums, transforms, streams)
 
 
 def _key(config: dict) -> str:

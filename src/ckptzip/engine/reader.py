@@ -22,6 +22,7 @@ import torch
 
 from ..codecs import gpu_only_ids, has_codec
 from ..codecs._threads import cpu_threads
+from ..kernels import THREAD_SAFE
 from ..errors import CorruptCheckpointError
 from ..format import DTYPES, ContainerReader, TensorEntry
 from ..format.reader import verify_xxh3
@@ -44,19 +45,28 @@ def decode_backend(entry: TensorEntry, device: torch.device) -> str:
 
 def plan_batches(entries: list[TensorEntry], devices: list[torch.device]
                  ) -> list[tuple[str, torch.device, list[int]]]:
-    """Consecutive tensors decoded alike (backend and device), about ``BATCH_BYTES`` stored each."""
-    out: list[tuple[str, torch.device, list[int]]] = []
-    size = 0
+    """Tensors decoded alike (backend and device), in file order, about ``BATCH_BYTES`` stored
+    each; a batch's stored bytes are one range of the file wherever the writer kept them so."""
+    keyed = []
     for i, (entry, device) in enumerate(zip(entries, devices)):
         backend = decode_backend(entry, device)
         work = torch.device("cpu") if backend == "cpu" else (device if device.type == "cuda" else
                                                              torch.device("cuda", torch.cuda.current_device()))
-        if out and out[-1][:2] == (backend, work) and size < BATCH_BYTES[backend]:
-            out[-1][2].append(i)
-            size += entry.compressed_nbytes
-            continue
-        out.append((backend, work, [i]))
-        size = entry.compressed_nbytes
+        first = entry.streams[0].chunks[0].offset if entry.streams and entry.streams[0].chunks else -1
+        keyed.append((backend, work, first, i))
+    keyed.sort(key=lambda k: k[2])
+    out: list[tuple[str, torch.device, list[int]]] = []
+    open_batches: dict[tuple[str, torch.device], tuple[list[int], int]] = {}
+    for backend, work, _, i in keyed:
+        members, size = open_batches.get((backend, work), ([], 0))
+        members.append(i)
+        size += entries[i].compressed_nbytes
+        if size >= BATCH_BYTES[backend]:
+            out.append((backend, work, members))
+            open_batches.pop((backend, work), None)
+        else:
+            open_batches[(backend, work)] = (members, size)
+    out.extend((backend, work, members) for (backend, work), (members, _) in open_batches.items())
     return out
 
 
@@ -229,7 +239,7 @@ def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torc
     )
     out: list[torch.Tensor] = [None] * len(entries)  # type: ignore[list-item]
     sums: list[tuple[list[int], torch.Tensor]] = []
-    workers = cpu_threads() if any(backend == "cpu" for backend, _, _ in plan) else 1
+    workers = cpu_threads() if THREAD_SAFE and any(backend == "cpu" for backend, _, _ in plan) else 1
     try:
         for idx, (datas, checksums) in run_ahead(tasks, workers):
             for i, data in zip(idx, datas):

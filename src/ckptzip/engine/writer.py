@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..codecs._threads import cpu_threads
+from ..kernels import THREAD_SAFE
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
 from .ahead import Task, run_ahead
 from .encode import EncodedBatch, encode_batch
@@ -50,20 +51,22 @@ def _key(tensor: torch.Tensor, policy: Policy) -> BatchKey:
 
 
 def plan_batches(tensors: list[torch.Tensor], policy: Policy) -> Iterator[tuple[BatchKey, list[int]]]:
-    """Consecutive tensors encoded alike, in batches of about ``BATCH_BYTES`` of their backend."""
-    batch: list[int] = []
-    key: BatchKey | None = None
-    size = 0
+    """Tensors encoded alike, in table order within a batch, in batches of about ``BATCH_BYTES``
+    of their backend. Tensors of other backends in between (an optimizer's CPU step counters
+    among CUDA moments) do not cut a batch; the file holds batches in the order they fill."""
+    open_batches: dict[BatchKey, tuple[list[int], int]] = {}
     for i, t in enumerate(tensors):
-        k = _key(t, policy)
-        if batch and (k != key or size >= BATCH_BYTES[k.backend]):
-            yield key, batch  # type: ignore[misc]
-            batch, size = [], 0
-        key = k
-        batch.append(i)
+        key = _key(t, policy)
+        members, size = open_batches.get(key, ([], 0))
+        members.append(i)
         size += t.numel() * t.element_size()
-    if batch:
-        yield key, batch  # type: ignore[misc]
+        if size >= BATCH_BYTES[key.backend]:
+            yield key, members
+            open_batches.pop(key, None)
+        else:
+            open_batches[key] = (members, size)
+    for key, (members, _) in open_batches.items():
+        yield key, members
 
 
 def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy) -> EncodedBatch:
@@ -78,6 +81,7 @@ def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy) -> Encod
 class _Job:
     """One batch on its way to the file: host pieces valid once ``ready`` has completed."""
 
+    positions: list[int]  # table positions of the batch's tensors
     names: list[str]
     tensors: list[torch.Tensor]
     batch: EncodedBatch
@@ -86,13 +90,14 @@ class _Job:
     ready: torch.cuda.Event | None = None
 
 
-def _stage(names: list[str], tensors: list[torch.Tensor], batch: EncodedBatch, pool: PinnedPool | None) -> _Job:
+def _stage(positions: list[int], names: list[str], tensors: list[torch.Tensor], batch: EncodedBatch,
+           pool: PinnedPool | None) -> _Job:
     """Start moving a batch's stored bytes and checksums to the host (device batches: large async
     copies into pinned buffers on the copy stream; host batches: nothing to move)."""
     meta = torch.cat([batch.digests, batch.checksums])
     stored = batch.stored
     if not stored.is_cuda:
-        return _Job(names, tensors, batch, [(stored, stored.numel())], meta)
+        return _Job(positions, names, tensors, batch, [(stored, stored.numel())], meta)
     assert pool is not None
     stream = copy_stream(stored.device)
     stream.wait_stream(torch.cuda.current_stream(stored.device))
@@ -109,14 +114,15 @@ def _stage(names: list[str], tensors: list[torch.Tensor], batch: EncodedBatch, p
         ready.record(stream)
     stored.record_stream(stream)
     meta.record_stream(stream)
-    return _Job(names, tensors, batch, pieces, host_meta, ready)
+    return _Job(positions, names, tensors, batch, pieces, host_meta, ready)
 
 
 class _Sink:
     """Writes staged batches on its own thread, in submission order, and records their entries."""
 
-    def __init__(self, writer: ContainerWriter, pool: PinnedPool | None, f: BinaryIO) -> None:
+    def __init__(self, writer: ContainerWriter, pool: PinnedPool | None, f: BinaryIO, count: int) -> None:
         self._writer = writer
+        self.entries: list[TensorEntry | None] = [None] * count
         self._pool = pool
         self._fd = _file_descriptor(f)
         self._flushed_to = 0
@@ -150,17 +156,17 @@ class _Sink:
         batch = job.batch
         meta = job.meta.numpy().view(np.uint64)
         digests, checksums = meta[: batch.lengths.size], meta[batch.lengths.size :]
-        offsets = (start + np.cumsum(batch.lengths) - batch.lengths).tolist()
+        offsets = (start + batch.offsets).tolist()
         lengths, raws = batch.lengths.tolist(), batch.raw_lengths.tolist()
         hexes = [f"{int(d):016x}" for d in digests.tolist()]
         c = 0
-        for t, (name, tensor) in enumerate(zip(job.names, job.tensors)):
+        for t, (position, name, tensor) in enumerate(zip(job.positions, job.names, job.tensors)):
             streams = []
             for record in batch.streams[t]:
                 chunks = [Chunk(offsets[i], lengths[i], raws[i], hexes[i]) for i in range(c, c + record.chunks)]
                 c += record.chunks
                 streams.append(StreamEntry(record.codec, record.nbytes, chunks))
-            self._writer.add_tensor(TensorEntry(
+            self.entries[position] = TensorEntry(
                 name=name,
                 dtype=DTYPE_NAMES[tensor.dtype],
                 shape=tuple(tensor.shape),
@@ -169,7 +175,7 @@ class _Sink:
                 transforms=batch.transforms[t],
                 streams=streams,
                 device=str(tensor.device),
-            ))
+            )
 
     def _writeback(self) -> None:
         """Ask the kernel to start writing what was written so far, so the disk works during encoding."""
@@ -224,8 +230,8 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
     plan = list(plan_batches(tensors, policy))
     cuda = {key.device for key, _ in plan if key.backend == "cuda"}
     pool = pinned_pool() if cuda else None
-    workers = cpu_threads() if any(key.backend == "cpu" for key, _ in plan) else 1
-    sink = _Sink(writer, pool, f)
+    workers = cpu_threads() if THREAD_SAFE and any(key.backend == "cpu" for key, _ in plan) else 1
+    sink = _Sink(writer, pool, f, len(tensors))
     tasks = (
         Task((key, idx), functools.partial(_encode, [tensors[i] for i in idx], key, policy),
              inline=key.backend == "cuda")
@@ -235,11 +241,13 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
         with _side_streams(cuda):
             for (_, idx), batch in run_ahead(tasks, workers):
                 batch_tensors = [tensors[i] for i in idx]
-                sink.submit(_stage([names[i] for i in idx], batch_tensors, batch, pool))
+                sink.submit(_stage(idx, [names[i] for i in idx], batch_tensors, batch, pool))
                 on_progress(sum(t.numel() * t.element_size() for t in batch_tensors))
     except BaseException:
         with contextlib.suppress(BaseException):
             sink.close()
         raise
     sink.close()
+    for entry in sink.entries:
+        writer.add_tensor(entry)  # type: ignore[arg-type]  # every position was written
     writer.finish(tree)

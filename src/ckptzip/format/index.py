@@ -134,7 +134,7 @@ class Index:
         _expect(isinstance(doc["writer"], str), "index 'writer' is not a string")
         _expect(isinstance(doc["tensors"], list), "index 'tensors' is not an array")
         tensors = [_parse_tensor(t, i) for i, t in enumerate(doc["tensors"])]
-        _check_tiling(tensors, data_end)
+        _check_tiling(tensors, data_end, table_order=version[0] == 1)
         names = [t.name for t in tensors]
         _expect(len(set(names)) == len(names), "tensor names in the index are not unique")
         return cls(doc["tree"], tensors, doc["writer"], (version[0], version[1]))
@@ -261,15 +261,27 @@ def _parse_stream(doc: Any, expected_nbytes: int, what: str) -> StreamEntry:
     return StreamEntry(codec, expected_nbytes, parsed)
 
 
-def _check_tiling(tensors: list[TensorEntry], data_end: int) -> None:
+def _check_tiling(tensors: list[TensorEntry], data_end: int, table_order: bool) -> None:
+    """Chunks tile the data section: in table order (format 1), or in offset order with each
+    stream's chunks back to back (format 2)."""
+    chunks = [(c, t, j, k) for t in tensors for j, s in enumerate(t.streams) for k, c in enumerate(s.chunks)]
+    if not table_order:
+        for t in tensors:
+            for j, s in enumerate(t.streams):
+                for k in range(1, len(s.chunks)):
+                    prev, c = s.chunks[k - 1], s.chunks[k]
+                    _expect(
+                        c.offset == prev.offset + prev.length,
+                        f"tensor {t.name!r} stream {j} chunk {k} starts at {c.offset}, expected "
+                        f"{prev.offset + prev.length} (a stream's chunks lie back to back)",
+                    )
+        chunks.sort(key=lambda item: item[0].offset)
     position = PREAMBLE_SIZE
-    for t in tensors:
-        for j, s in enumerate(t.streams):
-            for k, c in enumerate(s.chunks):
-                _expect(
-                    c.offset == position,
-                    f"tensor {t.name!r} stream {j} chunk {k} starts at {c.offset}, expected {position} "
-                    "(chunks must tile the data section)",
-                )
-                position += c.length
+    for c, t, j, k in chunks:
+        _expect(
+            c.offset == position,
+            f"tensor {t.name!r} stream {j} chunk {k} starts at {c.offset}, expected {position} "
+            "(chunks must tile the data section)",
+        )
+        position += c.length
     _expect(position == data_end, f"chunks end at {position} but the data section ends at {data_end}")

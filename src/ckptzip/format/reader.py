@@ -6,9 +6,11 @@ from __future__ import annotations
 import io
 import os
 import threading
+import warnings
 from typing import BinaryIO
 
 import numpy as np
+import torch
 import xxhash
 
 from ..checksum import xxh3_hex
@@ -17,51 +19,60 @@ from .index import Chunk, Index, TensorEntry
 from .spec import PREAMBLE_SIZE, TRAILER_SIZE, Trailer, check_preamble
 
 
-def _read_exact(f: BinaryIO, offset: int, length: int, what: str) -> bytes:
-    f.seek(offset)
-    data = f.read(length)
-    if len(data) != length:
-        raise CorruptCheckpointError(
-            f"{what}: expected {length} bytes at offset {offset}, the file gave {len(data)}; it was truncated"
-        )
-    return data
-
-
-def _file_size(f: BinaryIO) -> int:
-    try:
-        return os.fstat(f.fileno()).st_size
-    except (AttributeError, OSError, ValueError):
-        return f.seek(0, os.SEEK_END)
-
-
 class ByteSource:
-    """Positioned reads of a file object, safe from several threads: ``os.preadv`` on a real file,
-    zero-copy views of an in-memory ``io.BytesIO``, a lock around seek + read otherwise."""
+    """Positioned reads of a checkpoint's bytes, safe from several threads: zero-copy views of
+    bytes in memory (a bytes-like object, or an ``io.BytesIO``), ``os.preadv`` on a real file, a
+    lock around seek + read for other file objects."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO | bytes | bytearray | memoryview) -> None:
         self._f = f
         self._lock = threading.Lock()
         self._memory: np.ndarray | None = None
         self._fd: int | None = None
-        if isinstance(f, io.BytesIO):
-            self._memory = np.frombuffer(f.getbuffer(), dtype=np.uint8)
+        if isinstance(f, (bytes, bytearray, memoryview)):
+            self._memory = np.frombuffer(f, dtype=np.uint8)
+        elif isinstance(f, io.BytesIO):  # getvalue() hands out the buffer itself where it can
+            self._memory = np.frombuffer(f.getvalue(), dtype=np.uint8)
         elif hasattr(os, "preadv"):
             try:
                 self._fd = f.fileno()
             except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
                 self._fd = None
 
+    @property
+    def size(self) -> int:
+        if self._memory is not None:
+            return self._memory.size
+        if self._fd is not None:
+            return os.fstat(self._fd).st_size
+        with self._lock:
+            return self._f.seek(0, os.SEEK_END)  # type: ignore[union-attr]
+
     def view(self, offset: int, length: int) -> np.ndarray | None:
-        """The bytes without a copy when the file is in memory, else None."""
+        """The bytes without a copy when they are in memory, else None."""
         if self._memory is None:
             return None
         return self._memory[offset : offset + length]
+
+    def read(self, offset: int, length: int, what: str) -> bytes:
+        """Exactly ``length`` bytes at ``offset``; fewer means the file was truncated."""
+        out = np.empty(length, dtype=np.uint8)
+        got = self.read_into(out, offset)
+        if got != length:
+            raise CorruptCheckpointError(
+                f"{what}: expected {length} bytes at offset {offset}, the file gave {got}; it was truncated"
+            )
+        return out.tobytes()
 
     def read_into(self, out: np.ndarray, offset: int) -> int:
         """Fill the 1-D uint8 array ``out`` from ``offset``; return how many bytes the file had."""
         if self._memory is not None:
             got = max(0, min(out.size, self._memory.size - offset))
-            out[:got] = self._memory[offset : offset + got]
+            if got:
+                with warnings.catch_warnings():  # read-only memory: torch warns, but only reads it
+                    warnings.simplefilter("ignore", UserWarning)
+                    source = torch.from_numpy(self._memory[offset : offset + got])
+                torch.from_numpy(out[:got]).copy_(source)  # several threads, no GIL
             return got
         view = memoryview(out)
         got = 0
@@ -73,11 +84,11 @@ class ByteSource:
                 got += n
             return got
         with self._lock:
-            self._f.seek(offset)
+            self._f.seek(offset)  # type: ignore[union-attr]
             while got < out.size:
-                n = self._f.readinto(view[got:]) if hasattr(self._f, "readinto") else None
+                n = self._f.readinto(view[got:]) if hasattr(self._f, "readinto") else None  # type: ignore[union-attr]
                 if n is None:
-                    data = self._f.read(out.size - got)
+                    data = self._f.read(out.size - got)  # type: ignore[union-attr]
                     n = len(data)
                     view[got : got + n] = data
                 if not n:
@@ -93,13 +104,14 @@ class ByteSource:
 class ContainerReader:
     """The verified index of one .ckz container, and its stored bytes."""
 
-    def __init__(self, f: BinaryIO) -> None:
-        size = _file_size(f)
+    def __init__(self, f: BinaryIO | bytes | bytearray | memoryview) -> None:
+        source = ByteSource(f)
+        size = source.size
         if size < PREAMBLE_SIZE + TRAILER_SIZE:
             Trailer.unpack(b"\0" * TRAILER_SIZE, size)  # raises with the size in the message
-        trailer = Trailer.unpack(_read_exact(f, size - TRAILER_SIZE, TRAILER_SIZE, "trailer"), size)
-        head = _read_exact(f, 0, PREAMBLE_SIZE, "preamble")
-        raw_index = _read_exact(f, trailer.index_offset, trailer.index_length, "index")
+        trailer = Trailer.unpack(source.read(size - TRAILER_SIZE, TRAILER_SIZE, "trailer"), size)
+        head = source.read(0, PREAMBLE_SIZE, "preamble")
+        raw_index = source.read(trailer.index_offset, trailer.index_length, "index")
         if xxhash.xxh3_64_intdigest(head + raw_index) != trailer.index_hash:
             raise CorruptCheckpointError(
                 "the index checksum does not match: the file header or index is damaged "
@@ -113,7 +125,7 @@ class ContainerReader:
                 f"the preamble says format {major}.x but the index says {self.index.version[0]}.x; "
                 "the file is damaged or was not written by ckptzip"
             )
-        self.source = ByteSource(f)
+        self.source = source
 
     @property
     def tensors(self) -> list[TensorEntry]:

@@ -19,6 +19,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     triton = None
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Triton's interpreter keeps global state: under it, batches run on one thread.
+THREAD_SAFE = not INTERPRET
 
 
 def use_triton(device: torch.device) -> bool:

@@ -17,6 +17,7 @@ from ..checksum import wsum64_array
 from . import triton, use_triton
 
 BLOCK = 8192  # bytes per program
+WORD_ALIGN = 16  # segments at such addresses, of such lengths, take the word-wise kernel
 
 if triton is not None:
     import triton.language as tl
@@ -39,6 +40,24 @@ if triton is not None:
         words = tl.sum(x.to(tl.int64) << shifts, axis=1)
         weights = (word0 + tl.arange(0, W)).to(tl.int64) * 2 + 1
         tl.store(partial + pid, tl.sum(words * weights, axis=0))
+
+
+    @triton.jit
+    def _segments_words_kernel(table, partial, BLOCK: tl.constexpr, GATHER: tl.constexpr):
+        # as _segments_kernel, for 16-byte aligned addresses and lengths: whole words, vector loads
+        pid = tl.program_id(0)
+        src = tl.multiple_of(tl.load(table + pid * 4), 16).to(tl.pointer_type(tl.int64))
+        n = tl.load(table + pid * 4 + 2) // 8
+        word0 = tl.load(table + pid * 4 + 3)
+        W: tl.constexpr = BLOCK // 8
+        i = tl.arange(0, W)
+        mask = i < n
+        x = tl.load(src + i, mask=mask, other=0)
+        if GATHER:
+            dst = tl.multiple_of(tl.load(table + pid * 4 + 1), 16).to(tl.pointer_type(tl.int64))
+            tl.store(dst + i, x, mask=mask)
+        weights = (word0 + i).to(tl.int64) * 2 + 1
+        tl.store(partial + pid, tl.sum(x * weights, axis=0))
 
 
 def _as_signed(values: np.ndarray) -> np.ndarray:
@@ -84,11 +103,18 @@ def segment_sums(
         piece * (BLOCK // 8),
     ], axis=1)
     sums = torch.zeros(count, dtype=torch.int64, device=device)
-    if owner.size:
-        table_dev = torch.from_numpy(table.reshape(-1)).to(device, non_blocking=True)
-        partial = torch.empty(owner.size, dtype=torch.int64, device=device)
-        _segments_kernel[(owner.size,)](table_dev, partial, BLOCK=BLOCK, GATHER=bool(outs))
-        sums.index_add_(0, torch.from_numpy(owner).to(device, non_blocking=True), partial)
+    if not owner.size:
+        return sums
+    aligned = (src % WORD_ALIGN == 0) & (dst % WORD_ALIGN == 0) & (lengths % WORD_ALIGN == 0)
+    fast = aligned[owner]
+    partial = torch.empty(owner.size, dtype=torch.int64, device=device)
+    for kernel, rows in ((_segments_words_kernel, np.flatnonzero(fast)), (_segments_kernel, np.flatnonzero(~fast))):
+        if rows.size:
+            table_dev = torch.from_numpy(np.ascontiguousarray(table[rows]).reshape(-1)).to(device, non_blocking=True)
+            part = torch.empty(rows.size, dtype=torch.int64, device=device)
+            kernel[(rows.size,)](table_dev, part, BLOCK=BLOCK, GATHER=bool(outs))
+            partial[torch.from_numpy(rows).to(device, non_blocking=True)] = part
+    sums.index_add_(0, torch.from_numpy(owner).to(device, non_blocking=True), partial)
     return sums
 
 
