@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from . import api
-from .api import atomic_file
 from .errors import CkptzipError, UnsupportedObjectError
+from .storage import atomic_file
 
 
 def is_safetensors(path: str | os.PathLike) -> bool:

@@ -21,7 +21,7 @@ from .. import api
 from ..errors import CkptzipError
 from ._metadata import METADATA_FILE
 from ._reader import CompressedStorageReader
-from ._storage import CheckpointDir, is_url
+from ._storage import CheckpointDir, is_url, local_path
 from ._writer import CompressedStorageWriter
 
 
@@ -39,7 +39,9 @@ def _ckptzip_errors() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _open_file(path: str | os.PathLike[str], mode: str) -> Iterator[BinaryIO | str | os.PathLike[str]]:
-    """A local path as it is (ckptzip writes it atomically), a URL as an fsspec stream."""
+    """A local path (or ``file://`` URL) as a path (ckptzip writes it atomically), another URL as
+    an fsspec stream."""
+    path = local_path(path)
     if not is_url(path):
         yield path
         return

@@ -10,11 +10,19 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from ..errors import CheckpointWriteError, CodecUnavailableError, CorruptCheckpointError
+from ..storage import file_url_path
 
 
 def is_url(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` names a location through an fsspec protocol (``s3://…``, ``memory://…``)."""
     return "://" in os.fspath(path)
+
+
+def local_path(path: str | os.PathLike[str]) -> str:
+    """``path`` with a ``file://`` URL turned into the local path it names (fsspec would read
+    ``file://localhost/abs`` as a path relative to the working directory)."""
+    text = os.fspath(path)
+    return file_url_path(text) if text.startswith("file://") else text
 
 
 def _url_to_fs(url: str, options: dict[str, Any]) -> tuple[Any, str]:
@@ -38,8 +46,8 @@ class CheckpointDir:
     def __init__(self, path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
         self.path = os.fspath(path)
         self._fs: Any = None
-        self._root = self.path
-        if is_url(self.path):
+        self._root = local_path(self.path)
+        if is_url(self._root):
             self._fs, self._root = _url_to_fs(self.path, storage_options or {})
 
     def __repr__(self) -> str:
