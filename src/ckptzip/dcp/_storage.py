@@ -75,6 +75,10 @@ class CheckpointDir:
         full = self._full(name)
         return os.path.exists(full) if self._fs is None else bool(self._fs.exists(full))
 
+    def present(self) -> bool:
+        """Whether anything (a file or a directory) is at the path itself."""
+        return os.path.lexists(self._root) if self._fs is None else bool(self._fs.exists(self._root))
+
     def is_dir(self) -> bool:
         """Whether the directory itself exists."""
         return os.path.isdir(self._root) if self._fs is None else bool(self._fs.isdir(self._root))
