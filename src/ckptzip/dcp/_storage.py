@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import posixpath
 import uuid
@@ -168,7 +169,16 @@ def check_name(name: object, source: str) -> str:
 
 
 def read_exact(stream: IO[bytes], offset: int, length: int, what: str) -> bytes:
-    """``length`` bytes at ``offset`` of ``stream``; fewer bytes means the file was truncated."""
+    """``length`` bytes at ``offset`` of ``stream``; fewer bytes means the file was truncated.
+
+    The range is checked against the file size before anything is read, so a damaged length
+    never becomes a huge allocation."""
+    size = stream.seek(0, io.SEEK_END)
+    if offset + length > size:
+        raise CorruptCheckpointError(
+            f"{what}: expected {length} bytes at offset {offset}, but the file has {size} bytes; "
+            "the data file is truncated or the metadata is damaged"
+        )
     stream.seek(offset)
     data = stream.read(length)
     if len(data) != length:
