@@ -51,7 +51,7 @@ _MARKER_VERSION = 1
 # a target of any legal name length can be saved; <host>, <target> and <pid> let a later save
 # remove leftovers of a killed writer.
 _TEMP = re.compile(r"\.ckz-(?P<host>[0-9a-f]{8})-(?P<target>[0-9a-f]{8})-(?P<pid>\d+)-[0-9a-f]{8}\.tmp")
-# Temporary names of ckptzip 0.x: ".<name>.tmp-<pid>-<hex>"; leftovers are still recognised.
+# Temporary names of earlier ckptzip releases: ".<name>.tmp-<pid>-<hex>"; leftovers are still recognised.
 _LEGACY_TEMP = re.compile(r"\.(?P<target>.+?)\.tmp-\d+-[0-9a-f]+")
 # Protocols whose fsspec implementation ships in an extra of ckptzip.
 _EXTRAS = {"s3": "s3", "s3a": "s3"}
@@ -81,30 +81,28 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _stale_temp(name: str, target: str | None = None) -> bool:
-    """Whether ``name`` is a temporary of :func:`atomic_file` left by a dead process on this host
-    (and, with ``target``, one meant to become ``target``)."""
+def _stale_temp(name: str, host: str, target: str | None = None) -> bool:
+    """Whether ``name`` is a temporary of :func:`atomic_file` left by a dead process on the host
+    whose :func:`_hash8` is ``host`` (and, given ``target``'s hash, one meant to become it)."""
     temp = _TEMP.fullmatch(name)
     return bool(
         temp
-        and temp["host"] == _hash8(_host())
-        and (target is None or temp["target"] == _hash8(target))
+        and temp["host"] == host
+        and (target is None or temp["target"] == target)
         and not _pid_alive(int(temp["pid"]))
     )
 
 
-def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[str]:
+def remove_stale_temporaries(path: str | os.PathLike[str]) -> None:
     """Delete temporaries that a killed :func:`atomic_file` left beside ``path`` (same host, dead
-    owner); returns their names. Errors are ignored: this is tidying."""
+    owner). Errors are ignored: this is tidying."""
     path = Path(path)
-    removed = []
+    host, target = _hash8(_host()), _hash8(path.name)
     with contextlib.suppress(OSError):
-        for entry in os.scandir(path.parent if str(path.parent) else "."):
-            if _stale_temp(entry.name, path.name):
+        for entry in os.scandir(path.parent):
+            if _stale_temp(entry.name, host, target):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
-                    removed.append(entry.name)
-    return removed
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -314,7 +312,7 @@ class LocalStorage(Storage):
             )
 
     def list(self, pattern: re.Pattern[str]) -> Listing:
-        """Committed files matching ``pattern``; as partial, ckptzip 0.x temporaries of matching
+        """Committed files matching ``pattern``; as partial, earlier releases' temporaries of matching
         names and any temporary of a dead writer on this host (the lock makes this directory's
         writer the only one, and a temporary's name does not record its target)."""
         try:
@@ -322,9 +320,10 @@ class LocalStorage(Storage):
         except FileNotFoundError:
             return Listing([], [])
         committed, partial = [], []
+        host = _hash8(_host())
         for entry in entries:
             legacy = _LEGACY_TEMP.fullmatch(entry.name)
-            if (legacy and pattern.fullmatch(legacy["target"])) or _stale_temp(entry.name):
+            if (legacy and pattern.fullmatch(legacy["target"])) or _stale_temp(entry.name, host):
                 partial.append(entry.name)
             elif pattern.fullmatch(entry.name) and entry.is_file():
                 committed.append(entry.name)
@@ -419,7 +418,7 @@ class _FsspecLock(WriterLock):
     """An exclusively created marker object holding the owner, a token and a heartbeat time.
 
     Object stores cannot tell that a writer died, so a marker outlives a killed writer: the error
-    names the owner and the age of its heartbeat (updated at every commit), and the marker is
+    names the owner and the age of its heartbeat (updated before every save), and the marker is
     cleared by deleting ``<location>/.ckptzip.lock`` once that writer is known to be gone.
     """
 
@@ -428,16 +427,14 @@ class _FsspecLock(WriterLock):
         self._path = storage._path(LOCK_NAME)
         self._owner = _owner()
         self._held = False
-        try:
-            _create_exclusive(storage.fs, self._path, self._record())
-        except FileExistsError as exc:
+        if not _store_call(storage.location, lambda: _create_exclusive(storage.fs, self._path, self._record())):
             owner = _describe_owner(_store_call(storage.location, lambda: storage.fs.cat_file(self._path)))
             raise CheckpointWriteError(
                 errno.EBUSY,
                 f"{storage.location!r} is being written by another CheckpointManager ({owner}). One manager "
                 f"writes a location at a time. If that writer is gone (killed), delete {storage.location}/"
-                f"{LOCK_NAME} and retry. To only read or restore, pass read_only=True",
-            ) from exc
+                f"{LOCK_NAME} and retry. Reading (all_steps, restore) needs no lock",
+            )
         self._held = True
 
     def _record(self) -> bytes:
@@ -469,22 +466,23 @@ class _FsspecLock(WriterLock):
         self._held = False
 
 
-def _create_exclusive(fs: Any, path: str, data: bytes) -> None:
-    """Write ``path`` only if it does not exist (``FileExistsError`` otherwise): mode ``xb``, which
-    s3fs sends as a conditional PUT (If-None-Match)."""
+def _create_exclusive(fs: Any, path: str, data: bytes) -> bool:
+    """Write ``path`` unless it exists; whether it was written. Mode ``xb``, which s3fs sends as
+    a conditional PUT (If-None-Match: *)."""
     try:
         with fs.open(path, "xb") as f:
             f.write(data)
     except FileExistsError:
-        raise
+        return False
     except (TypeError, NotImplementedError, ValueError):  # a filesystem without exclusive create
         if fs.exists(path):
-            raise FileExistsError(path) from None
+            return False
         _put(fs, path, data)
-    except OSError as exc:  # a failed precondition some stores report as a plain OSError
+    except OSError:  # a failed precondition some stores report as a plain OSError
         if fs.exists(path):
-            raise FileExistsError(path) from exc
+            return False
         raise
+    return True
 
 
 def _put(fs: Any, path: str, data: bytes) -> None:
