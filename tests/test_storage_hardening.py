@@ -28,7 +28,7 @@ from ckptzip import storage
 from ckptzip.dcp._storage import CheckpointDir
 from ckptzip.errors import CheckpointNotFoundError, CheckpointWriteError, UnsupportedObjectError
 from ckptzip.manager import CheckpointManager
-from ckptzip.storage import LOCK_NAME, atomic_file, open_storage
+from ckptzip.storage import LOCK_NAME, open_storage
 
 STATE = {"w": torch.arange(6, dtype=torch.float32), "step": 1}
 SRC = str(Path(__file__).resolve().parents[1] / "src")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import subprocess
@@ -72,7 +73,7 @@ def test_alias_encoding_numbers_containers_in_pre_order() -> None:
 
 def test_dict_keys_and_ordered_dict_metadata_are_numbered_like_the_encoder() -> None:
     key = (1, 2)
-    od = __import__("collections").OrderedDict(a=[key])
+    od = collections.OrderedDict(a=[key])
     od._metadata = {"m": key}  # type: ignore[attr-defined]
     state = {key: od, "again": key}
     out = roundtrip(state)
