@@ -95,3 +95,10 @@ def test_dcp_convert_keeps_an_existing_output_unless_forced(tmp_path: Path, caps
     assert main(["dcp-convert", str(tmp_path / "dir"), str(tmp_path / "one.ckz")]) == 1
     assert main(["dcp-convert", str(tmp_path / "dir"), str(tmp_path / "two.ckz")]) == 0
     assert_same(ckptzip.load(tmp_path / "two.ckz"), STATE)
+
+
+def test_compress_refuses_a_fifo_input_instead_of_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "in.pt")
+    done = _run("compress", str(tmp_path / "in.pt"), str(tmp_path / "out.ckz"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"ckptzip: error: no checkpoint at '{tmp_path / 'in.pt'}': the path is a FIFO, not a checkpoint file" in done.stderr

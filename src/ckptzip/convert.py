@@ -10,7 +10,7 @@ import torch
 
 from . import api
 from .errors import CkptzipError, UnsupportedObjectError
-from .storage import atomic_file
+from .storage import atomic_file, open_for_read
 
 
 def is_safetensors(path: str | os.PathLike) -> bool:
@@ -22,7 +22,10 @@ def read_foreign(path: str | os.PathLike) -> Any:
     if is_safetensors(path):
         return _read_safetensors(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with open_for_read(path) as f:  # a FIFO or device is refused, not read until it ends
+            return torch.load(f, map_location="cpu", weights_only=True)
+    except CkptzipError:
+        raise
     except Exception as exc:  # torch raises several unrelated types for unreadable files
         raise CkptzipError(
             f"could not read {str(path)!r} as a torch.save file with weights_only=True ({exc}). "
