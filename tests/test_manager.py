@@ -28,6 +28,7 @@ from ckptzip.errors import (
     CorruptCheckpointError,
     UnsupportedObjectError,
 )
+from ckptzip.storage import LOCK_NAME
 from ckptzip.manager import (
     CheckpointManager,
     CheckpointSkippedWarning,
@@ -60,7 +61,8 @@ def make_state(step: int, numel: int = 1000) -> dict[str, Any]:
 
 
 def files(directory: Path) -> list[str]:
-    return sorted(os.listdir(directory))
+    """The directory's files, less the lock file a writing manager holds (tests/test_manager_lock.py)."""
+    return sorted(n for n in os.listdir(directory) if n != LOCK_NAME)
 
 
 # ----------------------------------------------------------------------- an fsspec store with a gate

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, BinaryIO, Union
 
 import torch
@@ -16,50 +12,15 @@ from tqdm.auto import tqdm
 from .engine.policy import Policy
 from .engine.reader import read_tensors
 from .engine.writer import write_state
-from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, DeviceUnavailableError
+from .errors import CheckpointWriteError, CkptzipError, DeviceUnavailableError
 from .format import ContainerReader, TensorEntry
+from .storage import atomic_file, open_for_read
 from .tree import flatten, unflatten
 
 PathOrFile = Union[str, os.PathLike, BinaryIO]
 Source = Union[PathOrFile, bytes, bytearray, memoryview]
 CodecArg = Union[str, Policy]
 MapLocation = Union[None, str, torch.device, dict]
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """Open a temporary file beside ``path``; on success fsync it, rename it over ``path``, fsync
-    the directory. On failure remove it, so ``path`` keeps whatever it held before."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with io.open(tmp, "xb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        if isinstance(exc, OSError) and not isinstance(exc, CkptzipError):
-            raise CheckpointWriteError(
-                exc.errno,
-                f"could not write checkpoint {str(path)!r}: {exc.strerror or exc}. Nothing was written "
-                "under that name; any previous file there is untouched",
-            ) from exc
-        raise
 
 
 def _progress(total: int, enabled: bool, desc: str) -> tqdm:
@@ -138,11 +99,7 @@ class CheckpointReader:
     def __init__(self, f: Source, *, map_location: MapLocation = None) -> None:
         self._owned = isinstance(f, (str, os.PathLike))
         if self._owned:
-            try:
-                f = io.open(f, "rb")  # noqa: SIM115 - closed by close()
-            except (FileNotFoundError, IsADirectoryError) as exc:
-                what = "a directory, not a checkpoint file" if isinstance(exc, IsADirectoryError) else "missing"
-                raise CheckpointNotFoundError(f"no checkpoint at {str(exc.filename)!r}: the path is {what}") from exc
+            f = open_for_read(f)  # refuses FIFOs and devices instead of blocking on them
         self._file: BinaryIO = f  # type: ignore[assignment]
         try:
             self._reader = ContainerReader(self._file)

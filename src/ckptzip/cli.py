@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from . import __version__, api
 from .convert import convert, read_foreign, write_foreign
@@ -14,6 +16,39 @@ from .errors import CkptzipError
 from .codecs import codec_ids
 from .engine.policy import PRESETS
 from .report import class_table, human_bytes, portability_note, tensor_table
+
+
+def emit(text: str, stream: TextIO | None = None) -> None:
+    """Print ``text``; characters the stream cannot encode (a lone surrogate in a tensor name, or
+    any non-ASCII under LANG=C) are written as backslash escapes instead of raising."""
+    stream = stream or sys.stdout
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def force_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--force", action="store_true", help="replace DST if it exists")
+
+
+def check_destination(src: str, dst: str, *, force: bool, exists: Callable[[str], bool] = os.path.lexists) -> None:
+    """Refuse DST when it is SRC (however spelled) or, without ``force``, when it exists."""
+    if os.path.realpath(src) == os.path.realpath(dst) or (
+        os.path.exists(src) and os.path.exists(dst) and os.path.samefile(src, dst)
+    ):
+        raise CkptzipError(f"{dst!r} is the source {src!r}; write to another path")
+    if not force and exists(dst):
+        raise CkptzipError(f"{dst!r} exists; pass --force to replace it")
 
 
 def _codec_arg(parser: argparse.ArgumentParser) -> None:
@@ -43,16 +78,18 @@ def _add_file_command(
     p = sub.add_parser(name, help=help_text)
     p.add_argument("src")
     p.add_argument("dst")
+    force_arg(p)
     if codec:
         _codec_arg(p)
 
     def run(args: argparse.Namespace) -> int:
+        check_destination(args.src, args.dst, force=args.force)
         start = time.perf_counter()
         action(args)
         seconds = time.perf_counter() - start
         src, dst = Path(args.src), Path(args.dst)
         a, b = src.stat().st_size, dst.stat().st_size
-        print(f"{src} ({human_bytes(a)}) -> {dst} ({human_bytes(b)}), {a / max(b, 1):.3f}x, {seconds:.2f} s")
+        emit(f"{src} ({human_bytes(a)}) -> {dst} ({human_bytes(b)}), {a / max(b, 1):.3f}x, {seconds:.2f} s")
         return 0
 
     p.set_defaults(func=run)
@@ -61,12 +98,12 @@ def _add_file_command(
 def _cmd_inspect(args: argparse.Namespace) -> int:
     with api.open(args.path) as reader:
         entries = reader.entries()
-        print(tensor_table(entries, limit=args.top))
-        print()
-        print(class_table(entries))
-        print(f"\nfile {human_bytes(reader.file_size)}; tensors {human_bytes(reader.nbytes)} -> "
-              f"{human_bytes(reader.compressed_nbytes)} ({reader.ratio:.3f}x)")
-        print(portability_note(entries))
+        emit(tensor_table(entries, limit=args.top))
+        emit("")
+        emit(class_table(entries))
+        emit(f"\nfile {human_bytes(reader.file_size)}; tensors {human_bytes(reader.nbytes)} -> "
+             f"{human_bytes(reader.compressed_nbytes)} ({reader.ratio:.3f}x)")
+        emit(portability_note(entries))
     return 0
 
 
@@ -91,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="per-tensor ratio table and totals by tensor class")
     p.add_argument("path")
-    p.add_argument("--top", type=int, default=None, help="show only the N largest tensors")
+    p.add_argument("--top", type=positive_int, default=None, help="show only the N largest tensors (N >= 1)")
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("demo", help="train a small model, checkpoint it, restore it bit-exactly")
@@ -118,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except CkptzipError as exc:
-        print(f"ckptzip: error: {exc}", file=sys.stderr)
+        emit(f"ckptzip: error: {exc}", sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from . import api
-from .api import atomic_file
 from .errors import CkptzipError, UnsupportedObjectError
+from .storage import atomic_file, open_for_read
 
 
 def is_safetensors(path: str | os.PathLike) -> bool:
@@ -20,11 +20,12 @@ def is_safetensors(path: str | os.PathLike) -> bool:
 def read_foreign(path: str | os.PathLike) -> Any:
     """Load a torch.save file (``weights_only=True``: no code runs) or a .safetensors file."""
     if is_safetensors(path):
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
+        return _read_safetensors(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with open_for_read(path) as f:  # a FIFO or device is refused, not read until it ends
+            return torch.load(f, map_location="cpu", weights_only=True)
+    except CkptzipError:
+        raise
     except Exception as exc:  # torch raises several unrelated types for unreadable files
         raise CkptzipError(
             f"could not read {str(path)!r} as a torch.save file with weights_only=True ({exc}). "
@@ -32,8 +33,33 @@ def read_foreign(path: str | os.PathLike) -> Any:
         ) from exc
 
 
+def _read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own SafetensorError, OSError, ...
+        raise CkptzipError(f"could not read {str(path)!r} as a .safetensors file: {exc}") from exc
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous tensors, each with memory of its own: safetensors cannot store tied tensors
+    (one tensor under two names), so a second name gets a copy of the same values."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in tensors.items():
+        t = t.contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if t.numel() and ptr in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return out
+
+
 def write_foreign(obj: Any, path: str | os.PathLike) -> None:
-    """Write ``obj`` as .safetensors (a flat dict of tensors) or as a torch.save file, atomically."""
+    """Write ``obj`` as .safetensors (a flat dict of tensors; tied tensors become copies) or as a
+    torch.save file, atomically."""
     if is_safetensors(path):
         from safetensors.torch import save
 
@@ -42,7 +68,10 @@ def write_foreign(obj: Any, path: str | os.PathLike) -> None:
                 "safetensors holds a flat dict of name -> tensor; this checkpoint holds other values. "
                 "Write a .pt file instead."
             )
-        data = save({k: v.contiguous() for k, v in obj.items()})
+        try:
+            data = save(_unshared(obj))
+        except Exception as exc:  # safetensors refuses some dtypes and names
+            raise CkptzipError(f"could not write {str(path)!r} as a .safetensors file: {exc}") from exc
         with atomic_file(path) as f:
             f.write(data)
     else:

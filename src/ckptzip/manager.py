@@ -28,13 +28,15 @@ import torch
 from . import api
 from .errors import CheckpointNotFoundError, CorruptCheckpointError
 from .engine.policy import Policy
-from .storage import open_storage
+from .storage import WriterLock, open_storage
 from .tree import flatten, unflatten
 
 __all__ = ["CheckpointManager", "CheckpointSkippedWarning", "capture_rng_state", "restore_rng_state"]
 
 _STEP_NAME = "step_{:08d}.ckz"
-_STEP_PATTERN = re.compile(r"step_(\d{8,})\.ckz")
+# Exactly the names _STEP_NAME writes: 8 digits, or more without a leading zero. Others (such as
+# step_000000100.ckz beside step_00000100.ckz) are not checkpoints of this manager.
+_STEP_PATTERN = re.compile(r"step_(\d{8}|[1-9]\d{8,})\.ckz")
 _ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
 
 _BufferKey = tuple[torch.device, bool]  # (device, pinned)
@@ -218,9 +220,12 @@ class CheckpointManager:
             on the GPU); ``"host"`` copies them into pinned host memory (no extra GPU memory).
         storage_options: passed to the fsspec filesystem (credentials, ``endpoint_url``, ...).
 
-    One manager writes to a directory at a time; any number may read (``all_steps``, ``restore``).
-    Methods are meant to be called from one thread. Errors of a background save are raised by the
-    next ``save``, ``wait`` or ``close``.
+    One manager writes to a directory at a time: the first ``save`` takes the directory's writer
+    lock (held until ``close``), and a ``save`` of a second manager while it is held raises
+    :class:`~ckptzip.errors.CheckpointWriteError` naming the owner. Managers that only read
+    (``all_steps``, ``restore``) take no lock, so any number may read. Methods are meant to be
+    called from one thread. Errors of a background save are raised by the next ``save``, ``wait``
+    or ``close``.
     """
 
     def __init__(
@@ -240,14 +245,14 @@ class CheckpointManager:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         if snapshot not in ("device", "host"):
             raise ValueError(f"snapshot must be 'device' or 'host', got {snapshot!r}")
-        Policy.parse(codec)
+        self._policy = Policy.parse(codec)
         self._storage = open_storage(directory, storage_options)
         self._keep_last = keep_last
         self._codec = codec
         self._max_pending = max_pending
-        listing = self._storage.list(_STEP_PATTERN)
-        self._leftovers = listing.partial  # discarded after this manager's first commit
-        self._newest_committed = max(map(_step_of, listing.committed), default=None)
+        self._lock: WriterLock | None = None  # taken by the first save
+        self._leftovers: list[str] = []  # found when the lock was taken; discarded after the first commit
+        self._newest_committed = max(map(_step_of, self._storage.list(_STEP_PATTERN).committed), default=None)
         self._pending: collections.deque[tuple[int, concurrent.futures.Future[None]]] = collections.deque()
         self._snapshots = _SnapshotPool(snapshot)
         self._executor = (
@@ -293,6 +298,8 @@ class CheckpointManager:
         step = operator.index(step)
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
+        if self._lock is None:
+            self._take_lock()
         newest = self._newest_step()
         if newest is not None and step <= newest:
             raise ValueError(
@@ -314,13 +321,22 @@ class CheckpointManager:
         self._pending.append((step, future))
         return future
 
+    def _take_lock(self) -> None:
+        """Become the directory's writer; then look again at what earlier writers left."""
+        self._lock = self._storage.lock()
+        listing = self._storage.list(_STEP_PATTERN)
+        self._leftovers = listing.partial
+        self._newest_committed = max(map(_step_of, listing.committed), default=None)
+
     def _save_snapshot(self, step: int, snapshot: _Snapshot) -> None:
         with self._snapshots.use(snapshot) as state:
             self._write(step, state)
         self._after_commit(step)
 
     def _write(self, step: int, state: Any) -> None:
-        self._storage.write(_STEP_NAME.format(step), lambda f: api.save(state, f, codec=self._codec))
+        assert self._lock is not None
+        self._lock.heartbeat()  # raises if the lock was lost, before anything is written
+        self._storage.write(_STEP_NAME.format(step), lambda f: api.save(state, f, codec=self._policy))
 
     def _after_commit(self, step: int) -> None:
         """Record the commit, retire old checkpoints, discard leftovers found at start."""
@@ -355,6 +371,8 @@ class CheckpointManager:
             self._executor.shutdown(wait=True)
         self._snapshots.clear()
         self._closed = True
+        if self._lock is not None:
+            self._lock.release()
         self._reap()
 
     def __enter__(self) -> CheckpointManager:

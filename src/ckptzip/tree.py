@@ -16,6 +16,15 @@ import numpy as np
 import torch
 
 from .errors import CorruptCheckpointError, UnsupportedObjectError
+from .format.spec import DTYPE_NAMES, DTYPES
+
+# The most dimensions a stored tensor may have (the index reader's limit, docs/FORMAT.md).
+MAX_DIMS = 64
+# Every dtype of this torch build by name: decoding a tree looks names up here and never calls
+# getattr(torch, name), which can import submodules.
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
+}
 
 # Each level costs up to three interpreter frames and three JSON levels (a dict is
 # {"dict": [[k, v]]}); 100 levels stay well inside Python's default recursion limit of 1000.
@@ -47,6 +56,10 @@ class _Flattener:
         self.tensors: list[FlatTensor] = []
         self._by_view: dict[tuple, int] = {}
         self._names: set[str] = set()
+        # Containers by id -> number in pre-order; ``_seen`` keeps them alive so ids stay unique.
+        self._numbers: dict[int, int] = {}
+        self._seen: list[Any] = []
+        self._open: dict[int, str] = {}  # id -> path of the containers being encoded (the current branch)
 
     def tensor_ref(self, t: torch.Tensor, path: str) -> int:
         key = _view_key(t)
@@ -87,25 +100,46 @@ class _Flattener:
             return {"device": str(obj)}
         if isinstance(obj, torch.Size):
             return {"size": list(obj)}
-        if isinstance(obj, list):
-            return [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(obj)]
-        if type(obj) is tuple:
-            return {"tuple": [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(obj)]}
-        if isinstance(obj, dict) and type(obj) in (dict, collections.OrderedDict):
-            pairs = [
-                [self.encode(k, path, depth + 1), self.encode(v, _join(path, k), depth + 1)]
-                for k, v in obj.items()
-            ]
-            if isinstance(obj, collections.OrderedDict):
-                meta = getattr(obj, "_metadata", None)
-                return {"odict": pairs, "meta": self.encode(meta, _join(path, "_metadata"), depth + 1)}
-            return {"dict": pairs}
+        if isinstance(obj, list) or type(obj) in (tuple, dict, collections.OrderedDict):
+            return self.container(obj, path, depth)
         raise UnsupportedObjectError(
             f"cannot store an object of type {type(obj).__module__}.{type(obj).__qualname__} at "
             f"{path or '<root>'!r}: ckptzip stores tensors, NumPy arrays and plain values (int, float, "
             "bool, str, bytes, None, dict, list, tuple) so that loading never runs code. Convert it to "
             "one of those (for example a dict of its fields) before saving."
         )
+
+    def container(self, obj: Any, path: str, depth: int) -> Any:
+        """A list, tuple, dict or OrderedDict; ``{"alias": k}`` if it was already encoded."""
+        number = self._numbers.get(id(obj))
+        if number is not None:
+            if id(obj) in self._open:
+                raise UnsupportedObjectError(
+                    f"the value at {path or '<root>'!r} is the {type(obj).__name__} at "
+                    f"{self._open[id(obj)] or '<root>'!r} that contains it (a reference cycle); ckptzip "
+                    "stores shared sub-objects but not cycles. Break the cycle before saving."
+                )
+            return {"alias": number}
+        self._numbers[id(obj)] = len(self._seen)
+        self._seen.append(obj)
+        self._open[id(obj)] = path
+        try:
+            return self.encode_container(obj, path, depth)
+        finally:
+            del self._open[id(obj)]
+
+    def encode_container(self, obj: Any, path: str, depth: int) -> Any:
+        if isinstance(obj, list):
+            return [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(obj)]
+        if type(obj) is tuple:
+            return {"tuple": [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(obj)]}
+        pairs = [
+            [self.encode(k, path, depth + 1), self.encode(v, _join(path, k), depth + 1)] for k, v in obj.items()
+        ]
+        if isinstance(obj, collections.OrderedDict):
+            meta = getattr(obj, "_metadata", None)
+            return {"odict": pairs, "meta": self.encode(meta, _join(path, "_metadata"), depth + 1)}
+        return {"dict": pairs}
 
 
 def _view_key(t: torch.Tensor) -> tuple | None:
@@ -131,14 +165,39 @@ def _plain_tensor(t: torch.Tensor, path: str) -> torch.Tensor:
             f"tensor at {path!r} is a {type(t).__qualname__}; store a plain tensor (for a DTensor use "
             "ckptzip.dcp, or .full_tensor())."
         )
+    _check_storable(t, path)
     return t.detach()
 
 
+def _check_storable(t: torch.Tensor, path: str) -> None:
+    """Refuse what the format cannot hold, so that whatever save accepts, load accepts."""
+    if t.is_meta:
+        raise UnsupportedObjectError(
+            f"tensor at {path!r} is on the meta device and has no data to store; materialize it "
+            "(for example module.to_empty(device='cpu') and initialize or load it) before saving."
+        )
+    if t.dtype not in DTYPE_NAMES:
+        raise UnsupportedObjectError(
+            f"tensor at {path!r} has dtype {t.dtype}, which the ckptzip format cannot store (it stores "
+            f"{', '.join(DTYPES)}); convert it (for example .view(torch.uint8) for raw bits) before saving."
+        )
+    if t.dim() > MAX_DIMS:
+        raise UnsupportedObjectError(
+            f"tensor at {path!r} has {t.dim()} dimensions; the ckptzip format stores at most {MAX_DIMS}. "
+            "Reshape it before saving."
+        )
+
+
 def _ndarray_to_tensor(a: np.ndarray, path: str) -> torch.Tensor:
+    """A tensor sharing (or, for a non-native byte order, holding a native copy of) ``a``'s values."""
+    if not a.dtype.isnative:  # big-endian data: same values, stored (and loaded) little-endian
+        a = a.astype(a.dtype.newbyteorder("="))
     try:
-        return torch.from_numpy(np.ascontiguousarray(a))
+        t = torch.from_numpy(a if a.flags.c_contiguous else a.copy(order="C"))  # keeps 0-d arrays 0-d
     except TypeError as exc:
         raise UnsupportedObjectError(f"NumPy array at {path!r} has dtype {a.dtype}, which torch cannot hold") from exc
+    _check_storable(t, path)
+    return t
 
 
 def flatten(obj: Any) -> Flattened:
@@ -151,10 +210,32 @@ def flatten(obj: Any) -> Flattened:
     return Flattened(tree, flattener.tensors)
 
 
+_UNFINISHED = object()  # the slot of a container whose decoding has begun but not ended
+
+
 class _Unflattener:
     def __init__(self, tensor: Callable[[int], torch.Tensor], ntensors: int) -> None:
         self.tensor = tensor
         self.ntensors = ntensors
+        self.containers: list[Any] = []  # decoded containers, numbered in pre-order as when encoded
+
+    def container(self, build: Callable[[], Any]) -> Any:
+        """Number a container before its contents (pre-order), as the encoder does."""
+        number = len(self.containers)
+        self.containers.append(_UNFINISHED)
+        self.containers[number] = obj = build()
+        return obj
+
+    def alias(self, body: Any) -> Any:
+        if type(body) is not int or not 0 <= body < len(self.containers):
+            raise CorruptCheckpointError(
+                f"tree refers to container {body!r:.40}, expected an index in [0, {len(self.containers)}): "
+                "the containers decoded so far"
+            )
+        obj = self.containers[body]
+        if obj is _UNFINISHED:
+            raise CorruptCheckpointError(f"tree refers to container {body} from inside itself (a cycle)")
+        return obj
 
     def index(self, value: Any, what: str) -> int:
         if type(value) is not int or not 0 <= value < self.ntensors:
@@ -169,7 +250,7 @@ class _Unflattener:
         if node is None or isinstance(node, (bool, str, int)) and not isinstance(node, float):
             return node
         if isinstance(node, list):
-            return [self.decode(v, depth + 1) for v in node]
+            return self.container(lambda: [self.decode(v, depth + 1) for v in node])
         if not isinstance(node, dict) or not node:
             raise CorruptCheckpointError(f"tree holds {type(node).__name__} {node!r:.80}, expected a tagged value")
         tag = next(iter(node))
@@ -207,23 +288,29 @@ class _Unflattener:
             return _torch_device(_str(body))
         if tag == "size":
             return torch.Size(_int_list(body))
+        if tag == "alias":
+            return self.alias(body)
         if tag == "tuple":
-            return tuple(self.decode(v, depth + 1) for v in _list(body))
+            return self.container(lambda: tuple(self.decode(v, depth + 1) for v in _list(body)))
         if tag in ("dict", "odict"):
-            out: dict = {} if tag == "dict" else collections.OrderedDict()
-            for pair in _list(body):
-                key, value = _pair(pair)
-                key = self.decode(key, depth + 1)
-                try:
-                    out[key] = self.decode(value, depth + 1)
-                except TypeError as exc:
-                    raise CorruptCheckpointError(f"tree holds an unhashable dict key {key!r:.80}") from exc
-            if tag == "odict":
-                meta = self.decode(node["meta"], depth + 1)
-                if meta is not None:
-                    out._metadata = meta  # type: ignore[attr-defined]
-            return out
+            return self.container(lambda: self._decode_dict(tag, body, node, depth))
         raise CorruptCheckpointError(f"tree holds unknown value tag {tag!r}")
+
+
+    def _decode_dict(self, tag: str, body: Any, node: dict, depth: int) -> dict:
+        out: dict = {} if tag == "dict" else collections.OrderedDict()
+        for pair in _list(body):
+            key, value = _pair(pair)
+            key = self.decode(key, depth + 1)
+            try:
+                out[key] = self.decode(value, depth + 1)
+            except TypeError as exc:
+                raise CorruptCheckpointError(f"tree holds an unhashable dict key {key!r:.80}") from exc
+        if tag == "odict":
+            meta = self.decode(node["meta"], depth + 1)
+            if meta is not None:
+                out._metadata = meta  # type: ignore[attr-defined]
+        return out
 
 
 def _str(v: Any) -> str:
@@ -251,10 +338,10 @@ def _int_list(v: Any) -> list[int]:
 
 
 def _torch_dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown torch dtype {name!r}")
-    return dtype
+    try:
+        return _TORCH_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown torch dtype {name!r:.40}") from None
 
 
 def _torch_device(name: str) -> torch.device:

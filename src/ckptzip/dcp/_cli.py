@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ..errors import CheckpointNotFoundError
-from ._storage import CheckpointDir
+from ._storage import CheckpointDir, local_path
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -25,6 +25,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("src", help="DCP checkpoint directory or .ckz file")
     parser.add_argument("dst", help=".ckz file or DCP checkpoint directory to create")
     parser.add_argument("--codec", default="auto", help="preset (auto, fast, portable) or codec id")
+    parser.add_argument("--force", action="store_true", help="replace DST if it exists")
     parser.add_argument(
         "--trusted-objects", action="store_true",
         help="load non-tensor values that torch's weights_only unpickler refuses (only for trusted files)",
@@ -34,9 +35,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ckptzip dcp-convert``."""
+    from ..cli import check_destination, emit
     from ._convert import ckz_to_dcp, dcp_to_ckz, is_dcp_checkpoint
     from ._metadata import METADATA_FILE
 
+    check_destination(local_path(args.src), local_path(args.dst), force=args.force, exists=_exists)
     start = time.perf_counter()
     if is_dcp_checkpoint(args.src):
         dcp_to_ckz(args.src, args.dst, codec=args.codec, trusted_objects=args.trusted_objects)
@@ -49,5 +52,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         ckz_to_dcp(args.src, args.dst, codec=args.codec)
         direction = ".ckz -> DCP directory"
-    print(f"{args.src} -> {args.dst} ({direction}), {time.perf_counter() - start:.2f} s")
+    emit(f"{args.src} -> {args.dst} ({direction}), {time.perf_counter() - start:.2f} s")
     return 0
+
+
+def _exists(path: str) -> bool:
+    """Whether a file or directory is at ``path`` (a local path or an fsspec URL)."""
+    return CheckpointDir(path).present()
+

@@ -18,10 +18,10 @@ from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlan
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from .. import api
-from ..errors import CkptzipError
+from ..errors import CheckpointNotFoundError, CkptzipError
 from ._metadata import METADATA_FILE
 from ._reader import CompressedStorageReader
-from ._storage import CheckpointDir, is_url
+from ._storage import CheckpointDir, is_url, local_path
 from ._writer import CompressedStorageWriter
 
 
@@ -39,7 +39,9 @@ def _ckptzip_errors() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _open_file(path: str | os.PathLike[str], mode: str) -> Iterator[BinaryIO | str | os.PathLike[str]]:
-    """A local path as it is (ckptzip writes it atomically), a URL as an fsspec stream."""
+    """A local path (or ``file://`` URL) as a path (ckptzip writes it atomically), another URL as
+    an fsspec stream."""
+    path = local_path(path)
     if not is_url(path):
         yield path
         return
@@ -53,9 +55,23 @@ def _load_full_state(dcp_dir: str | os.PathLike[str], *, trusted_objects: bool =
     """The whole state of a ckptzip DCP checkpoint as one nested dict of CPU tensors."""
     state: dict[str, Any] = {}
     reader = CompressedStorageReader(dcp_dir, trusted_objects=trusted_objects)
+    _check_metadata(reader)
     with _ckptzip_errors():
         _load_state_dict(state, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     return state
+
+
+def _check_metadata(reader: CompressedStorageReader) -> None:
+    """Read the metadata before DCP does: DCP's load catches ``read_metadata``'s error and raises
+    an ``AssertionError`` that only quotes it, so a damaged file would not surface as ckptzip's
+    error. Like DCP, fall back to rank 0's own file (a save without collectives)."""
+    try:
+        reader.read_metadata()
+    except CheckpointNotFoundError as missing:
+        try:
+            reader.read_metadata(rank=0)
+        except CheckpointNotFoundError:
+            raise missing from None
 
 
 def dcp_to_ckz(

@@ -8,7 +8,9 @@ byte, and rebuilds ``Metadata`` on load, validating every field (docs/DCP.md, "M
 from __future__ import annotations
 
 import io
+import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +37,9 @@ _DTYPES: dict[str, torch.dtype] = {
     str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
 }
 _TOP_KEYS = {"format", "version", "dcp_version", "state_dict", "planner_data", "storage_meta", "items"}
+# Positions a list may have beyond the keys stored under it: list elements that hold nothing
+# (an empty dict) have no key of their own. Bounds what DCP allocates to rebuild lists.
+_EMPTY_LIST_ELEMENTS = 64
 
 
 def metadata_file(rank: int | None) -> str:
@@ -208,6 +213,9 @@ def decode_metadata(data: bytes, source: str) -> Metadata:
         planner_data=_planner_data_from_tree(c, c.get(top, "planner_data", "document")),
         storage_data=_items_from_tree(c, c.get(top, "items", "document")),
     )
+    _check_tensors(c, metadata.state_dict_metadata, metadata.storage_data)
+    if metadata.planner_data is not None:
+        _check_list_positions(c, metadata.planner_data)
     # Set after construction: older torch releases have no such constructor arguments.
     metadata.storage_meta = _storage_meta_from_tree(c, c.get(top, "storage_meta", "document"))
     metadata.version = c.text(c.get(top, "dcp_version", "document"), "field 'dcp_version'", optional=True)
@@ -239,6 +247,71 @@ def _entry_from_tree(c: _Checker, entry: Any, where: str) -> TensorStorageMetada
         size=c.size(c.get(entry, "size", where), f"{where}.size"),
         chunks=chunks,
     )
+
+
+def _check_tensors(c: _Checker, entries: dict[str, Any], items: dict[MetadataIndex, StoredItem]) -> None:
+    """Each tensor's chunks must tile it exactly (inside it, no overlaps, no gaps) and each must
+    have a stored item: DCP allocates every tensor at its declared size before reading, and an
+    uncovered region would reach the caller as uninitialised memory."""
+    for fqn, md in entries.items():
+        if not isinstance(md, TensorStorageMetadata):
+            continue
+        where = f"state_dict[{fqn!r}]"
+        for i, chunk in enumerate(md.chunks):
+            at = f"{where}.chunks[{i}]"
+            if len(chunk.offsets) != len(md.size) or len(chunk.sizes) != len(md.size):
+                raise c.fail(at, f"offsets and sizes of {len(md.size)} dimensions", chunk)
+            if any(o + n > d for o, n, d in zip(chunk.offsets, chunk.sizes, md.size)):
+                raise c.fail(at, f"inside the tensor's size {list(md.size)}", [list(chunk.offsets), list(chunk.sizes)])
+            if MetadataIndex(fqn, chunk.offsets) not in items:
+                raise c.fail(f"{at}.offsets", "the offsets of a stored item", list(chunk.offsets))
+        covered = sum(math.prod(chunk.sizes) for chunk in md.chunks)
+        if covered != math.prod(md.size):
+            raise c.fail(f"{where}.chunks", f"chunks covering its {math.prod(md.size)} elements", covered)
+        clash = _overlap([(chunk.offsets, chunk.sizes) for chunk in md.chunks])
+        if clash is not None:
+            raise c.fail(f"{where}.chunks", "chunks that do not overlap", clash)
+
+
+def _overlap(boxes: list[tuple[Sequence[int], Sequence[int]]]) -> tuple[list[int], list[int]] | None:
+    """Offsets of two overlapping non-empty boxes, or ``None``: a sweep along the dimension with
+    the most distinct offsets (the sharded one), comparing only boxes that meet along it."""
+    boxes = [(list(o), [a + n for a, n in zip(o, s)]) for o, s in boxes if math.prod(s) > 0]
+    if len(boxes) < 2:
+        return None
+    ndim = len(boxes[0][0])
+    if ndim == 0:
+        return boxes[0][0], boxes[1][0]
+    dim = max(range(ndim), key=lambda d: len({start[d] for start, _ in boxes}))
+    active: list[tuple[list[int], list[int]]] = []
+    for start, end in sorted(boxes, key=lambda box: box[0][dim]):
+        active = [box for box in active if box[1][dim] > start[dim]]
+        for other_start, other_end in active:
+            if all(other_start[d] < end[d] and start[d] < other_end[d] for d in range(ndim)):
+                return other_start, start
+        active.append((start, end))
+    return None
+
+
+def _check_list_positions(c: _Checker, planner_data: dict[str, tuple[str | int, ...]]) -> None:
+    """A list position in a key path must not exceed the keys stored under that list (plus a few
+    empty elements): DCP fills a list with ``None`` up to each position it rebuilds."""
+    highest: dict[tuple[str | int, ...], tuple[int, str]] = {}
+    keys: dict[tuple[str | int, ...], int] = {}
+    for key, path in planner_data.items():
+        for depth in range(1, len(path)):
+            if isinstance(path[depth], int):
+                prefix = path[:depth]
+                keys[prefix] = keys.get(prefix, 0) + 1
+                if path[depth] >= highest.get(prefix, (-1, ""))[0]:
+                    highest[prefix] = (path[depth], key)
+    for prefix, (position, key) in highest.items():
+        if position >= keys[prefix] + _EMPTY_LIST_ELEMENTS:
+            raise c.fail(
+                f"planner_data[{key!r}]",
+                f"a path whose list positions fit the {keys[prefix]} keys stored under that list",
+                position,
+            )
 
 
 def _planner_data_from_tree(c: _Checker, raw: Any) -> dict[str, tuple[str | int, ...]] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import posixpath
 import uuid
@@ -10,11 +11,19 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from ..errors import CheckpointWriteError, CodecUnavailableError, CorruptCheckpointError
+from ..storage import file_url_path
 
 
 def is_url(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` names a location through an fsspec protocol (``s3://…``, ``memory://…``)."""
     return "://" in os.fspath(path)
+
+
+def local_path(path: str | os.PathLike[str]) -> str:
+    """``path`` with a ``file://`` URL turned into the local path it names (fsspec would read
+    ``file://localhost/abs`` as a path relative to the working directory)."""
+    text = os.fspath(path)
+    return file_url_path(text) if text.startswith("file://") else text
 
 
 def _url_to_fs(url: str, options: dict[str, Any]) -> tuple[Any, str]:
@@ -38,8 +47,8 @@ class CheckpointDir:
     def __init__(self, path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
         self.path = os.fspath(path)
         self._fs: Any = None
-        self._root = self.path
-        if is_url(self.path):
+        self._root = local_path(self.path)
+        if is_url(self._root):
             self._fs, self._root = _url_to_fs(self.path, storage_options or {})
 
     def __repr__(self) -> str:
@@ -66,6 +75,10 @@ class CheckpointDir:
         """Whether file ``name`` exists."""
         full = self._full(name)
         return os.path.exists(full) if self._fs is None else bool(self._fs.exists(full))
+
+    def present(self) -> bool:
+        """Whether anything (a file or a directory) is at the path itself."""
+        return os.path.lexists(self._root) if self._fs is None else bool(self._fs.exists(self._root))
 
     def is_dir(self) -> bool:
         """Whether the directory itself exists."""
@@ -156,7 +169,16 @@ def check_name(name: object, source: str) -> str:
 
 
 def read_exact(stream: IO[bytes], offset: int, length: int, what: str) -> bytes:
-    """``length`` bytes at ``offset`` of ``stream``; fewer bytes means the file was truncated."""
+    """``length`` bytes at ``offset`` of ``stream``; fewer bytes means the file was truncated.
+
+    The range is checked against the file size before anything is read, so a damaged length
+    never becomes a huge allocation."""
+    size = stream.seek(0, io.SEEK_END)
+    if offset + length > size:
+        raise CorruptCheckpointError(
+            f"{what}: expected {length} bytes at offset {offset}, but the file has {size} bytes; "
+            "the data file is truncated or the metadata is damaged"
+        )
     stream.seek(offset)
     data = stream.read(length)
     if len(data) != length:

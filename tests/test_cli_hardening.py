@@ -1,0 +1,104 @@
+"""CLI hardening (issue #13): no tracebacks for odd names or bad inputs, no silent overwrites."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import assert_same
+from safetensors.torch import load_file
+
+import ckptzip
+from ckptzip.cli import main
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+STATE = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.ones(3)}
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run([sys.executable, "-m", "ckptzip", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_inspect_prints_a_lone_surrogate_in_a_name_as_an_escape(tmp_path: Path) -> None:
+    ckptzip.save({"w\udc80x": torch.ones(2)}, tmp_path / "s.ckz")
+    done = _run("inspect", str(tmp_path / "s.ckz"))
+    assert done.returncode == 0, done.stderr
+    assert "w\\udc80x" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_a_corrupt_safetensors_input_is_an_error_exit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not json")
+    assert main(["compress", str(tmp_path / "bad.safetensors"), str(tmp_path / "out.ckz")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"ckptzip: error: could not read '{tmp_path / 'bad.safetensors'}' as a .safetensors file: ")
+    assert not (tmp_path / "out.ckz").exists()
+
+
+def test_tied_tensors_decompress_to_safetensors_as_copies(tmp_path: Path) -> None:
+    tied = torch.arange(6, dtype=torch.float32)
+    ckptzip.save({"embed": tied, "head": tied, "other": torch.zeros(2)}, tmp_path / "t.ckz")
+    assert main(["decompress", str(tmp_path / "t.ckz"), str(tmp_path / "t.safetensors")]) == 0
+    back = load_file(tmp_path / "t.safetensors")
+    assert_same(dict(sorted(back.items())), {"embed": tied, "head": tied, "other": torch.zeros(2)})
+
+
+@pytest.mark.parametrize("command", ["compress", "decompress", "convert"])
+def test_an_existing_output_is_kept_unless_forced(tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / ("in.pt" if command == "compress" else "in.ckz")
+    torch.save(STATE, src) if command == "compress" else ckptzip.save(STATE, src)
+    dst = tmp_path / ("out.pt" if command == "decompress" else "out.ckz")
+    dst.write_bytes(b"precious")
+    assert main([command, str(src), str(dst)]) == 1
+    assert capsys.readouterr().err == f"ckptzip: error: {str(dst)!r} exists; pass --force to replace it\n"
+    assert dst.read_bytes() == b"precious"
+    assert main([command, str(src), str(dst), "--force"]) == 0
+    loaded = torch.load(dst, weights_only=True) if command == "decompress" else ckptzip.load(dst)
+    assert_same(loaded, STATE)
+
+
+@pytest.mark.parametrize("spelling", ["dotdot", "symlink", "same"])
+def test_the_source_as_destination_is_refused_however_spelled(
+    tmp_path: Path, spelling: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "a.ckz"
+    ckptzip.save(STATE, src)
+    (tmp_path / "sub").mkdir()
+    dst = {"dotdot": tmp_path / "sub" / ".." / "a.ckz", "symlink": tmp_path / "link.ckz", "same": src}[spelling]
+    if spelling == "symlink":
+        dst.symlink_to(src)
+    before = src.read_bytes()
+    assert main(["convert", str(src), str(dst), "--codec", "raw", "--force"]) == 1
+    assert f"{str(dst)!r} is the source {str(src)!r}; write to another path" in capsys.readouterr().err
+    assert src.read_bytes() == before
+
+
+@pytest.mark.parametrize("top", ["0", "-3", "x"])
+def test_inspect_top_must_be_at_least_one(tmp_path: Path, top: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["inspect", str(tmp_path / "s.ckz"), "--top", top])
+    assert info.value.code == 2
+    assert "argument --top: expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_dcp_convert_keeps_an_existing_output_unless_forced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckptzip.save(STATE, tmp_path / "one.ckz")
+    (tmp_path / "dir").mkdir()
+    assert main(["dcp-convert", str(tmp_path / "one.ckz"), str(tmp_path / "dir")]) == 1
+    assert f"{str(tmp_path / 'dir')!r} exists; pass --force" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "dir") == []
+    assert main(["dcp-convert", str(tmp_path / "one.ckz"), str(tmp_path / "dir"), "--force"]) == 0
+    assert main(["dcp-convert", str(tmp_path / "dir"), str(tmp_path / "one.ckz")]) == 1
+    assert main(["dcp-convert", str(tmp_path / "dir"), str(tmp_path / "two.ckz")]) == 0
+    assert_same(ckptzip.load(tmp_path / "two.ckz"), STATE)
+
+
+def test_compress_refuses_a_fifo_input_instead_of_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "in.pt")
+    done = _run("compress", str(tmp_path / "in.pt"), str(tmp_path / "out.ckz"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"ckptzip: error: no checkpoint at '{tmp_path / 'in.pt'}': the path is a FIFO, not a checkpoint file" in done.stderr
