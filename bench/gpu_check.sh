@@ -7,5 +7,5 @@ export PYTHONPATH=$PWD/.site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton; from nvidia import nvcomp; print('torch', torch.__version__, 'triton', triton.__version__, 'nvcomp', nvcomp.__version__)"
-python3 -m pytest -q -x -p no:cacheprovider ${GPU_TESTS:-tests/test_engine.py tests/test_nvcomp_codecs.py tests/test_golden.py} 2>&1 | tail -25 | tee "$OUT/gpu-tests.txt"
+python3 -m pytest -q -p no:cacheprovider ${GPU_TESTS:--m gpu tests tests/test_engine.py} > "$OUT/gpu-tests.txt" 2>&1; tail -15 "$OUT/gpu-tests.txt"
 python3 bench/engine_probe.py "$@" 2>&1 | tee "$OUT/probe.txt"

@@ -248,7 +248,6 @@ class CheckpointManager:
         self._policy = Policy.parse(codec)
         self._storage = open_storage(directory, storage_options)
         self._keep_last = keep_last
-        self._codec = codec
         self._max_pending = max_pending
         self._lock: WriterLock | None = None  # taken by the first save
         self._leftovers: list[str] = []  # found when the lock was taken; discarded after the first commit
