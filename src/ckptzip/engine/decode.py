@@ -17,6 +17,7 @@ import torch
 
 from ..errors import CkptzipError, CorruptCheckpointError
 from ..format import TensorEntry
+from ..kernels import to_device
 from ..kernels.planes import PLANE_ALIGN, merge_planes
 from ..kernels.segments import segment_sums
 from .policy import codec_for
@@ -98,12 +99,12 @@ def decode_batch(entries: list[TensorEntry], region: torch.Tensor, region_start:
     r_sel = np.flatnonzero(~chunk_coded)
     if digests or r_sel.size:
         if digests and r_sel.size:
-            found[torch.from_numpy(r_sel).to(device)] = segment_sums([region], zeros[r_sel], chunks.offset[r_sel],
+            found[to_device(r_sel, device)] = segment_sums([region], zeros[r_sel], chunks.offset[r_sel],
                                                                      chunks.length[r_sel])
     if c_sel.size and (digests or on_gpu):
         gather = dict(outs=[coded_src], out_index=zeros[c_sel], out_offsets=c_slot) if on_gpu else {}
         sums = segment_sums([region], zeros[c_sel], chunks.offset[c_sel], chunks.length[c_sel], **gather)
-        found[torch.from_numpy(c_sel).to(device)] = sums
+        found[to_device(c_sel, device)] = sums
     if digests:
         verify_digests(entries, chunks, found.cpu().numpy(), region_start)  # before any decoder runs
     decoded, stream_at = _decode_coded(entries, chunks, streams, codecs, coded, region, coded_src, c_sel,
@@ -188,7 +189,7 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
         plane_streams = np.array([by_tensor[t] for t in idx], dtype=np.int64)
         sums = merge_planes([outs[t] for t in idx], k, [region, decoded], source_base[plane_streams],
                             source_offset[plane_streams])
-        checksums[torch.from_numpy(np.array(idx)).to(device)] = sums
+        checksums[to_device(np.array(idx), device)] = sums
     if singles:
         s_of = np.array([by_tensor[t][0] for t in singles], dtype=np.int64)
         sizes = np.array([entries[t].nbytes for t in singles], dtype=np.int64)
@@ -196,5 +197,5 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
                      out_index=np.array(singles), out_offsets=np.zeros(len(singles), np.int64))
         sums = segment_sums([outs[t] for t in singles], np.arange(len(singles)), np.zeros(len(singles), np.int64),
                             sizes)
-        checksums[torch.from_numpy(np.array(singles)).to(device)] = sums
+        checksums[to_device(np.array(singles), device)] = sums
     return outs, checksums

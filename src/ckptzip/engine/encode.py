@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..kernels import to_device
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
@@ -110,7 +111,7 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
             continue
         starts, strides, total = plane_layout(nbytes[idx], k)
         planes = torch.empty(total, dtype=torch.uint8, device=device)
-        checksums[torch.from_numpy(idx).to(device)] = split_planes(
+        checksums[to_device(idx, device)] = split_planes(
             [datas[i] for i in idx], k, planes, starts, strides, hist, idx)
         base = len(bases)
         bases.append(planes)
@@ -125,7 +126,7 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
         sums = segment_sums([datas[i] for i in nonempty], np.arange(nonempty.size), np.zeros(nonempty.size, np.int64),
                             nbytes[nonempty], outs=[buffer], out_index=np.zeros(nonempty.size, np.int64),
                             out_offsets=offsets[nbytes[whole] > 0])
-        checksums[torch.from_numpy(nonempty).to(device)] = sums
+        checksums[to_device(nonempty, device)] = sums
         streams.add(whole, len(bases), offsets, nbytes[whole])
         bases.append(buffer)
     s_tensor, s_base, s_offset, s_size = streams.columns()

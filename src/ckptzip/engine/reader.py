@@ -30,7 +30,7 @@ from .ahead import Task, run_ahead
 from .decode import decode_batch
 from .staging import copy_stream, pinned_pool
 
-BATCH_BYTES = {"cuda": 256 << 20, "cpu": 8 << 20}
+BATCH_BYTES = {"cuda": 512 << 20, "cpu": 8 << 20}
 _READ_THREADS = 4
 _MASK64 = (1 << 64) - 1
 
@@ -153,10 +153,11 @@ class _Uploader:
         else:  # format-1 digests are checked on the host: keep chunks whole in one buffer
             spans = _chunk_spans(_chunk_list(entries), size)
         reads: collections.deque[tuple[int, int, Any]] = collections.deque()
+        in_flight = max(1, min(_READ_THREADS, self._pool.count // 2))
         for offset, n in spans:
-            while len(reads) >= _READ_THREADS:
+            while len(reads) >= in_flight:
                 yield self._finish(reads.popleft(), entries)
-            while pending and (pending[0][0].query() or len(pending) >= self._pool.count - _READ_THREADS):
+            while pending and (pending[0][0].query() or len(pending) >= self._pool.count - in_flight):
                 done, buffer = pending.popleft()
                 done.synchronize()
                 self._release(buffer)

@@ -29,7 +29,7 @@ from .encode import EncodedBatch, encode_batch
 from .policy import Policy
 from .staging import PinnedPool, copy_stream, pinned_pool
 
-BATCH_BYTES = {"cuda": 256 << 20, "cpu": 8 << 20}
+BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
 WRITEBACK_BYTES = 64 << 20
 _MASK64 = (1 << 64) - 1
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 try:
@@ -26,3 +27,12 @@ THREAD_SAFE = not INTERPRET
 def use_triton(device: torch.device) -> bool:
     """Whether the Triton versions run for data on ``device``."""
     return triton is not None and (device.type == "cuda" or INTERPRET)
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device`` without waiting for the device: staged through pinned memory
+    (a copy from pageable memory would wait for all work queued before it)."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)

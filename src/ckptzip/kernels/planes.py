@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..checksum import wsum64_array
-from . import triton, use_triton
+from . import to_device, triton, use_triton
 
 ELEMENTS_PER_PROGRAM = 4096
 PLANE_ALIGN = 256  # bytes: plane starts in a planes buffer, so nvCOMP reads and writes them in place
@@ -117,10 +117,10 @@ def _launch(kernel, device: torch.device, rows: list[np.ndarray], owner: np.ndar
             table[:, 4 : 4 + column.shape[1]] = column
     sums = torch.zeros(count, dtype=torch.int64, device=device)
     if owner.size:
-        table_dev = torch.from_numpy(table.reshape(-1)).to(device, non_blocking=True)
+        table_dev = to_device(table.reshape(-1), device)
         partial = torch.empty(owner.size, dtype=torch.int64, device=device)
         kernel[(owner.size,)](table_dev, partial, *args, E=ELEMENTS_PER_PROGRAM, **meta)
-        sums.index_add_(0, torch.from_numpy(owner).to(device, non_blocking=True), partial)
+        sums.index_add_(0, to_device(owner, device), partial)
     return sums
 
 

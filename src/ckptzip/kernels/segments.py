@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..checksum import wsum64_array
-from . import triton, use_triton
+from . import to_device, triton, use_triton
 
 BLOCK = 8192  # bytes per program
 WORD_ALIGN = 16  # segments at such addresses, of such lengths, take the word-wise kernel
@@ -110,11 +110,11 @@ def segment_sums(
     partial = torch.empty(owner.size, dtype=torch.int64, device=device)
     for kernel, rows in ((_segments_words_kernel, np.flatnonzero(fast)), (_segments_kernel, np.flatnonzero(~fast))):
         if rows.size:
-            table_dev = torch.from_numpy(np.ascontiguousarray(table[rows]).reshape(-1)).to(device, non_blocking=True)
+            table_dev = to_device(table[rows].reshape(-1), device)
             part = torch.empty(rows.size, dtype=torch.int64, device=device)
             kernel[(rows.size,)](table_dev, part, BLOCK=BLOCK, GATHER=bool(outs))
-            partial[torch.from_numpy(rows).to(device, non_blocking=True)] = part
-    sums.index_add_(0, torch.from_numpy(owner).to(device, non_blocking=True), partial)
+            partial[to_device(rows, device)] = part
+    sums.index_add_(0, to_device(owner, device), partial)
     return sums
 
 
