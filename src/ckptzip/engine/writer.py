@@ -78,43 +78,55 @@ def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy) -> Encod
 
 
 @dataclass
-class _Job:
-    """One batch on its way to the file: host pieces valid once ``ready`` has completed."""
+class _Record:
+    """What the index needs of a batch once its bytes are written."""
 
     positions: list[int]  # table positions of the batch's tensors
     names: list[str]
     tensors: list[torch.Tensor]
     batch: EncodedBatch
-    pieces: list[tuple[torch.Tensor, int]]
     meta: torch.Tensor  # int64: chunk digests, then tensor checksums (host)
+
+
+@dataclass
+class _Job:
+    """One piece of a batch on its way to the file, valid once ``ready`` has completed; the
+    batch's first piece marks where it starts, its last carries the record."""
+
+    piece: tuple[torch.Tensor, int]
+    first: bool
+    record: _Record | None = None
     ready: torch.cuda.Event | None = None
 
 
 def _stage(positions: list[int], names: list[str], tensors: list[torch.Tensor], batch: EncodedBatch,
-           pool: PinnedPool | None) -> _Job:
-    """Start moving a batch's stored bytes and checksums to the host (device batches: large async
-    copies into pinned buffers on the copy stream; host batches: nothing to move)."""
+           pool: PinnedPool | None) -> Iterator[_Job]:
+    """Move a batch's stored bytes and checksums to the host, a pinned buffer at a time (device
+    batches: large async copies on the copy stream; host batches: nothing to move)."""
     meta = torch.cat([batch.digests, batch.checksums])
     stored = batch.stored
     if not stored.is_cuda:
-        return _Job(positions, names, tensors, batch, [(stored, stored.numel())], meta)
+        yield _Job((stored, stored.numel()), True, _Record(positions, names, tensors, batch, meta))
+        return
     assert pool is not None
     stream = copy_stream(stored.device)
     stream.wait_stream(torch.cuda.current_stream(stored.device))
-    pieces = []
-    with torch.cuda.stream(stream):
-        for start in range(0, stored.numel(), pool.buffer_bytes):
-            n = min(pool.buffer_bytes, stored.numel() - start)
-            buffer = pool.acquire()
-            buffer[:n].copy_(stored[start : start + n], non_blocking=True)
-            pieces.append((buffer, n))
-        host_meta = torch.empty(meta.shape, dtype=meta.dtype, pin_memory=True)
-        host_meta.copy_(meta, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record(stream)
     stored.record_stream(stream)
     meta.record_stream(stream)
-    return _Job(positions, names, tensors, batch, pieces, host_meta, ready)
+    starts = list(range(0, stored.numel(), pool.buffer_bytes)) or [0]
+    for k, start in enumerate(starts):
+        n = min(pool.buffer_bytes, stored.numel() - start)
+        buffer = pool.acquire()  # waits while the writer holds every buffer
+        record = None
+        with torch.cuda.stream(stream):
+            buffer[:n].copy_(stored[start : start + n], non_blocking=True)
+            if k == len(starts) - 1:
+                host_meta = torch.empty(meta.shape, dtype=meta.dtype, pin_memory=True)
+                host_meta.copy_(meta, non_blocking=True)
+                record = _Record(positions, names, tensors, batch, host_meta)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        yield _Job((buffer, n), k == 0, record, ready)
 
 
 class _Sink:
@@ -123,6 +135,7 @@ class _Sink:
     def __init__(self, writer: ContainerWriter, pool: PinnedPool | None, f: BinaryIO, count: int) -> None:
         self._writer = writer
         self.entries: list[TensorEntry | None] = [None] * count
+        self._batch_start = 0
         self._pool = pool
         self._fd = _file_descriptor(f)
         self._flushed_to = 0
@@ -139,20 +152,22 @@ class _Sink:
             except BaseException as exc:  # surfaced to the submitting thread
                 self._error = exc
             finally:
-                for buffer, _ in job.pieces:
-                    if buffer.is_pinned() and self._pool is not None and buffer.numel() == self._pool.buffer_bytes:
-                        self._pool.release(buffer)
+                buffer = job.piece[0]
+                if buffer.is_pinned() and self._pool is not None and buffer.numel() == self._pool.buffer_bytes:
+                    self._pool.release(buffer)
 
     def _write(self, job: _Job) -> None:
         if job.ready is not None:
             job.ready.synchronize()
-        start = self._writer.offset
-        for buffer, n in job.pieces:
-            self._writer.append(memoryview(buffer.numpy())[:n])
-        self._record(job, start)
+        if job.first:
+            self._batch_start = self._writer.offset
+        buffer, n = job.piece
+        self._writer.append(memoryview(buffer.numpy())[:n])
+        if job.record is not None:
+            self._record(job.record, self._batch_start)
         self._writeback()
 
-    def _record(self, job: _Job, start: int) -> None:
+    def _record(self, job: _Record, start: int) -> None:
         batch = job.batch
         meta = job.meta.numpy().view(np.uint64)
         digests, checksums = meta[: batch.lengths.size], meta[batch.lengths.size :]
@@ -241,7 +256,8 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
         with _side_streams(cuda):
             for (_, idx), batch in run_ahead(tasks, workers):
                 batch_tensors = [tensors[i] for i in idx]
-                sink.submit(_stage(idx, [names[i] for i in idx], batch_tensors, batch, pool))
+                for job in _stage(idx, [names[i] for i in idx], batch_tensors, batch, pool):
+                    sink.submit(job)
                 on_progress(sum(t.numel() * t.element_size() for t in batch_tensors))
     except BaseException:
         with contextlib.suppress(BaseException):
