@@ -10,7 +10,7 @@ import torch
 
 from ckptzip.engine import policy
 
-SMALL_CHUNK_BYTES = 1024
+SMALL_CHUNK_BYTES = 1000
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

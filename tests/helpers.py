@@ -231,6 +231,14 @@ def roundtrip(obj: Any, **kwargs: Any) -> Any:
 # --- taking files apart and putting them back together (docs/FORMAT.md) ---------------------
 
 
+def wsum64_reference(data: bytes) -> int:
+    """FORMAT.md: sum mod 2**64 of w_i * (2i + 1) over little-endian u64 words, tail zero-padded."""
+    padded = data + b"\0" * (-len(data) % 8)
+    words = np.frombuffer(padded, dtype="<u8")
+    weights = np.arange(words.size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    return int((words * weights).sum(dtype=np.uint64))
+
+
 @dataclass
 class CkzParts:
     """A .ckz file split into its sections; ``index`` is the parsed JSON."""
@@ -260,13 +268,23 @@ class CkzParts:
         """Every chunk entry in tiling order."""
         return [c for t in self.index["tensors"] for s in t["streams"] for c in s["chunks"]]
 
+    @property
+    def major(self) -> int:
+        return PREAMBLE.unpack(self.preamble)[1]
+
+    def digest(self, stored: bytes) -> str:
+        """The chunk digest of the file's format: XXH3-64 (format 1) or wsum64 (format 2)."""
+        if self.major == 1:
+            return xxhash.xxh3_64_hexdigest(stored)
+        return f"{wsum64_reference(stored):016x}"
+
     def replace_chunk(self, tensor: int, stream: int, chunk: int, stored: bytes) -> None:
-        """Put other stored bytes in one chunk, fixing its length, its XXH3 and the later offsets."""
+        """Put other stored bytes in one chunk, fixing its length, its digest and the later offsets."""
         entry = self.chunk(tensor, stream, chunk)
         start = entry[0] - PREAMBLE.size
         self.data = self.data[:start] + stored + self.data[start + entry[1] :]
         shift = len(stored) - entry[1]
-        entry[1], entry[3] = len(stored), xxhash.xxh3_64_hexdigest(stored)
+        entry[1], entry[3] = len(stored), self.digest(stored)
         for other in self.chunks():
             if other[0] > entry[0]:
                 other[0] += shift
@@ -285,7 +303,7 @@ def rewrite_raw_index(blob: bytes, raw_index: bytes) -> bytes:
     return CkzParts.parse(blob).build(raw_index)
 
 
-def with_preamble(blob: bytes, major: int = 1, minor: int = 0, flags: int = 0, magic: bytes = MAGIC) -> bytes:
+def with_preamble(blob: bytes, major: int = 2, minor: int = 0, flags: int = 0, magic: bytes = MAGIC) -> bytes:
     """The file with another preamble; the index hash is recomputed so the preamble check fires."""
     parts = CkzParts.parse(blob)
     parts.preamble = PREAMBLE.pack(magic, major, minor, flags)

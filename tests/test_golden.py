@@ -14,12 +14,18 @@ from golden_state import golden_state
 from helpers import assert_same
 
 GOLDEN = Path(__file__).parent / "golden"
-PORTABLE = ["cpu_zstd_v1_0.ckz", "gpu_zstd_v1_0.ckz"]
+PORTABLE = ["cpu_zstd_v1_0.ckz", "gpu_zstd_v1_0.ckz", "cpu_zstd_v2_0.ckz"]
 
 
 @pytest.mark.parametrize("name", PORTABLE)
 def test_portable_golden_files_decode_on_the_cpu(name: str) -> None:
     assert_same(ckptzip.load(GOLDEN / name, map_location="cpu"), golden_state())
+
+
+def test_format_2_golden_file_has_wsum64_chunk_digests() -> None:
+    with ckptzip.open(GOLDEN / "cpu_zstd_v2_0.ckz") as reader:
+        assert reader._reader.index.version == (2, 0)
+        assert reader._reader.digest_is_wsum64
 
 
 def test_gpu_zstd_golden_file_was_coded_by_nvcomp_zstd() -> None:

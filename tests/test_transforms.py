@@ -78,7 +78,8 @@ def test_get_transform_builds_and_validates() -> None:
 
 
 def wsum64_reference(data: bytes) -> int:
-    """FORMAT.md: sum mod 2**64 of w_i * (2i + 1) over little-endian u64 words, tail zero-padded."""
+    """FORMAT.md: sum mod 2**64 of w_i * (2i + 1) over little-endian u64 words, tail zero-padded
+    (plain integers here, independent of the NumPy reference in helpers)."""
     padded = data + b"\0" * (-len(data) % 8)
     total = 0
     for i in range(len(padded) // 8):
@@ -100,7 +101,9 @@ def test_wsum64_wraps_modulo_2_64() -> None:
 
 
 def test_wsum64_across_block_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checksum, "_BLOCK_WORDS", {"cpu": 3, "cuda": 3})
+    monkeypatch.setattr(checksum, "_BLOCK_WORDS", 3)
+    monkeypatch.setattr(checksum, "_BLOCK_WEIGHTS", checksum.np.arange(1, 6, 2, dtype=checksum.np.uint64))
+    monkeypatch.setattr(checksum, "_TORCH_BLOCK_WORDS", 3)
     for n in (23, 24, 25, 80, 8 * 7 + 1):
         data = _bytes(n, seed=n)
         assert wsum64(data) == wsum64_reference(data.numpy().tobytes())

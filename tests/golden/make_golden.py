@@ -2,9 +2,10 @@
 
     PYTHONPATH=src:tests python tests/golden/make_golden.py tests/golden
 
-Files: cpu_zstd_v1_0.ckz (CPU, portable), gpu_zstd_v1_0.ckz (GPU nvCOMP zstd, portable),
-gpu_ans_v1_0.ckz (GPU nvCOMP ans, default preset). Never regenerate a committed golden file for
-the same format version: old files must keep reading.
+Files of the current format (2.0): cpu_zstd_v2_0.ckz (CPU, portable), gpu_zstd_v2_0.ckz (GPU
+nvCOMP zstd, portable), gpu_ans_v2_0.ckz (GPU nvCOMP ans, default preset). The *_v1_0 files were
+written by ckptzip 0.1.0 in format 1.0. Never regenerate a committed golden file of an earlier
+format version: old files must keep reading. Files that exist are not overwritten.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ def _to(obj, device):  # noqa: ANN001, ANN202
 def main(out_dir: str) -> None:
     out = Path(out_dir)
     state = golden_state()
-    ckptzip.save(state, out / "cpu_zstd_v1_0.ckz", codec="portable")
+    targets = [("cpu_zstd_v2_0.ckz", state, "portable")]
     if torch.cuda.is_available():
         gpu = _to(state, "cuda")
-        ckptzip.save(gpu, out / "gpu_zstd_v1_0.ckz", codec="portable")
-        ckptzip.save(gpu, out / "gpu_ans_v1_0.ckz", codec="auto")
+        targets += [("gpu_zstd_v2_0.ckz", gpu, "portable"), ("gpu_ans_v2_0.ckz", gpu, "auto")]
+    for name, obj, codec in targets:
+        if not (out / name).exists():
+            ckptzip.save(obj, out / name, codec=codec)
     for path in sorted(out.glob("*.ckz")):
         with ckptzip.open(path) as r:
             codecs = sorted({c for e in r.entries() for c in e.codecs})

@@ -79,10 +79,11 @@ class _CpuCodec(Codec):
             o, n, d, raw = int(src_offsets[i]), int(src_lengths[i]), int(dst_offsets[i]), int(raw_lengths[i])
             try:
                 out = self._decode_one(source[o : o + n], raw)
-                _check_size(self.codec_id, i, len(out), raw)
+                if len(out) != raw:
+                    raise CorruptCheckpointError(f"{self.codec_id} data decoded to {len(out)} bytes, expected {raw}")
             except Exception as exc:  # each library has its own error type; name the chunk
                 error = exc if isinstance(exc, CorruptCheckpointError) else CorruptCheckpointError(
-                    f"{self.codec_id} chunk {i} does not decode: {exc}")
+                    f"{self.codec_id} data does not decode: {exc}")
                 error.chunk = i  # type: ignore[attr-defined]
                 raise error from exc
             target[d : d + raw] = np.frombuffer(out, dtype=np.uint8)

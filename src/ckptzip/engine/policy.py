@@ -48,9 +48,11 @@ _PRESET_CODECS = {
     ("auto", "cuda"): {"id": "ans", "data_type": "|u1"},
     ("fast", "cuda"): {"id": "ans", "data_type": "|u1"},
     ("portable", "cuda"): {"id": "zstd", "level": 3},
-    ("auto", "cpu"): {"id": "zstd", "level": 3},
+    # On sign/exponent planes zstd level 1 beats level 3 in ratio and speed (longer match searches
+    # find matches that cost more than the entropy coder saves): 2.86x vs 2.69x, 238 vs 72 MB/s.
+    ("auto", "cpu"): {"id": "zstd", "level": 1},
     ("fast", "cpu"): {"id": "zstd", "level": 1},
-    ("portable", "cpu"): {"id": "zstd", "level": 3},
+    ("portable", "cpu"): {"id": "zstd", "level": 1},
 }
 
 
@@ -66,8 +68,10 @@ def codec_for(config: dict[str, Any], backend: str) -> Codec:
 
 
 def chunk_bytes(codec_id: str, backend: str) -> int:
-    """Stored chunk size of streams coded with ``codec_id`` on ``backend``."""
-    return CHUNK_BYTES.get((codec_id, backend), DEFAULT_CHUNK_BYTES)
+    """Stored chunk size of streams coded with ``codec_id`` on ``backend`` (a multiple of 256 on a
+    GPU, where nvCOMP reads and writes chunks at aligned addresses)."""
+    size = CHUNK_BYTES.get((codec_id, backend), DEFAULT_CHUNK_BYTES)
+    return -(-size // 256) * 256 if backend == "cuda" else size
 
 
 @dataclass(frozen=True)

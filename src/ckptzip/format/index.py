@@ -11,7 +11,7 @@ import torch
 
 from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
 from ..transforms import get_transform
-from .spec import DTYPES, FORMAT_NAME, MAX_CHUNK_RAW, MAX_DIMS, PREAMBLE_SIZE, READABLE_MAJORS, VERSION
+from .spec import DTYPES, FORMAT_NAME, KNOWN_MINORS, MAX_CHUNK_RAW, MAX_DIMS, PREAMBLE_SIZE, READABLE_MAJORS, VERSION
 
 _TOP_KEYS = {"format", "version", "writer", "tree", "tensors", "bases"}
 _TENSOR_KEYS = {"name", "dtype", "shape", "nbytes", "checksum", "transforms", "streams"}
@@ -121,7 +121,7 @@ class Index:
                 f"index format version {version[0]}.{version[1]}; this ckptzip reads versions "
                 f"{', '.join(f'{m}.x' for m in READABLE_MAJORS)}. Install a ckptzip release that supports it."
             )
-        if version[0] < VERSION[0] or version[1] <= VERSION[1]:
+        if version[1] <= KNOWN_MINORS[version[0]]:
             _check_keys(doc, _TOP_KEYS, set(), "index")
         else:
             _expect(_TOP_KEYS <= set(doc), f"index lacks keys {sorted(_TOP_KEYS - set(doc))}")
