@@ -44,12 +44,17 @@ def wsum64_array(raw: np.ndarray) -> int:
         rows = body.view("<u8").reshape(-1, _BLOCK_WORDS)
         starts = np.arange(rows.shape[0], dtype=np.uint64) * np.uint64(2 * _BLOCK_WORDS)
         total = int((rows @ _BLOCK_WEIGHTS + starts * rows.sum(axis=1, dtype=np.uint64)).sum(dtype=np.uint64))
-    if nwords > whole or tail:
-        rest = np.zeros(-(-(n - whole * 8) // 8) * 8, dtype=np.uint8)
-        rest[: n - whole * 8] = raw[whole * 8 :]
-        words = rest.view("<u8")
-        weights = np.arange(whole, whole + words.size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-        total += int((words * weights).sum(dtype=np.uint64))
+    if nwords > whole:
+        body = raw[whole * 8 : nwords * 8]
+        if body.ctypes.data % 8:
+            body = body.copy()
+        words = body.view("<u8")
+        # the block weights start at 1; these words' at 2·whole + 1 (Python ints: no overflow warnings)
+        total += int(words @ _BLOCK_WEIGHTS[: words.size]) + 2 * whole * int(words.sum(dtype=np.uint64))
+    if tail:
+        last = np.zeros(8, dtype=np.uint8)
+        last[:tail] = raw[nwords * 8 :]
+        total += int(last.view("<u8")[0]) * (2 * nwords + 1)
     return total & _MASK64
 
 
