@@ -174,3 +174,14 @@ def test_decode_batch_returns_checksums_for_the_caller() -> None:
     outs, sums = decode_batch(reader.tensors, region, start, "cpu", digests=True)
     assert [f"wsum64:{int(s) & MASK:016x}" for s in sums] == [e.checksum for e in reader.tensors]
     assert torch.equal(outs[0].view(torch.float32), tensors[0])
+
+
+def test_a_decode_budget_refuses_a_small_file_declaring_much(tmp_path) -> None:  # noqa: ANN001
+    path = tmp_path / "zeros.ckz"
+    ckptzip.save({"z": torch.zeros(1 << 20)}, path)  # 4 MiB of zeros in a few KiB
+    assert path.stat().st_size < 64 << 10
+    with pytest.raises(ckptzip.DecodeBudgetError, match=r"declares 4194304 bytes of tensors, more than max_bytes=1000000"):
+        ckptzip.load(path, max_bytes=1_000_000)
+    with pytest.raises(MemoryError):
+        ckptzip.open(path.read_bytes(), max_bytes=1_000_000)
+    assert_same(ckptzip.load(path, max_bytes=1 << 22), {"z": torch.zeros(1 << 20)})

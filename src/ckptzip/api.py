@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from .engine.policy import Policy
 from .engine.reader import read_tensors
 from .engine.writer import write_state
-from .errors import CheckpointWriteError, CkptzipError, DeviceUnavailableError
+from .errors import CheckpointWriteError, CkptzipError, DecodeBudgetError, DeviceUnavailableError
 from .format import ContainerReader, TensorEntry
 from .storage import atomic_file, open_for_read
 from .tree import flatten, unflatten
@@ -96,7 +96,7 @@ def resolve_device(saved: str | None, map_location: MapLocation) -> torch.device
 class CheckpointReader:
     """Lazy access to a checkpoint: the index is read and validated up front, tensors on demand."""
 
-    def __init__(self, f: Source, *, map_location: MapLocation = None) -> None:
+    def __init__(self, f: Source, *, map_location: MapLocation = None, max_bytes: int | None = None) -> None:
         self._owned = isinstance(f, (str, os.PathLike))
         if self._owned:
             f = open_for_read(f)  # refuses FIFOs and devices instead of blocking on them
@@ -108,6 +108,13 @@ class CheckpointReader:
             raise
         self.map_location = map_location
         self._by_name = {t.name: i for i, t in enumerate(self._reader.tensors)}
+        if max_bytes is not None and self.nbytes > max_bytes:
+            self.close()
+            raise DecodeBudgetError(
+                f"the checkpoint declares {self.nbytes} bytes of tensors, more than max_bytes={max_bytes}; "
+                "nothing was decoded. Raise max_bytes if you trust the file (`ckptzip inspect` lists the "
+                "declared sizes)"
+            )
 
     def entries(self) -> list[TensorEntry]:
         """The tensor table: name, dtype, shape, sizes, codecs of every tensor."""
@@ -175,16 +182,24 @@ class CheckpointReader:
         self.close()
 
 
-def open(path: Source, *, map_location: MapLocation = None) -> CheckpointReader:  # noqa: A001
+def open(path: Source, *, map_location: MapLocation = None, max_bytes: int | None = None  # noqa: A001
+         ) -> CheckpointReader:
     """Open a checkpoint (a path, a binary file, or its bytes) for lazy, per-tensor reads:
-    ``ckptzip.open(p)["model.w"]``."""
-    return CheckpointReader(path, map_location=map_location)
+    ``ckptzip.open(p)["model.w"]``. ``max_bytes``: as for :func:`load`."""
+    return CheckpointReader(path, map_location=map_location, max_bytes=max_bytes)
 
 
-def load(f: Source, *, map_location: MapLocation = None, progress: bool = False) -> Any:
+def load(f: Source, *, map_location: MapLocation = None, progress: bool = False,
+         max_bytes: int | None = None) -> Any:
     """Load what :func:`save` saved from a path, a binary file, or the bytes of one (read in
-    place, without a copy); every tensor is verified bit-exact against its checksum."""
-    with CheckpointReader(f, map_location=map_location) as reader:
+    place, without a copy); every tensor is verified bit-exact against its checksum.
+
+    ``max_bytes`` bounds the decoded size an untrusted file may declare (a few bytes of zstd can
+    declare gigabytes of zeros): a file declaring more is refused with
+    :class:`~ckptzip.errors.DecodeBudgetError` before any tensor memory is allocated. Decoding
+    needs about the decoded size, plus one batch (at most 1 GiB on a GPU, 8 MiB on the CPU).
+    """
+    with CheckpointReader(f, map_location=map_location, max_bytes=max_bytes) as reader:
         return reader.load(progress=progress)
 
 

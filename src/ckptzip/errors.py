@@ -41,3 +41,8 @@ class DeviceUnavailableError(CkptzipError, RuntimeError):
 
 class StorageUnavailableError(CkptzipError, ImportError):
     """The fsspec implementation for a URL's protocol (for example s3fs) is not installed."""
+
+
+class DecodeBudgetError(CkptzipError, MemoryError):
+    """A checkpoint declares more decoded bytes than the caller's ``max_bytes`` allows; nothing
+    was allocated for its tensors."""
