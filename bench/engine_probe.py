@@ -18,10 +18,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import torch
 
 import ckptzip
-from ckptzip.engine.decode import decode_batch
+from ckptzip.engine.decode import Runs, decode_batch
 from ckptzip.engine.encode import encode_batch
 from ckptzip.engine.policy import Policy
 from ckptzip.engine.reader import plan_batches as read_plan
@@ -116,11 +117,11 @@ def resident(state, policy: Policy, reps: int) -> dict:  # noqa: ANN001
     regions = []
     for backend, work, idx in read_plan(reader.tensors, devices):
         entries = [reader.tensors[i] for i in idx]
-        chunks = [c for e in entries for s in e.streams for c in s.chunks]
-        start = min(c.offset for c in chunks)
-        end = max(c.offset + c.length for c in chunks)
-        host = torch.from_numpy(reader.source.view(start, end - start).copy())
-        regions.append((entries, host.to(work), start, backend))
+        runs = Runs.of(entries)
+        if not runs.total:
+            continue
+        host = np.concatenate([reader.source.view(f, n) for f, n in zip(runs.file.tolist(), runs.length.tolist())])
+        regions.append((entries, torch.from_numpy(host).to(work), runs, backend))
 
     def decode() -> list:
         return [decode_batch(e, r, s, b, digests=True) for e, r, s, b in regions]

@@ -19,7 +19,7 @@ from ckptzip.checksum import wsum64_array
 from ckptzip.codecs import has_codec
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
-from ckptzip.engine.decode import decode_batch
+from ckptzip.engine.decode import Runs, decode_batch
 from ckptzip.engine.encode import encode_batch
 from ckptzip.engine.policy import Policy
 from ckptzip.kernels.planes import merge_planes, plane_layout, split_planes
@@ -168,10 +168,10 @@ def test_decode_batch_returns_checksums_for_the_caller() -> None:
     from ckptzip.format import ContainerReader
 
     reader = ContainerReader(io.BytesIO(buf.getvalue()))
-    start = reader.tensors[0].streams[0].chunks[0].offset
-    end = reader.index.tensors[-1].streams[-1].chunks[-1]
-    region = torch.from_numpy(reader.source.view(start, end.offset + end.length - start).copy())
-    outs, sums = decode_batch(reader.tensors, region, start, "cpu", digests=True)
+    runs = Runs.of(reader.tensors)
+    assert len(runs.file) == 1
+    region = torch.from_numpy(reader.source.view(int(runs.file[0]), runs.total).copy())
+    outs, sums = decode_batch(reader.tensors, region, runs, "cpu", digests=True)
     assert [f"wsum64:{int(s) & MASK:016x}" for s in sums] == [e.checksum for e in reader.tensors]
     assert torch.equal(outs[0].view(torch.float32), tensors[0])
 
@@ -185,3 +185,24 @@ def test_a_decode_budget_refuses_a_small_file_declaring_much(tmp_path) -> None: 
     with pytest.raises(MemoryError):
         ckptzip.open(path.read_bytes(), max_bytes=1_000_000)
     assert_same(ckptzip.load(path, max_bytes=1 << 22), {"z": torch.zeros(1 << 20)})
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_a_tensor_larger_than_a_slice_decodes_in_parts_into_its_output(device: str, monkeypatch: pytest.MonkeyPatch,
+                                                                        small_chunks: int) -> None:
+    monkeypatch.setattr(engine_reader, "SLICE_BYTES", {"cuda": 16 << 10, "cpu": 16 << 10})
+    parts = []
+    slices = engine_reader._slices
+    monkeypatch.setattr(engine_reader, "_slices", lambda e, limit: parts.append(slices(e, limit)) or parts[-1])
+    g = torch.Generator().manual_seed(4)
+    state = {"big": (torch.randn(50_000, generator=g) * 0.02).to(device), "small": torch.arange(10).to(device)}
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)
+    assert_same(ckptzip.load(buf.getvalue(), map_location=device), state)
+    assert any(p is not None and len(p) > 5 for p in parts)
+    data = bytearray(buf.getvalue())
+    with ckptzip.open(bytes(data)) as reader:
+        chunk = reader.entries()[0].streams[0].chunks[-1]
+    data[chunk.offset] ^= 1
+    with pytest.raises(ckptzip.CorruptCheckpointError, match=r"tensor 'big' stream 0 chunk \d+ .* is damaged"):
+        ckptzip.load(bytes(data), map_location=device)

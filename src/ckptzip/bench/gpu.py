@@ -11,9 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..engine.decode import decode_batch
+from ..engine.decode import Runs, decode_batch
 from ..engine.encode import EncodedBatch, encode_batch
 from ..engine.policy import Policy
 from ..engine.reader import plan_batches as read_batches
@@ -57,13 +58,11 @@ def measure_resident(state: Any, checkpoint: Path, codec: str, reps: int = 3) ->
     regions = []
     for backend, work, idx in read_batches(reader.tensors, devices):
         entries = [reader.tensors[i] for i in idx]
-        chunks = [c for e in entries for s in e.streams for c in s.chunks]
-        if not chunks:
+        runs = Runs.of(entries)
+        if not runs.total:
             continue
-        start = min(c.offset for c in chunks)
-        end = max(c.offset + c.length for c in chunks)
-        region = torch.from_numpy(reader.source.view(start, end - start).copy()).to(work)
-        regions.append((entries, region, start, backend))
+        host = np.concatenate([reader.source.view(f, n) for f, n in zip(runs.file.tolist(), runs.length.tolist())])
+        regions.append((entries, torch.from_numpy(host).to(work), runs, backend))
     decode_s = cuda_seconds(lambda: [decode_batch(e, r, s, b, digests=True) for e, r, s, b in regions], reps)
     return CodecThroughput(f"ckptzip-{codec}", raw, stored, encode_s, decode_s, mismatch=None)
 

@@ -25,12 +25,45 @@ from .policy import codec_for
 _MASK64 = (1 << 64) - 1
 
 
+@dataclass(frozen=True)
+class Runs:
+    """Where a batch's stored bytes lie in its region: the contiguous runs of the file that hold
+    its chunks, back to back (a part of a large tensor takes a slice of each of its planes)."""
+
+    file: np.ndarray  # file offset of each run
+    region: np.ndarray  # where it starts in the region
+    length: np.ndarray
+
+    @classmethod
+    def of(cls, entries: list[TensorEntry]) -> Runs:
+        spans = sorted((c.offset, c.length) for e in entries for s in e.streams for c in s.chunks)
+        merged: list[list[int]] = []
+        for offset, length in spans:
+            if merged and merged[-1][0] + merged[-1][1] == offset:
+                merged[-1][1] += length
+            else:
+                merged.append([offset, length])
+        file = np.array([m[0] for m in merged], dtype=np.int64)
+        length = np.array([m[1] for m in merged], dtype=np.int64)
+        return cls(file, np.cumsum(length) - length, length)
+
+    @property
+    def total(self) -> int:
+        return int(self.length.sum())
+
+    def locate(self, file_offsets: np.ndarray) -> np.ndarray:
+        """Region offsets of bytes at these file offsets (each inside a run)."""
+        k = np.searchsorted(self.file, file_offsets, side="right") - 1
+        return self.region[k] + file_offsets - self.file[k]
+
+
 @dataclass
 class _Chunks:
     """Every chunk of a batch as columns, in file order."""
 
     tensor: np.ndarray
     stream: np.ndarray  # global stream number within the batch
+    file_offset: np.ndarray
     offset: np.ndarray  # in the region
     length: np.ndarray
     raw: np.ndarray
@@ -38,7 +71,7 @@ class _Chunks:
     where: list[tuple[int, int, int]]  # (tensor, stream of the tensor, chunk of the stream)
 
 
-def _columns(entries: list[TensorEntry], region_start: int) -> tuple[_Chunks, list[tuple[int, int]]]:
+def _columns(entries: list[TensorEntry], runs: Runs) -> tuple[_Chunks, list[tuple[int, int]]]:
     tensor, stream, offset, length, raw, digest, where = [], [], [], [], [], [], []
     streams: list[tuple[int, int]] = []  # (tensor, stream of the tensor)
     for t, entry in enumerate(entries):
@@ -48,13 +81,15 @@ def _columns(entries: list[TensorEntry], region_start: int) -> tuple[_Chunks, li
             for k, c in enumerate(s.chunks):
                 tensor.append(t)
                 stream.append(g)
-                offset.append(c.offset - region_start)
+                offset.append(c.offset)
                 length.append(c.length)
                 raw.append(c.raw_length)
                 digest.append(c.digest)
                 where.append((t, j, k))
     arr = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
-    return _Chunks(arr(tensor), arr(stream), arr(offset), arr(length), arr(raw), digest, where), streams
+    file_offset = arr(offset)
+    region = runs.locate(file_offset) if file_offset.size else file_offset
+    return _Chunks(arr(tensor), arr(stream), file_offset, region, arr(length), arr(raw), digest, where), streams
 
 
 def _name(entries: list[TensorEntry], where: tuple[int, int, int]) -> str:
@@ -62,29 +97,30 @@ def _name(entries: list[TensorEntry], where: tuple[int, int, int]) -> str:
     return f"tensor {entries[t].name!r} stream {j} chunk {k}"
 
 
-def verify_digests(entries: list[TensorEntry], chunks: _Chunks, found: np.ndarray, region_start: int) -> None:
+def verify_digests(entries: list[TensorEntry], chunks: _Chunks, found: np.ndarray) -> None:
     """Raise ``CorruptCheckpointError`` naming the first chunk whose wsum64 is not the index's."""
     expected = np.array([int(d, 16) for d in chunks.digest], dtype=np.uint64)
     bad = np.flatnonzero(found.astype(np.uint64) != expected)
     if bad.size:
         i = int(bad[0])
-        start = int(chunks.offset[i]) + region_start
+        start = int(chunks.file_offset[i])
         raise CorruptCheckpointError(
             f"{_name(entries, chunks.where[i])} (file bytes {start}..{start + int(chunks.length[i])}) is damaged: "
             f"wsum64 {int(found[i]) & _MASK64:016x}, expected {chunks.digest[i]}"
         )
 
 
-def decode_batch(entries: list[TensorEntry], region: torch.Tensor, region_start: int, backend: str,
-                 *, digests: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Decode the tensors whose stored bytes fill ``region`` (from file offset ``region_start``).
+def decode_batch(entries: list[TensorEntry], region: torch.Tensor, runs: Runs, backend: str,
+                 *, digests: bool, outs: list[torch.Tensor | None] | None = None
+                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Decode the tensors whose stored bytes fill ``region`` (laid out as ``runs`` say).
 
-    Returns their bytes (1-D uint8 on the region's device) and their wsum64 (int64, for the caller
-    to verify). ``digests``: check each chunk's wsum64 here (files of format 2); files of format 1
+    Returns their bytes (1-D uint8 on the region's device; into ``outs[i]`` where given) and their
+    wsum64 (int64, for the caller to verify). ``digests``: check each chunk's wsum64 here (files of format 2); files of format 1
     carry XXH3 digests, which the reader checks on the host before the bytes get here.
     """
     device = region.device
-    chunks, streams = _columns(entries, region_start)
+    chunks, streams = _columns(entries, runs)
     codecs = [entries[t].streams[j].codec for t, j in streams]
     coded = np.array([c["id"] != "raw" for c in codecs], dtype=bool)
     chunk_coded = coded[chunks.stream] if chunks.stream.size else np.zeros(0, bool)
@@ -106,10 +142,10 @@ def decode_batch(entries: list[TensorEntry], region: torch.Tensor, region_start:
         sums = segment_sums([region], zeros[c_sel], chunks.offset[c_sel], chunks.length[c_sel], **gather)
         found[to_device(c_sel, device)] = sums
     if digests:
-        verify_digests(entries, chunks, found.cpu().numpy(), region_start)  # before any decoder runs
+        verify_digests(entries, chunks, found.cpu().numpy())  # before any decoder runs
     decoded, stream_at = _decode_coded(entries, chunks, streams, codecs, coded, region, coded_src, c_sel,
                                        c_slot, on_gpu, backend)
-    return _rebuild(entries, chunks, streams, coded, region, decoded, stream_at)
+    return _rebuild(entries, chunks, streams, coded, region, decoded, stream_at, outs or [None] * len(entries))
 
 
 def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[int, int]], codecs: list[dict],
@@ -163,11 +199,12 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
 
 
 def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[int, int]], coded: np.ndarray,
-             region: torch.Tensor, decoded: torch.Tensor, stream_at: np.ndarray
+             region: torch.Tensor, decoded: torch.Tensor, stream_at: np.ndarray, given: list[torch.Tensor | None]
              ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Merge planes (or copy single streams) into one new tensor each; their wsum64."""
+    """Merge planes (or copy single streams) into one tensor each (new, or given); their wsum64."""
     device = region.device
-    outs = [torch.empty(e.nbytes, dtype=torch.uint8, device=device) for e in entries]
+    outs = [torch.empty(e.nbytes, dtype=torch.uint8, device=device) if g is None else g
+            for e, g in zip(entries, given)]
     checksums = torch.zeros(len(entries), dtype=torch.int64, device=device)
     first_chunk = {}
     for i, s in enumerate(chunks.stream.tolist()):

@@ -24,13 +24,15 @@ from ..codecs import gpu_only_ids, has_codec
 from ..codecs._threads import cpu_threads
 from ..kernels import THREAD_SAFE
 from ..errors import CorruptCheckpointError
-from ..format import DTYPES, ContainerReader, TensorEntry
+from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
 from ..format.reader import verify_xxh3
+from ..kernels.segments import segment_sums
 from .ahead import Task, run_ahead
-from .decode import decode_batch
+from .decode import Runs, decode_batch
 from .staging import copy_stream, pinned_pool
 
 BATCH_BYTES = {"cuda": 512 << 20, "cpu": 8 << 20}
+SLICE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}  # larger byte-plane tensors decode in parts
 _READ_THREADS = 4
 _MASK64 = (1 << 64) - 1
 
@@ -45,7 +47,7 @@ def decode_backend(entry: TensorEntry, device: torch.device) -> str:
 
 def plan_batches(entries: list[TensorEntry], devices: list[torch.device]
                  ) -> list[tuple[str, torch.device, list[int]]]:
-    """Tensors decoded alike (backend and device), in file order, about ``BATCH_BYTES`` stored
+    """Tensors decoded alike (backend and device), in file order, about ``BATCH_BYTES`` decoded
     each; a batch's stored bytes are one range of the file wherever the writer kept them so."""
     keyed = []
     for i, (entry, device) in enumerate(zip(entries, devices)):
@@ -60,7 +62,7 @@ def plan_batches(entries: list[TensorEntry], devices: list[torch.device]
     for backend, work, _, i in keyed:
         members, size = open_batches.get((backend, work), ([], 0))
         members.append(i)
-        size += entries[i].compressed_nbytes
+        size += max(entries[i].compressed_nbytes, entries[i].nbytes)  # bounds the decode buffers too
         if size >= BATCH_BYTES[backend]:
             out.append((backend, work, members))
             open_batches.pop((backend, work), None)
@@ -70,34 +72,39 @@ def plan_batches(entries: list[TensorEntry], devices: list[torch.device]
     return out
 
 
-def _extent(entries: list[TensorEntry]) -> tuple[int, int]:
-    """First file offset and length of the stored bytes of consecutive entries."""
-    chunks = [c for e in entries for s in e.streams for c in s.chunks]
-    if not chunks:
-        return 0, 0
-    start = min(c.offset for c in chunks)
-    return start, max(c.offset + c.length for c in chunks) - start
-
-
 def _chunk_list(entries: list[TensorEntry]) -> list[tuple[TensorEntry, int, int, Any]]:
     return [(e, j, k, c) for e in entries for j, s in enumerate(e.streams) for k, c in enumerate(s.chunks)]
 
 
-def _host_region(reader: ContainerReader, entries: list[TensorEntry]) -> tuple[torch.Tensor, int]:
-    """The stored bytes of a CPU batch: a view where the file is in memory, else read."""
-    start, length = _extent(entries)
-    data = reader.source.view(start, length)
-    if data is None or data.size != length:
-        data = np.empty(length, dtype=np.uint8)
-        reader.read_into(data, start, f"tensor {entries[0].name!r}")
+def _verify_xxh3(data: np.ndarray, runs: Runs, entries: list[TensorEntry]) -> None:
+    """Check format-1 chunk digests of a region laid out as ``runs`` say."""
+    chunks = _chunk_list(entries)
+    for file, region, length in zip(runs.file.tolist(), runs.region.tolist(), runs.length.tolist()):
+        inside = [c for c in chunks if file <= c[3].offset < file + length]
+        verify_xxh3(data[region : region + length], file, inside)
+
+
+def _host_region(reader: ContainerReader, entries: list[TensorEntry]) -> tuple[torch.Tensor, Runs]:
+    """The stored bytes of a CPU batch: a view where the file is in memory and they are one run,
+    else read run by run."""
+    runs = Runs.of(entries)
+    data = reader.source.view(int(runs.file[0]), runs.total) if len(runs.file) == 1 else None
+    if data is None or data.size != runs.total:
+        data = np.empty(runs.total, dtype=np.uint8)
+        for file, region, length in zip(runs.file.tolist(), runs.region.tolist(), runs.length.tolist()):
+            reader.read_into(data[region : region + length], file, f"tensor {entries[0].name!r}")
     if not reader.digest_is_wsum64:
-        verify_xxh3(data, start, _chunk_list(entries))
-    return torch.from_numpy(data) if data.flags.writeable else torch.from_numpy(data.copy()), start
+        _verify_xxh3(data, runs, entries)
+    return torch.from_numpy(data) if data.flags.writeable else torch.from_numpy(data.copy()), runs
 
 
-def _decode_cpu(reader: ContainerReader, entries: list[TensorEntry]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    region, start = _host_region(reader, entries)
-    return decode_batch(entries, region, start, "cpu", digests=reader.digest_is_wsum64)
+def _decode_cpu(reader: ContainerReader, entries: list[TensorEntry], outs: list[torch.Tensor | None]
+                ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    if not any(s.chunks for e in entries for s in e.streams):
+        region, runs = torch.empty(0, dtype=torch.uint8), Runs.of([])
+    else:
+        region, runs = _host_region(reader, entries)
+    return decode_batch(entries, region, runs, "cpu", digests=reader.digest_is_wsum64, outs=outs)
 
 
 class _Uploader:
@@ -122,20 +129,21 @@ class _Uploader:
         pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]] = collections.deque()
         try:
             for device, entries in batches:
-                start, length = _extent(entries)
+                runs = Runs.of(entries)
                 stream = copy_stream(device)
                 with torch.cuda.device(device), torch.cuda.stream(stream):
-                    region = torch.empty(length, dtype=torch.uint8, device=device)
-                    for offset, n, buffer in self._pieces(entries, start, length, pending):
+                    region = torch.empty(runs.total, dtype=torch.uint8, device=device)
+                    for offset, n, buffer in self._pieces(entries, runs, pending):
                         if self._stop:
                             return
-                        region[offset - start : offset - start + n].copy_(buffer[:n], non_blocking=True)
+                        at = int(runs.locate(np.array([offset]))[0])
+                        region[at : at + n].copy_(buffer[:n], non_blocking=True)
                         done = torch.cuda.Event()
                         done.record(stream)
                         pending.append((done, buffer))
                     ready = torch.cuda.Event()
                     ready.record(stream)
-                self._queue.put((region, start, ready))
+                self._queue.put((region, runs, ready))
             self._queue.put(None)
         except BaseException as exc:
             self._queue.put(exc)
@@ -144,12 +152,14 @@ class _Uploader:
                 done.synchronize()
                 self._release(buffer)
 
-    def _pieces(self, entries: list[TensorEntry], start: int, length: int,
+    def _pieces(self, entries: list[TensorEntry], runs: Runs,
                 pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]]) -> Iterator[tuple[int, int, torch.Tensor]]:
         """Pinned buffers filled with the batch's bytes, a few reads in flight, in order."""
         size = self._pool.buffer_bytes
         if self._reader.digest_is_wsum64:
-            spans = [(o, min(size, start + length - o)) for o in range(start, start + length, size)]
+            spans = [(o, min(size, start + length - o))
+                     for start, length in zip(runs.file.tolist(), runs.length.tolist())
+                     for o in range(start, start + length, size)]
         else:  # format-1 digests are checked on the host: keep chunks whole in one buffer
             spans = _chunk_spans(_chunk_list(entries), size)
         reads: collections.deque[tuple[int, int, Any]] = collections.deque()
@@ -178,7 +188,7 @@ class _Uploader:
         if buffer.is_pinned() and buffer.numel() == self._pool.buffer_bytes:
             self._pool.release(buffer)
 
-    def get(self) -> tuple[torch.Tensor, int, torch.cuda.Event]:
+    def get(self) -> tuple[torch.Tensor, Runs, torch.cuda.Event]:
         item = self._queue.get()
         if isinstance(item, BaseException):
             raise item
@@ -204,13 +214,13 @@ def _chunk_spans(chunks: list[tuple[TensorEntry, int, int, Any]], size: int) -> 
     return spans
 
 
-def _decode_gpu(uploader: _Uploader, entries: list[TensorEntry], device: torch.device, digests: bool
-                ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    region, start, ready = uploader.get()
+def _decode_gpu(uploader: _Uploader, entries: list[TensorEntry], device: torch.device, digests: bool,
+                outs: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    region, runs, ready = uploader.get()
     with torch.cuda.device(device):
         torch.cuda.current_stream(device).wait_event(ready)
         region.record_stream(torch.cuda.current_stream(device))
-        return decode_batch(entries, region, start, "cuda", digests=digests)
+        return decode_batch(entries, region, runs, "cuda", digests=digests, outs=outs)
 
 
 def verify_checksums(entries: list[TensorEntry], found: list[int]) -> None:
@@ -224,35 +234,101 @@ def verify_checksums(entries: list[TensorEntry], found: list[int]) -> None:
             )
 
 
+def _slices(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | None:
+    """A byte-plane tensor larger than ``limit`` as element ranges cut where every plane has a
+    chunk boundary, so each range decodes on its own into its part of the output: (an entry for
+    the range, its byte offset in the tensor) each. None when no cut is needed or possible."""
+    k = len(entry.streams)
+    if not entry.transforms or entry.nbytes <= limit or k < 2:
+        return None
+    ends = [np.cumsum([c.raw_length for c in s.chunks]) for s in entry.streams]
+    common = functools.reduce(np.intersect1d, ends)
+    cuts = [0]
+    for boundary in common.tolist():
+        if boundary - cuts[-1] >= limit // k or boundary == ends[0][-1]:
+            cuts.append(boundary)
+    if len(cuts) <= 2:
+        return None
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        streams = [StreamEntry(s.codec, b - a, [c for c, end in zip(s.chunks, e.tolist()) if a < end <= b])
+                   for s, e in zip(entry.streams, ends)]
+        part = TensorEntry(entry.name, "uint8", ((b - a) * k,), (b - a) * k, entry.checksum, entry.transforms,
+                           streams, entry.device)
+        out.append((part, a * k))
+    return out
+
+
 def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torch.device],
                  on_progress: Callable[[int], None]) -> list[torch.Tensor]:
-    """Decode and verify tensors ``indices`` of the container onto ``devices`` (one each)."""
+    """Decode and verify tensors ``indices`` of the container onto ``devices`` (one each).
+
+    Tensors larger than a batch decode in parts straight into their output, so decoding needs
+    about the decoded size plus one batch, not twice the largest tensor."""
     entries = [reader.tensors[i] for i in indices]
-    plan = plan_batches(entries, devices)
-    gpu = [(work, [entries[i] for i in idx]) for backend, work, idx in plan if backend == "cuda"]
+    items: list[TensorEntry] = []
+    item_devices: list[torch.device] = []
+    into: list[tuple[int, int] | None] = []  # (tensor, byte offset) where an item decodes into a part
+    item_entry: list[int] = []
+    whole: dict[int, torch.Tensor] = {}
+    for i, (entry, device) in enumerate(zip(entries, devices)):
+        backend = decode_backend(entry, device)
+        parts = _slices(entry, SLICE_BYTES[backend])
+        if parts is None:
+            items.append(entry)
+            item_devices.append(device)
+            into.append(None)
+            item_entry.append(i)
+            continue
+        work = device if backend == "cuda" and device.type == "cuda" else (
+            torch.device("cuda", torch.cuda.current_device()) if backend == "cuda" else torch.device("cpu"))
+        whole[i] = torch.empty(entry.nbytes, dtype=torch.uint8, device=work)
+        for part, offset in parts:
+            items.append(part)
+            item_devices.append(device)
+            into.append((i, offset))
+            item_entry.append(i)
+
+    def outputs(idx: list[int]) -> list[torch.Tensor | None]:
+        return [None if into[j] is None else
+                whole[into[j][0]][into[j][1] : into[j][1] + items[j].nbytes] for j in idx]  # type: ignore[index]
+
+    plan = plan_batches(items, item_devices)
+    gpu = [(work, [items[j] for j in idx]) for backend, work, idx in plan if backend == "cuda"]
     uploader = _Uploader(reader, gpu) if gpu else None
     digests = reader.digest_is_wsum64
     tasks = (
-        Task(idx, functools.partial(_decode_gpu, uploader, [entries[i] for i in idx], work, digests), inline=True)
+        Task(idx, functools.partial(_decode_gpu, uploader, [items[j] for j in idx], work, digests, outputs(idx)),
+             inline=True)
         if backend == "cuda" else
-        Task(idx, functools.partial(_decode_cpu, reader, [entries[i] for i in idx]))
+        Task(idx, functools.partial(_decode_cpu, reader, [items[j] for j in idx], outputs(idx)))
         for backend, work, idx in plan
     )
-    out: list[torch.Tensor] = [None] * len(entries)  # type: ignore[list-item]
-    sums: list[tuple[list[int], torch.Tensor]] = []
+    data: dict[int, torch.Tensor] = {}
+    sums: list[tuple[list[TensorEntry], torch.Tensor]] = []
     workers = cpu_threads() if THREAD_SAFE and any(backend == "cpu" for backend, _, _ in plan) else 1
     try:
         for idx, (datas, checksums) in run_ahead(tasks, workers):
-            for i, data in zip(idx, datas):
-                entry = entries[i]
-                tensor = data.view(DTYPES[entry.dtype]) if entry.nbytes else torch.empty(0, dtype=DTYPES[entry.dtype],
-                                                                                        device=data.device)
-                out[i] = tensor.reshape(entry.shape)
-            sums.append((idx, checksums))
-            on_progress(sum(entries[i].nbytes for i in idx))
+            kept = [n for n, j in enumerate(idx) if into[j] is None]
+            for n in kept:
+                data[item_entry[idx[n]]] = datas[n]
+            if kept:
+                sums.append(([items[idx[n]] for n in kept], checksums[kept] if len(kept) < len(idx) else checksums))
+            on_progress(sum(items[j].nbytes for j in idx))
     finally:
         if uploader is not None:
             uploader.close()
-    for idx, checksums in sums:  # one sync per device for the whole load
-        verify_checksums([entries[i] for i in idx], checksums.tolist())
-    return [t if t.device == d else t.to(d) for t, d in zip(out, devices)]
+    for i, buffer in whole.items():
+        data[i] = buffer
+        sums.append(([entries[i]], segment_sums([buffer], np.zeros(1, np.int64), np.zeros(1, np.int64),
+                                                np.array([buffer.numel()]))))
+    for group, checksums in sums:  # one sync per batch, after all of them are queued
+        verify_checksums(group, checksums.tolist())
+    out = []
+    for i, (entry, device) in enumerate(zip(entries, devices)):
+        raw = data[i]
+        dtype = DTYPES[entry.dtype]
+        tensor = raw.view(dtype) if entry.nbytes else torch.empty(0, dtype=dtype, device=raw.device)
+        tensor = tensor.reshape(entry.shape)
+        out.append(tensor if tensor.device == device else tensor.to(device))
+    return out
