@@ -21,4 +21,5 @@ demo: $(BIN)/python
 	$(BIN)/ckptzip demo
 
 test: install
+	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest -q

@@ -146,7 +146,7 @@ def profile(fn, label: str) -> None:  # noqa: ANN001
 
 _FRESH = """
 import io, time, torch, ckptzip
-from ckptzip.training import train
+from ckptzip.bench.training import train
 state = train("tiny", 30, device="cuda", seed=0).state()
 torch.cuda.synchronize()
 class Sink(io.RawIOBase):
@@ -184,7 +184,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.preset:
-        from ckptzip.training import train
+        from ckptzip.bench.training import train
         start = time.perf_counter()
         result = train(args.preset, args.steps, device="cuda", seed=0)
         state = result.state()
@@ -216,7 +216,6 @@ def main() -> None:
         if args.profile and name == "auto":
             profile(lambda: ckptzip.save(state, Discard(), codec=name), f"save {name}")
             profile(lambda: ckptzip.load(io.BytesIO(blob), map_location="cuda"), f"load {name}")
-        del blob
     buf = io.BytesIO()
     first_ts, ts = timed(lambda: torch.save(state, Discard()), 1)
     torch.save(state, buf)

@@ -20,7 +20,7 @@ from ckptzip.bench.gpu import ceilings, measure_resident
 from ckptzip.bench.measure import assert_state_equal, tensor_nbytes
 from ckptzip.bench.gpu import encode_resident
 from ckptzip.report import class_table, tensor_table
-from ckptzip.training import train
+from ckptzip.bench.training import train
 
 
 def _timed(fn):  # noqa: ANN001, ANN202

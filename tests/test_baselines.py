@@ -20,7 +20,7 @@ from ckptzip.bench.baselines import (
 )
 from ckptzip.bench.measure import assert_state_equal, flat_tensors, iter_tensors, run_baseline, tensor_nbytes
 from ckptzip.errors import CheckpointWriteError, CodecUnavailableError, CorruptCheckpointError
-from ckptzip.training import train
+from ckptzip.bench.training import train
 
 
 @pytest.fixture(scope="module")

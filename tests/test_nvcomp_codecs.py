@@ -13,7 +13,7 @@ import pytest
 import torch
 import zstandard
 
-from ckptzip.codecs import Codec, codec_ids, get_codec, gpu_only_ids, has_codec
+from ckptzip.codecs import Codec, codec_ids, get_codec, has_codec
 from ckptzip.codecs import nvcomp as gpu
 from ckptzip.errors import CodecUnavailableError, CorruptCheckpointError
 

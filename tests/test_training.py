@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ckptzip.bench.measure import assert_state_equal, iter_tensors
-from ckptzip.training import (
+from ckptzip.bench.training import (
     PRESETS,
     TENSOR_CLASSES,
     ModelConfig,

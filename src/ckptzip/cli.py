@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from . import __version__, api
+from . import api
+from ._version import __version__
 from .convert import convert, read_foreign, write_foreign
 from .errors import CkptzipError
 from .codecs import codec_ids
@@ -108,7 +109,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .bench.demo import run_demo
 
     return run_demo(preset=args.preset, steps=args.steps, device=args.device)
 

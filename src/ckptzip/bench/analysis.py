@@ -2,7 +2,7 @@
 byte planes and the best ratio a plain codec reaches on those planes (the reference ckptzip's
 presets are held to).
 
-Both group tensors by :func:`ckptzip.training.tensor_class`, plus :data:`CORE` (the fp32
+Both group tensors by :func:`ckptzip.report.tensor_class`, plus :data:`CORE` (the fp32
 weights, ``exp_avg`` and ``exp_avg_sq`` together) and ``"total"``.
 """
 
@@ -18,7 +18,7 @@ from ckptzip.bench.measure import iter_tensors
 from ckptzip.codecs import get_codec, has_codec
 from ckptzip.engine.encode import entropy_of_counts
 from ckptzip.engine.policy import SMALL_TENSOR_BYTES
-from ckptzip.training import TENSOR_CLASSES, tensor_class
+from ckptzip.report import TENSOR_CLASSES, tensor_class
 from ckptzip.transforms import BytePlanes
 
 __all__ = [

@@ -27,7 +27,7 @@ from ckptzip.bench.baselines import BASELINES, Baseline, CodecThroughput
 from ckptzip.bench.measure import assert_state_equal, iter_tensors, tensor_nbytes
 from ckptzip.bench.system import PageCache, release_memory
 from ckptzip.report import classify
-from ckptzip.training import tensor_class
+from ckptzip.report import tensor_class
 
 __all__ = [
     "DEFAULT_ORDER",

@@ -52,7 +52,7 @@ from ckptzip.bench.system import PageCache, disk_bandwidth, hardware, release_me
 from ckptzip.bench.targets import evaluate, format_targets
 from ckptzip.codecs import has_codec
 from ckptzip.errors import CkptzipError
-from ckptzip.training import count_parameters, get_preset, state_nbytes, train
+from ckptzip.bench.training import count_parameters, get_preset, state_nbytes, train
 
 __all__ = ["add_parser", "run"]
 

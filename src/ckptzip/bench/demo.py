@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from . import api
-from .bench.measure import assert_state_equal
-from .report import class_table, human_bytes, tensor_table
-from .training import train
+from ckptzip import api
+from ckptzip.bench.measure import assert_state_equal
+from ckptzip.bench.training import train
+from ckptzip.report import class_table, human_bytes, tensor_table
 
 
 def _timed(fn, *args, **kwargs) -> tuple[object, float]:  # noqa: ANN001

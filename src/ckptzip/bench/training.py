@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ckptzip.errors import CkptzipError
+from ckptzip.report import TENSOR_CLASSES, tensor_class
 
 __all__ = [
     "PRESETS",
@@ -403,32 +404,3 @@ def train(
         seconds=seconds,
         master_weights=master,
     )
-
-
-# --------------------------------------------------------------------------- tensor classification
-
-TENSOR_CLASSES = ("weights", "exp_avg", "exp_avg_sq", "gradients", "other")
-_GRAD_ROOTS = frozenset({"grads", "gradients"})
-
-
-def tensor_class(name: str, tensor: torch.Tensor) -> str:
-    """Classify one entry of a flattened state by its dotted path and dtype.
-
-    Rules, first match wins (``parts`` = ``name.split(".")``):
-
-    1. not floating point, or 0-d  -> ``"other"`` (step counters, RNG bytes, integer buffers)
-    2. last part ``exp_avg`` / ``exp_avg_sq`` -> that name (the two Adam moments)
-    3. first part ``grads``/``gradients``, or last part ``grad`` -> ``"gradients"``
-    4. any part starting with ``optim`` or ``lr_scheduler`` -> ``"other"``
-    5. otherwise -> ``"weights"`` (model parameters, buffers, fp32 master weights)
-    """
-    parts = name.split(".")
-    if not tensor.is_floating_point() or tensor.dim() == 0:
-        return "other"
-    if parts[-1] in ("exp_avg", "exp_avg_sq"):
-        return parts[-1]
-    if parts[0] in _GRAD_ROOTS or parts[-1] == "grad":
-        return "gradients"
-    if any(p.startswith("optim") or p == "lr_scheduler" for p in parts):
-        return "other"
-    return "weights"

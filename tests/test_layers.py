@@ -1,0 +1,80 @@
+"""The library's floors (docs/ARCHITECTURE.md): every module imports only modules of its own
+floor or below, and nothing in the library imports the harness (bench, demo, training) or the
+command line."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "ckptzip"
+
+# Floor of each top-level module or package of ckptzip, bottom up.
+FLOORS = {
+    "_version": 0, "errors": 0,
+    "checksum": 1, "codecs": 1, "transforms": 1,
+    "kernels": 2, "format": 2,
+    "tree": 3, "storage": 3, "report": 3,
+    "engine": 4,
+    "api": 5,
+    "convert": 6, "manager": 6, "dcp": 6,
+    "integrations": 7,
+    "cost": 8, "cli": 8, "bench": 8, "__main__": 8,
+    "__init__": 9,
+}
+HARNESS = {"bench", "cli", "cost", "__main__"}
+# Modules that sit on another floor than their package: the command line of a subsystem.
+OVERRIDES = {"dcp/_cli.py": "cli"}
+
+
+def _top(module: Path) -> str:
+    relative = str(module.relative_to(SRC))
+    if relative in OVERRIDES:
+        return OVERRIDES[relative]
+    return module.relative_to(SRC).with_suffix("").parts[0]
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level ckptzip modules that ``path`` imports (absolute or relative, any depth)."""
+    package = path.relative_to(SRC).parent.parts
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                names = [*base, *(node.module.split(".") if node.module else [])]
+                if not names:  # "from . import x" at the package root
+                    found.update(alias.name for alias in node.names)
+                    continue
+                found.add(names[0])
+            elif node.module and node.module.split(".")[0] == "ckptzip":
+                parts = node.module.split(".")
+                found.add(parts[1] if len(parts) > 1 else node.names[0].name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "ckptzip" and len(parts) > 1:
+                    found.add(parts[1])
+    return found
+
+
+MODULES = sorted(p for p in SRC.rglob("*.py"))
+
+
+def test_every_module_has_a_floor() -> None:
+    assert {_top(p) for p in MODULES} <= set(FLOORS)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(SRC)) for p in MODULES])
+def test_imports_never_run_up_the_floors(path: Path) -> None:
+    own = _top(path)
+    package = path.relative_to(SRC).parts[0]
+    for target in _imports(path) - {own, package}:
+        assert target in FLOORS, f"{path.relative_to(SRC)} imports unknown ckptzip module {target!r}"
+        assert FLOORS[target] <= FLOORS[own], (
+            f"{path.relative_to(SRC)} (floor {FLOORS[own]}) imports ckptzip.{target} (floor {FLOORS[target]})"
+        )
+        if own not in HARNESS and own != "__init__":
+            assert target not in HARNESS, f"{path.relative_to(SRC)} imports the harness ckptzip.{target}"
