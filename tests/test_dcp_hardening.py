@@ -126,3 +126,50 @@ def test_valid_checkpoints_still_load(path: Path) -> None:
         value.zero_()
     dcp.load(target, storage_reader=CompressedStorageReader(path), no_dist=True)
     assert torch.equal(target["half"], STATE["half"]) and torch.equal(target["ids"], STATE["ids"])
+
+
+def _leaves(node: Any, path: tuple = ()) -> list[tuple]:
+    """Paths to every value in a nested document of dicts and lists."""
+    out = [path]
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out += _leaves(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            out += _leaves(value, (*path, i))
+    return out
+
+
+_REPLACEMENTS = [None, -1, 0, 2**62, 2**64, 1.5, True, "", "x" * 300, "../etc", [], {}, [2**40], {"a": 1}]
+
+
+def test_fuzzed_metadata_loads_or_is_refused_with_a_ckptzip_error(path: Path) -> None:
+    """Seeded random edits of a valid metadata document (values replaced, keys dropped), written
+    back hash-consistent: converting the checkpoint either succeeds or raises a CkptzipError,
+    promptly (dcp-convert reads exactly what the metadata says, with no target state to guide it)."""
+    import random
+
+    original = ckptzip.load(path / METADATA_FILE)
+    rng = random.Random(0)
+    outcomes = {"loaded": 0, "refused": 0}
+    for _ in range(150):
+        document = copy.deepcopy(original)
+        where = rng.choice(_leaves(document)[1:])
+        parent = document
+        for key in where[:-1]:
+            parent = parent[key]
+        if isinstance(parent, dict) and rng.random() < 0.3:
+            del parent[where[-1]]
+        else:
+            parent[where[-1]] = copy.deepcopy(rng.choice(_REPLACEMENTS))
+        ckptzip.save(document, path / METADATA_FILE)
+        start = time.perf_counter()
+        out = path.parent / "out.ckz"
+        try:
+            dcp_to_ckz(path, out, trusted_objects=False)
+            outcomes["loaded"] += 1
+        except ckptzip.CkptzipError:
+            outcomes["refused"] += 1
+        out.unlink(missing_ok=True)
+        assert time.perf_counter() - start < 10
+    assert outcomes["refused"] > 50

@@ -16,10 +16,8 @@ import numpy as np
 import torch
 
 from .errors import CorruptCheckpointError, UnsupportedObjectError
-from .format.spec import DTYPE_NAMES, DTYPES
+from .format.spec import DTYPE_NAMES, DTYPES, MAX_DIMS
 
-# The most dimensions a stored tensor may have (the index reader's limit, docs/FORMAT.md).
-MAX_DIMS = 64
 # Every dtype of this torch build by name: decoding a tree looks names up here and never calls
 # getattr(torch, name), which can import submodules.
 _TORCH_DTYPES: dict[str, torch.dtype] = {

@@ -216,6 +216,7 @@ def decode_metadata(data: bytes, source: str) -> Metadata:
     _check_tensors(c, metadata.state_dict_metadata, metadata.storage_data)
     if metadata.planner_data is not None:
         _check_list_positions(c, metadata.planner_data)
+        _check_planner_keys(c, metadata.planner_data, metadata.state_dict_metadata)
     # Set after construction: older torch releases have no such constructor arguments.
     metadata.storage_meta = _storage_meta_from_tree(c, c.get(top, "storage_meta", "document"))
     metadata.version = c.text(c.get(top, "dcp_version", "document"), "field 'dcp_version'", optional=True)
@@ -230,7 +231,7 @@ def _entry_from_tree(c: _Checker, entry: Any, where: str) -> TensorStorageMetada
     if kind != "tensor":
         raise c.fail(f"{where}.type", "'tensor' or 'bytes'", kind)
     dtype_name = c.get(entry, "dtype", where)
-    if dtype_name not in _DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
         raise c.fail(f"{where}.dtype", "a torch dtype name", dtype_name)
     chunks = []
     for i, chunk in enumerate(c.arr(c.get(entry, "chunks", where), f"{where}.chunks")):
@@ -312,6 +313,16 @@ def _check_list_positions(c: _Checker, planner_data: dict[str, tuple[str | int, 
                 f"a path whose list positions fit the {keys[prefix]} keys stored under that list",
                 position,
             )
+
+
+def _check_planner_keys(c: _Checker, planner_data: dict[str, tuple[str | int, ...]], entries: dict[str, Any]) -> None:
+    """DCP's planner maps each stored key to the path it was flattened from: the path must join
+    to the key, and the key must be stored, or the load planner asks for entries that do not exist."""
+    for key, path in planner_data.items():
+        if ".".join(map(str, path)) != key:
+            raise c.fail(f"planner_data[{key!r}]", "the path whose parts join to its key", list(path))
+        if key not in entries:
+            raise c.fail(f"planner_data[{key!r}]", "the key of a stored state_dict entry", key)
 
 
 def _planner_data_from_tree(c: _Checker, raw: Any) -> dict[str, tuple[str | int, ...]] | None:

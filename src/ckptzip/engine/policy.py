@@ -99,6 +99,7 @@ class Policy:
         """Where tensors on ``device`` are encoded: their GPU when nvCOMP runs this policy's codec
         there, else the CPU; a GPU-only codec id always runs on a GPU (or fails saying why)."""
         if self.name in gpu_only_ids():
+            codec_for({"id": self.name}, "cuda")  # CodecUnavailableError naming the fix when no GPU runs it
             return "cuda"
         if device.type != "cuda":
             return "cpu"
