@@ -101,21 +101,26 @@ def test_roundtrip_is_bit_exact(saved: tuple[Path, dict[str, Any]]) -> None:
     assert_same(target, state)
 
 
-def test_layout_one_data_file_of_ckz_blobs_and_a_ckz_metadata_file(saved: tuple[Path, dict[str, Any]]) -> None:
+def test_layout_one_data_file_of_all_items_and_a_ckz_metadata_file(saved: tuple[Path, dict[str, Any]]) -> None:
     path, state = saved
     assert sorted(p.name for p in path.iterdir()) == [METADATA_FILE, "__0.ckzd"]
     metadata = CompressedStorageReader(path).read_metadata()
-    data = (path / "__0.ckzd").read_bytes()
-    items = sorted(metadata.storage_data.values(), key=lambda item: item.offset)
-    assert items[0].offset == 0 and items[-1].offset + items[-1].length == len(data)
-    assert all(a.offset + a.length == b.offset for a, b in zip(items, items[1:]))  # no gaps
     weight = _stored(path, "model.0.weight")
-    blob = ckptzip.CompressedTensor.from_bytes(data[weight.offset : weight.offset + weight.length])
-    assert_same_tensor(ckptzip.decompress(blob), state["model"]["0.weight"])
-    assert weight.pipeline["transforms"] == blob.entry.transforms
-    assert weight.checksum == blob.entry.checksum
+    with ckptzip.open(path / "__0.ckzd") as container:  # the data file is a .ckz container of the items
+        assert len(container) == len(metadata.storage_data)
+        assert sorted(item.tensor for item in metadata.storage_data.values()) == list(range(len(container)))
+        entry = container.entries()[weight.tensor]
+        assert entry.name == "model.0.weight@0,0"
+        assert_same_tensor(container["model.0.weight@0,0"], state["model"]["0.weight"])
+    assert weight.pipeline["transforms"] == entry.transforms
+    assert weight.checksum == entry.checksum
     # Every file ckptzip wrote is a .ckz container; the metadata one holds a plain tree.
     assert set(ckptzip.load(path / METADATA_FILE)) >= {"format", "version", "state_dict", "items"}
+
+
+def _chunk_of(path: Path, name: str) -> Any:
+    with ckptzip.open(path / "__0.ckzd") as container:
+        return next(e for e in container.entries() if e.name == name).streams[0].chunks[0]
 
 
 def test_save_returns_the_metadata_it_wrote(tmp_path: Path) -> None:
@@ -150,22 +155,21 @@ def _flip(path: Path, offset: int) -> None:
 @pytest.mark.parametrize("where", ["payload", "container index"])
 def test_damaged_item_is_reported_with_its_name(saved: tuple[Path, dict[str, Any]], where: str) -> None:
     path, _ = saved
-    item = _stored(path, "model.0.weight")
-    _flip(path / "__0.ckzd", item.offset + (20 if where == "payload" else item.length - 40))
+    data_file = path / "__0.ckzd"
+    chunk = _chunk_of(path, "model.0.weight@0,0")
+    _flip(data_file, chunk.offset + 1 if where == "payload" else data_file.stat().st_size - 60)
     with pytest.raises(CheckpointException) as excinfo:
         _load(_trained_state(2), path)
     error = _failure(excinfo)
     assert type(error) is CorruptCheckpointError
-    assert str(error).startswith(
-        f"item 'model.0.weight' (chunk at offsets [0, 0]) in '{path / '__0.ckzd'}' at bytes {item.offset}+{item.length}: "
-    )
+    expected = "tensor 'model.0.weight@0,0' stream 0 chunk 0" if where == "payload" else "the index checksum does not match"
+    assert str(error).startswith(f"data file '{data_file}': {expected}"), str(error)
 
 
 def test_damage_in_a_non_tensor_item_is_reported(saved: tuple[Path, dict[str, Any]]) -> None:
     path, _ = saved
-    item = _stored(path, "note")
-    _flip(path / "__0.ckzd", item.offset + 20)
-    with pytest.raises(CorruptCheckpointError, match=r"^item 'note' in .* at bytes \d+\+\d+: "):
+    _flip(path / "__0.ckzd", _chunk_of(path, "note").offset)
+    with pytest.raises(CorruptCheckpointError, match=r"^data file '.*__0\.ckzd': tensor 'note' stream 0 chunk 0 .* is damaged"):
         dcp_to_ckz(path, path.parent / "out.ckz")
 
 
@@ -173,7 +177,7 @@ def test_truncated_data_file(saved: tuple[Path, dict[str, Any]]) -> None:
     path, _ = saved
     data = (path / "__0.ckzd").read_bytes()
     (path / "__0.ckzd").write_bytes(data[:-100])
-    with pytest.raises(CorruptCheckpointError, match=r"the data file is truncated"):
+    with pytest.raises(CorruptCheckpointError, match=r"^data file '.*__0\.ckzd': .*it is truncated"):
         dcp_to_ckz(path, path.parent / "out.ckz")
 
 
@@ -196,7 +200,7 @@ def test_location_pointing_at_another_items_blob_is_detected(saved: tuple[Path, 
     def misplace(items: dict[Any, Any]) -> dict[Any, Any]:
         a = next(i for i in items if i.fqn == "model.0.weight")
         b = next(i for i in items if i.fqn == "optim.state.0.weight.exp_avg")  # same shape and dtype
-        items[a] = dataclasses.replace(items[a], offset=items[b].offset, length=items[b].length)
+        items[a] = dataclasses.replace(items[a], tensor=items[b].tensor)
         return items
 
     _rewrite_metadata(path, misplace)
@@ -232,7 +236,8 @@ def _document(path: Path) -> dict[str, Any]:
         (lambda d: d.pop("items"), CorruptCheckpointError, r"document\.items must be present"),
         (lambda d: d.update(format="other"), CorruptCheckpointError, r"field 'format' must be 'ckptzip-dcp', found 'other'"),
         (lambda d: d.update(extra=1), CorruptCheckpointError, r"must be an object with keys"),
-        (lambda d: d.update(version=2), UnsupportedFormatError, r"has ckptzip-dcp version 2; this ckptzip reads version 1"),
+        (lambda d: d.update(version=3), UnsupportedFormatError, r"has ckptzip-dcp version 3; this ckptzip reads versions 1 and 2"),
+        (lambda d: d["items"][0].update(tensor=-1), CorruptCheckpointError, r"items\[0\]\.tensor must be a non-negative integer, found -1"),
     ],
 )
 def test_invalid_metadata_is_refused(saved: tuple[Path, dict[str, Any]], edit: Any, error: type, message: str) -> None:
@@ -278,7 +283,7 @@ def test_pickled_object_is_refused_unless_trusted(tmp_path: Path) -> None:
         _load(target, path)
     error = _failure(excinfo)
     assert type(error) is UnsupportedObjectError
-    assert str(error).startswith(f"item 'obj' in '{path / '__0.ckzd'}' at bytes ")
+    assert str(error).startswith(f"item 'obj' in '{path / '__0.ckzd'}' is a pickled Python object")
     assert "(Unsupported global: GLOBAL test_dcp.Opaque was not an allowed global by default)" in str(error)
     assert "trusted_objects=True" in str(error)
     _load(target, path, trusted_objects=True)

@@ -61,3 +61,19 @@ def test_golden_files_decode_on_the_gpu(name: str, location: str) -> None:
     got = ckptzip.load(GOLDEN / name, map_location=location)
     assert got["model"]["embed.weight"].device.type == location
     assert_same(got, golden_state())
+
+
+def test_dcp_checkpoint_of_ckptzip_0_1_loads() -> None:
+    """tests/golden/dcp_v1 was written by ckptzip 0.1.0 (ckptzip-dcp metadata version 1: one
+    format-1 container per item, addressed by byte range)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from ckptzip.dcp import CompressedStorageReader
+
+    target = {"w": torch.zeros(40, 50), "ids": torch.zeros(11, dtype=torch.int64),
+              "bf": torch.zeros(3000, dtype=torch.bfloat16), "opt": {"step": torch.tensor(0.0), "lr": 0.0, "name": ""}}
+    dcp.load(target, storage_reader=CompressedStorageReader(GOLDEN / "dcp_v1"), no_dist=True)
+    want = {"w": torch.arange(2000, dtype=torch.float32).reshape(40, 50) / 7, "ids": torch.arange(11),
+            "bf": torch.linspace(-2, 2, 3000).bfloat16(), "opt": {"step": torch.tensor(7.0), "lr": 0.5, "name": "adamw"}}
+    assert_same(target, want)

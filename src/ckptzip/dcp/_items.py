@@ -28,6 +28,13 @@ def describe(index: MetadataIndex) -> str:
     return f"item {index.fqn!r} (chunk at offsets {list(index.offset)})"
 
 
+def tensor_name(index: MetadataIndex) -> str:
+    """The name of an item's tensor in a data file: ``model.w``, or ``model.w@16,0`` for a shard."""
+    if index.offset is None or len(index.offset) == 0:
+        return index.fqn
+    return f"{index.fqn}@{','.join(map(str, index.offset))}"
+
+
 def pipeline(entry: TensorEntry) -> dict[str, Any]:
     """The codec pipeline of a stored tensor: its transforms, then one codec per stream."""
     return {"transforms": entry.transforms, "codecs": [s.codec for s in entry.streams]}

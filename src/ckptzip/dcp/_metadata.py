@@ -31,7 +31,7 @@ from ._storage import check_name
 
 METADATA_FILE = ".metadata.ckz"
 FORMAT = "ckptzip-dcp"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: one container per rank's data file; 1: one container per item (still read)
 
 _DTYPES: dict[str, torch.dtype] = {
     str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
@@ -50,16 +50,19 @@ def metadata_file(rank: int | None) -> str:
 
 @dataclass(frozen=True)
 class StoredItem:
-    """Where one DCP item is stored and how: a byte range of a data file holding one complete
-    one-tensor ``.ckz`` container, that container's codec pipeline (its transforms and stream
-    codecs) and its tensor checksum. The container records both too; the copies here bind each
-    blob to its item, so a blob swapped with another item's is detected."""
+    """Where one DCP item is stored and how. Version 2: tensor ``tensor`` of the data file, a
+    ``.ckz`` container holding all of a rank's items (``length``: its stored bytes). Version 1:
+    ``length`` bytes at ``offset`` of the data file, one complete one-tensor ``.ckz`` container.
+    ``pipeline`` (the tensor's transforms and stream codecs) and ``checksum`` copy what the
+    container records, binding each stored tensor to its item, so one swapped with another
+    item's is detected."""
 
     file: str
     offset: int
     length: int
     pipeline: dict[str, Any]
     checksum: str
+    tensor: int | None = None
 
 
 def check_planner_data(planner_data: Any) -> None:
@@ -130,6 +133,7 @@ def encode_metadata(metadata: Metadata, items: dict[MetadataIndex, StoredItem]) 
                 "length": item.length,
                 "pipeline": item.pipeline,
                 "checksum": item.checksum,
+                **({} if item.tensor is None else {"tensor": item.tensor}),
             }
             for index, item in items.items()
         ],
@@ -196,10 +200,10 @@ def decode_metadata(data: bytes, source: str) -> Metadata:
     if top.get("format") != FORMAT:
         raise c.fail("field 'format'", repr(FORMAT), top.get("format"))
     version = c.nat(c.get(top, "version", "document"), "field 'version'")
-    if version != FORMAT_VERSION:
+    if version not in (1, FORMAT_VERSION):
         raise UnsupportedFormatError(
             f"checkpoint metadata {source} has ckptzip-dcp version {version}; this ckptzip reads "
-            f"version {FORMAT_VERSION}. Upgrade ckptzip to load this checkpoint."
+            f"versions 1 and {FORMAT_VERSION}. Upgrade ckptzip to load this checkpoint."
         )
     unknown = set(top) - _TOP_KEYS
     if unknown:
@@ -211,7 +215,7 @@ def decode_metadata(data: bytes, source: str) -> Metadata:
             for fqn, entry in c.obj(c.get(top, "state_dict", "document"), "state_dict").items()
         },
         planner_data=_planner_data_from_tree(c, c.get(top, "planner_data", "document")),
-        storage_data=_items_from_tree(c, c.get(top, "items", "document")),
+        storage_data=_items_from_tree(c, c.get(top, "items", "document"), version),
     )
     _check_tensors(c, metadata.state_dict_metadata, metadata.storage_data)
     if metadata.planner_data is not None:
@@ -337,7 +341,7 @@ def _planner_data_from_tree(c: _Checker, raw: Any) -> dict[str, tuple[str | int,
     }
 
 
-def _items_from_tree(c: _Checker, raw: Any) -> dict[MetadataIndex, StoredItem]:
+def _items_from_tree(c: _Checker, raw: Any, version: int) -> dict[MetadataIndex, StoredItem]:
     items: dict[MetadataIndex, StoredItem] = {}
     for i, item in enumerate(c.arr(raw, "items")):
         where = f"items[{i}]"
@@ -354,6 +358,7 @@ def _items_from_tree(c: _Checker, raw: Any) -> dict[MetadataIndex, StoredItem]:
             length=c.nat(c.get(item, "length", where), f"{where}.length"),
             pipeline=c.obj(c.get(item, "pipeline", where), f"{where}.pipeline"),
             checksum=c.text(c.get(item, "checksum", where), f"{where}.checksum"),
+            tensor=c.nat(c.get(item, "tensor", where), f"{where}.tensor") if version >= 2 else None,
         )
     return items
 

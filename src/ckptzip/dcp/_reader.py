@@ -17,9 +17,11 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from ..codecs._threads import cpu_threads
+from ..engine.reader import read_tensors
 from ..errors import CheckpointNotFoundError, CkptzipError, CorruptCheckpointError
+from ..format import ContainerReader
 from ..engine.ahead import Task, read_ahead, run_ahead
-from ._items import check_safe_object, check_shape, decode_blob, describe
+from ._items import check_safe_object, check_shape, decode_blob, describe, pipeline
 from ._metadata import StoredItem, decode_metadata, metadata_file
 from ._storage import CheckpointDir, read_exact
 
@@ -135,7 +137,11 @@ class CompressedStorageReader(StorageReader):
         for name, group in itertools.groupby(located, key=lambda entry: entry[0].file):
             try:
                 with self._dir.open_read(name) as stream:
-                    tasks = self._decode_tasks(stream, group, planner)
+                    items = list(group)
+                    if items[0][0].tensor is not None:
+                        self._read_container(stream, name, items, planner)
+                        continue
+                    tasks = self._decode_tasks(stream, iter(items), planner)
                     for (index, reqs, targets), value in run_ahead(tasks, self.thread_count):
                         self._deliver(index, reqs, targets, value, planner)
             except FileNotFoundError:
@@ -147,6 +153,63 @@ class CompressedStorageReader(StorageReader):
         future.set_result(None)
         return future
 
+    def _read_container(self, stream: IO[bytes], name: str,
+                        items: list[tuple[StoredItem, MetadataIndex, list[ReadItem]]], planner: LoadPlanner) -> None:
+        """Items of a version-2 data file (one container of a rank's items): decoded together by the
+        engine, each onto the device of the tensor it loads into."""
+        where = repr(self._dir.location(name))
+        try:
+            container = ContainerReader(stream)
+        except CkptzipError as exc:
+            raise type(exc)(f"data file {where}: {exc}") from exc
+        positions, devices, targets = [], [], []
+        for stored, index, reqs in items:
+            self._check_bound(container, stored, index, where)
+            positions.append(stored.tensor)
+            if reqs[0].type == LoadItemType.BYTE_IO:
+                devices.append(torch.device("cpu"))
+                targets.append([])
+                continue
+            tensors = [planner.resolve_tensor(req).detach() for req in reqs]
+            devices.append(tensors[0].device)
+            targets.append(tensors)
+        try:
+            values = read_tensors(container, positions, devices, lambda _: None)
+        except CkptzipError as exc:
+            raise type(exc)(f"data file {where}: {exc}") from exc
+        for (stored, index, reqs), value, tensors in zip(items, values, targets):
+            if reqs[0].type == LoadItemType.BYTE_IO:
+                value = self._bytes_of(value, f"{describe(index)} in {where}")
+            self._deliver(index, reqs, tensors, value, planner)
+
+    def _check_bound(self, container: ContainerReader, stored: StoredItem, index: MetadataIndex, where: str) -> None:
+        """Raise unless the container's tensor of an item is the one the metadata recorded."""
+        if not 0 <= stored.tensor < len(container.tensors):  # type: ignore[operator]
+            raise CorruptCheckpointError(
+                f"{describe(index)}: the checkpoint metadata places it at tensor {stored.tensor} of {where}, "
+                f"which holds {len(container.tensors)}; the data file and the metadata do not belong together"
+            )
+        entry = container.tensors[stored.tensor]  # type: ignore[index]
+        found = (pipeline(entry), entry.checksum)
+        if found != (stored.pipeline, stored.checksum):
+            raise CorruptCheckpointError(
+                f"{describe(index)} in {where}: the stored tensor (codec pipeline {found[0]}, checksum {found[1]}) "
+                f"is not the one the checkpoint metadata recorded (codec pipeline {stored.pipeline}, checksum "
+                f"{stored.checksum}); the data file and the metadata do not belong together"
+            )
+
+    def _bytes_of(self, decoded: torch.Tensor, where: str) -> bytes:
+        """A non-tensor item's serialized bytes, checked as torch's weights_only loader would."""
+        if decoded.dtype != torch.uint8 or decoded.dim() != 1:
+            raise CorruptCheckpointError(
+                f"{where}: a non-tensor value is stored as 1-D uint8 bytes, found {decoded.dtype} "
+                f"{list(decoded.shape)}; the data file and the metadata do not belong together"
+            )
+        data = decoded.numpy().tobytes()
+        if not self.trusted_objects:
+            check_safe_object(data, where)
+        return data
+
     def _stored(self, index: MetadataIndex) -> StoredItem:
         try:
             return self._items[index]
@@ -156,6 +219,8 @@ class CompressedStorageReader(StorageReader):
             ) from None
 
     def _where(self, index: MetadataIndex, stored: StoredItem) -> str:
+        if stored.tensor is not None:
+            return f"{describe(index)} in {self._dir.location(stored.file)!r}"
         return f"{describe(index)} in {self._dir.location(stored.file)!r} at bytes {stored.offset}+{stored.length}"
 
     def _decode_tasks(
@@ -182,16 +247,7 @@ class CompressedStorageReader(StorageReader):
             )
 
     def _decode_bytes(self, blob: bytes, stored: StoredItem, where: str) -> bytes:
-        decoded = decode_blob(blob, stored, torch.device("cpu"), where)
-        if decoded.dtype != torch.uint8 or decoded.dim() != 1:
-            raise CorruptCheckpointError(
-                f"{where}: a non-tensor value is stored as 1-D uint8 bytes, found {decoded.dtype} "
-                f"{list(decoded.shape)}; the data file and the metadata do not belong together"
-            )
-        data = decoded.numpy().tobytes()
-        if not self.trusted_objects:
-            check_safe_object(data, where)
-        return data
+        return self._bytes_of(decode_blob(blob, stored, torch.device("cpu"), where), where)
 
     def _deliver(
         self,

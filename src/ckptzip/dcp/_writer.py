@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import io
 import os
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -19,8 +17,9 @@ from torch.futures import Future
 from ..codecs._threads import cpu_threads
 from ..errors import CheckpointWriteError, CkptzipError, UnsupportedObjectError
 from ..engine.policy import Policy
-from ..engine.ahead import Task, WriteBehind, run_ahead
-from ._items import Encoded, describe, encode_bytes, encode_tensor
+from ..engine.writer import write_state
+from ..tree import flatten
+from ._items import describe, pipeline, tensor_name
 from ._metadata import StoredItem, check_planner_data, encode_metadata, metadata_file
 from ._storage import CheckpointDir
 
@@ -42,8 +41,9 @@ class CompressedStorageWriter(StorageWriter):
         dcp.save(state, storage_writer=CompressedStorageWriter("ckpt/step100"))
         dcp.async_save(state, storage_writer=CompressedStorageWriter("s3://bucket/step100"))
 
-    Each rank compresses and writes only its own shards, into one data file
-    (``__<rank>.ckzd``); shards on a GPU are compressed on that GPU when nvCOMP is installed.
+    Each rank compresses and writes only its own shards, into one data file (``__<rank>.ckzd``,
+    a ``.ckz`` container of all its items); shards on a GPU are compressed on that GPU, in
+    batches, when nvCOMP is installed.
     The coordinator writes the metadata file last, atomically, so a checkpoint without it is
     incomplete. ``path`` is a directory or an fsspec URL (``storage_options`` go to fsspec).
 
@@ -52,7 +52,8 @@ class CompressedStorageWriter(StorageWriter):
         sync_files: fsync data and metadata files (local disks) before the save returns.
         overwrite: replace a checkpoint already at ``path``; its metadata is removed before any
             data is written, so a failed save never leaves it describing half-written data.
-        thread_count: CPU threads compressing items concurrently (default: up to 4).
+        thread_count: accepted for compatibility; items are encoded by the engine's thread pool
+            (``CKPTZIP_THREADS``) and, on a GPU, in batches on that GPU.
     """
 
     def __init__(
@@ -66,7 +67,7 @@ class CompressedStorageWriter(StorageWriter):
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        Policy.parse(codec)
+        self._policy = Policy.parse(codec)
         self.codec = codec
         self.sync_files = sync_files
         self.overwrite = overwrite
@@ -144,31 +145,35 @@ class CompressedStorageWriter(StorageWriter):
         return future
 
     def _write_file(self, name: str, items: list[WriteItem], planner: SavePlanner) -> list[WriteResult]:
-        results = []
-        offset = 0
-        with self._dir.open_write(name, sync=self.sync_files) as stream, WriteBehind(stream) as out:
-            for item, encoded in run_ahead(self._encode_tasks(items, planner), self.thread_count):
-                out.write(encoded.blob)
-                length = len(encoded.blob)
-                stored = StoredItem(name, offset, length, encoded.pipeline, encoded.checksum)
-                results.append(WriteResult(index=item.index, size_in_bytes=length, storage_data=stored))
-                offset += length
-        return results
+        """All of this rank's items as one container, encoded in batches by the engine (tensors on
+        a GPU on that GPU)."""
+        tensors = [self._resolve(item, planner) for item in items]
+        names = [tensor_name(item.index) for item in items]
+        with self._dir.open_write(name, sync=self.sync_files) as stream:
+            entries = write_state(stream, names, tensors, [{"tensor": k} for k in range(len(items))],
+                                  self._policy, lambda _: None)
+        return [
+            WriteResult(index=item.index, size_in_bytes=entry.compressed_nbytes,
+                        storage_data=StoredItem(name, 0, entry.compressed_nbytes, pipeline(entry), entry.checksum, k))
+            for k, (item, entry) in enumerate(zip(items, entries))
+        ]
 
-    def _encode_tasks(self, items: list[WriteItem], planner: SavePlanner) -> Iterator[Task[WriteItem, Encoded]]:
-        """Resolve each item's data lazily; GPU tensors are compressed on the calling thread."""
-        for item in items:
-            data = planner.resolve_data(item)
-            where = describe(item.index)
-            if isinstance(data, io.BytesIO):
-                yield Task(item, functools.partial(encode_bytes, data, where))
-            elif isinstance(data, torch.Tensor):
-                yield Task(item, functools.partial(encode_tensor, data, self.codec, where), inline=data.is_cuda)
-            else:
-                raise UnsupportedObjectError(
-                    f"the save planner resolved {where} to a {type(data).__name__}; "
-                    "a storage writer takes tensors and io.BytesIO objects"
-                )
+    def _resolve(self, item: WriteItem, planner: SavePlanner) -> torch.Tensor:
+        """An item's data as a tensor: the tensor itself, or a non-tensor value's serialized bytes."""
+        data = planner.resolve_data(item)
+        where = describe(item.index)
+        if isinstance(data, io.BytesIO):
+            raw = data.getvalue()
+            return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        if isinstance(data, torch.Tensor):
+            try:
+                return flatten(data.detach()).tensors[0].tensor
+            except CkptzipError as exc:
+                raise type(exc)(f"{where}: {exc}") from exc
+        raise UnsupportedObjectError(
+            f"the save planner resolved {where} to a {type(data).__name__}; "
+            "a storage writer takes tensors and io.BytesIO objects"
+        )
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write the metadata file; ``metadata`` (which ``dcp.save`` returns) is completed in place."""

@@ -239,8 +239,9 @@ def _side_streams(devices: set[torch.device]) -> Iterator[None]:
 
 
 def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree: Any, policy: Policy,
-                on_progress: Callable[[int], None]) -> None:
-    """Write a whole container to ``f``: every tensor, then the index and trailer."""
+                on_progress: Callable[[int], None]) -> list[TensorEntry]:
+    """Write a whole container to ``f``: every tensor, then the index and trailer. Returns the
+    tensor table."""
     writer = ContainerWriter(f)
     plan = list(plan_batches(tensors, policy))
     cuda = {key.device for key, _ in plan if key.backend == "cuda"}
@@ -267,3 +268,4 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
     for entry in sink.entries:
         writer.add_tensor(entry)  # type: ignore[arg-type]  # every position was written
     writer.finish(tree)
+    return writer.tensors
