@@ -206,3 +206,10 @@ def test_a_tensor_larger_than_a_slice_decodes_in_parts_into_its_output(device: s
     data[chunk.offset] ^= 1
     with pytest.raises(ckptzip.CorruptCheckpointError, match=r"tensor 'big' stream 0 chunk \d+ .* is damaged"):
         ckptzip.load(bytes(data), map_location=device)
+
+
+def test_a_gpu_only_codec_without_a_gpu_says_what_is_missing() -> None:
+    if has_codec("ans", "cuda"):
+        pytest.skip("this machine runs ans on its GPU")
+    with pytest.raises(ckptzip.CodecUnavailableError, match=r"codec 'ans' cannot run on the GPU here: "):
+        ckptzip.save({"w": torch.randn(5000)}, io.BytesIO(), codec="ans")

@@ -1,4 +1,5 @@
-"""One DCP item ⇄ one stored blob: a complete one-tensor ``.ckz`` container."""
+"""DCP items: how messages name them, their tensors' names in a data file, and decoding the
+one-tensor containers of version-1 checkpoints (ckptzip 0.1.0)."""
 
 from __future__ import annotations
 
@@ -6,20 +7,15 @@ import contextlib
 import io
 import pickle
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
-from ..api import CompressedTensor, compress, decompress
+from ..api import CompressedTensor, decompress
 from ..errors import CkptzipError, CorruptCheckpointError, UnsupportedObjectError
 from ..format import TensorEntry
 from ._metadata import StoredItem
-
-# Non-tensor items are small pickles made by DCP's planner; any codec choice suits them.
-_BYTES_CODEC = "auto"
-
 
 def describe(index: MetadataIndex) -> str:
     """``item 'model.w' (chunk at offsets [16, 0])``: how messages name a DCP item."""
@@ -40,19 +36,6 @@ def pipeline(entry: TensorEntry) -> dict[str, Any]:
     return {"transforms": entry.transforms, "codecs": [s.codec for s in entry.streams]}
 
 
-@dataclass(frozen=True)
-class Encoded:
-    """One item compressed: the blob to store, and what the metadata records about it."""
-
-    blob: bytes
-    pipeline: dict[str, Any]
-    checksum: str
-
-
-def _encoded(ct: CompressedTensor) -> Encoded:
-    return Encoded(ct.to_bytes(), pipeline(ct.entry), ct.entry.checksum)
-
-
 def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """Make ``device`` current for GPU work, whatever device the calling thread had current."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -67,20 +50,6 @@ def _naming(where: str) -> Iterator[None]:
         raise type(exc)(f"{where}: {exc}") from exc
 
 
-def encode_tensor(tensor: torch.Tensor, codec: str, where: str) -> Encoded:
-    """Compress a tensor (on its own GPU when it lives on one and nvCOMP is here)."""
-    with _naming(where), _on(tensor.device):
-        return _encoded(compress(tensor.detach(), codec=codec))
-
-
-def encode_bytes(data: io.BytesIO, where: str) -> Encoded:
-    """Compress the serialized object DCP's planner produced for a non-tensor item."""
-    raw = data.getvalue()
-    tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-    with _naming(where):
-        return _encoded(compress(tensor, codec=_BYTES_CODEC))
-
-
 def decode_blob(blob: bytes, stored: StoredItem, device: torch.device, where: str) -> torch.Tensor:
     """Decode and verify one stored blob on ``device``; errors name the item (``where``).
 
@@ -89,10 +58,10 @@ def decode_blob(blob: bytes, stored: StoredItem, device: torch.device, where: st
     """
     with _naming(where):
         ct = CompressedTensor.from_bytes(blob)
-        found = _encoded(ct)
-        if (found.pipeline, found.checksum) != (stored.pipeline, stored.checksum):
+        found = (pipeline(ct.entry), ct.entry.checksum)
+        if found != (stored.pipeline, stored.checksum):
             raise CorruptCheckpointError(
-                f"the stored container (codec pipeline {found.pipeline}, checksum {found.checksum}) is not "
+                f"the stored container (codec pipeline {found[0]}, checksum {found[1]}) is not "
                 f"the one the checkpoint metadata recorded (codec pipeline {stored.pipeline}, checksum "
                 f"{stored.checksum}); the data file and the metadata do not belong together"
             )

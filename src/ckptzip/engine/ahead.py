@@ -1,12 +1,12 @@
-"""Overlap per-item work: compression or decoding a few items ahead on a thread pool, reading
-one blob ahead, writing one blob behind; results are always consumed in order."""
+"""Ordered work-ahead: tasks run a few ahead on a thread pool (or inline), results consumed in
+order; and iteration one item ahead on a background thread."""
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import IO, Generic, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
 
 K = TypeVar("K")
 R = TypeVar("R")
@@ -67,35 +67,3 @@ def read_ahead(items: Iterable[T]) -> Iterator[T]:
                 return
             upcoming = pool.submit(next, iterator, _DONE)
             yield item  # type: ignore[misc]
-
-
-class WriteBehind:
-    """Write to ``stream`` on a background thread with one write in flight, so producing the next
-    buffer (compressing on a GPU, copying to the host) overlaps writing the previous one."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        self._stream = stream
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-dcp-write")
-        self._pending: Future[int] | None = None
-
-    def write(self, data: bytes) -> None:
-        """Queue ``data`` after waiting for the previous write (whose error is raised here)."""
-        self._wait()
-        self._pending = self._pool.submit(self._stream.write, data)
-
-    def _wait(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
-
-    def __enter__(self) -> WriteBehind:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        try:
-            if exc_type is None:
-                self._wait()
-            elif self._pending is not None:
-                wait([self._pending])  # finish before the stream closes; the body's error wins
-        finally:
-            self._pool.shutdown(wait=True)
