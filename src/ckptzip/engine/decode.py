@@ -86,10 +86,10 @@ def _columns(entries: list[TensorEntry], runs: Runs) -> tuple[_Chunks, list[tupl
                 raw.append(c.raw_length)
                 digest.append(c.digest)
                 where.append((t, j, k))
-    arr = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
-    file_offset = arr(offset)
+    tensor_, stream_, file_offset, length_, raw_ = (np.array(v, dtype=np.int64)
+                                                    for v in (tensor, stream, offset, length, raw))
     region = runs.locate(file_offset) if file_offset.size else file_offset
-    return _Chunks(arr(tensor), arr(stream), file_offset, region, arr(length), arr(raw), digest, where), streams
+    return _Chunks(tensor_, stream_, file_offset, region, length_, raw_, digest, where), streams
 
 
 def _name(entries: list[TensorEntry], where: tuple[int, int, int]) -> str:

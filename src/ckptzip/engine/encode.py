@@ -84,8 +84,8 @@ class _Streams:
         self.size.append(size)
 
     def columns(self) -> tuple[np.ndarray, ...]:
-        cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
-        tensor, base, offset, size = map(cat, (self.tensor, self.base, self.offset, self.size))
+        tensor, base, offset, size = (np.concatenate(parts) if parts else np.zeros(0, np.int64)
+                                      for parts in (self.tensor, self.base, self.offset, self.size))
         order = np.lexsort((offset, tensor))  # tensor order, then plane order (planes lie in order)
         return tensor[order], base[order], offset[order], size[order]
 
@@ -144,7 +144,6 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
     is_plane = np.isin(s_base, list(plane_of))
     if is_plane.any():
         entropies = entropy_of_counts(hist.view(-1, 8, 256)).cpu().numpy()  # the one sync before coding
-        plane_index = np.zeros(s_tensor.size, dtype=np.int64)
         first = np.r_[True, s_tensor[1:] != s_tensor[:-1]]
         group_start = np.maximum.accumulate(np.where(first, np.arange(s_tensor.size), 0))
         plane_index = np.arange(s_tensor.size) - group_start

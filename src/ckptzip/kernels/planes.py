@@ -14,6 +14,7 @@ The checksum is linear in the data words: element ``e`` of ``k`` bytes contribut
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -107,8 +108,10 @@ def _programs(elements: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, first * ELEMENTS_PER_PROGRAM
 
 
-def _launch(kernel, device: torch.device, rows: list[np.ndarray], owner: np.ndarray, count: int,  # noqa: ANN001
+def _launch(kernel: Any, device: torch.device, rows: list[np.ndarray], owner: np.ndarray, count: int,
             *args: object, **meta: object) -> torch.Tensor:
+    """Launch ``kernel`` over a table of one row per program (columns 0-3, then plane addresses);
+    return the per-tensor sums of the programs' partial checksums."""
     table = np.zeros((owner.size, 4 + MAX_ITEMSIZE), dtype=np.int64)
     for c, column in enumerate(rows):
         if column.ndim == 1:
