@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install the carried wheels, run the GPU tests, then probe the engine.
-# Usage (from the repository root, wheels in .whl/): bash bench/gpu_check.sh [probe args...]
+# Usage (from the repository root, wheels from bench/gpu-wheels.sh in .whl/): bash bench/gpu_check.sh [probe args...]
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD/.site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1

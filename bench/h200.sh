@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `ckptzip bench` on the GPU machine (one H200), in under 7 minutes. See docs/BENCH.md.
 #
-# Run from the repository root with the wheels of /work/shared/tools/gpu-wheels.sh carried in .whl/
+# Run from the repository root with the wheels of bench/gpu-wheels.sh carried in .whl/
 # (add safetensors and a zipnn wheel there to include those baselines), OUT set to the folder
 # whose files come back:
 #     bash bench/h200.sh

@@ -107,6 +107,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     return p
 
 
+def _relative(arg: str) -> str:
+    """A path inside the working directory as a relative path (results name no machine's paths)."""
+    try:
+        return os.path.relpath(arg) if os.path.isabs(arg) and Path(arg).resolve().is_relative_to(Path.cwd()) else arg
+    except (OSError, ValueError):
+        return arg
+
+
 def _methods(arg: list[str] | None) -> list[str]:
     known = method_names()
     if not arg:
@@ -262,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
         "schema": SCHEMA,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": _command(settings, args),
-        "argv": sys.argv,
+        "argv": [_relative(a) for a in sys.argv],
         "hardware": hardware(),
         "settings": {**settings, "cache": cache.note},
         "disk": None,
