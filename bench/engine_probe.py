@@ -18,14 +18,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 
 import ckptzip
-from ckptzip.engine.decode import Runs, decode_batch
+from ckptzip.bench.gpu import decode_resident, device_regions
 from ckptzip.engine.encode import encode_batch
 from ckptzip.engine.policy import Policy
-from ckptzip.engine.reader import plan_batches as read_plan
 from ckptzip.engine.writer import plan_batches as write_plan
 from ckptzip.format import ContainerReader
 
@@ -112,19 +110,10 @@ def resident(state, policy: Policy, reps: int) -> dict:  # noqa: ANN001
     first_e, enc = timed(encode, reps)
     keep = Keep()
     ckptzip.save(state, keep, codec=policy)
-    reader = ContainerReader(io.BytesIO(b"".join(keep.parts)))
-    devices = [torch.device("cuda")] * len(reader.tensors)
-    regions = []
-    for backend, work, idx in read_plan(reader.tensors, devices):
-        entries = [reader.tensors[i] for i in idx]
-        runs = Runs.of(entries)
-        if not runs.total:
-            continue
-        host = np.concatenate([reader.source.view(f, n) for f, n in zip(runs.file.tolist(), runs.length.tolist())])
-        regions.append((entries, torch.from_numpy(host).to(work), runs, backend))
+    regions = device_regions(ContainerReader(b"".join(keep.parts)))
 
     def decode() -> list:
-        return [decode_batch(e, r, s, b, digests=True) for e, r, s, b in regions]
+        return decode_resident(regions)
 
     first_d, dec = timed(decode, reps)
     raw = sum(t.numel() * t.element_size() for t in tensors)

@@ -19,7 +19,7 @@ from ..engine.encode import EncodedBatch, encode_batch
 from ..engine.policy import Policy
 from ..engine.reader import plan_batches as read_batches
 from ..engine.writer import plan_batches as write_batches
-from ..format import ContainerReader
+from ..format import ContainerReader, TensorEntry
 from ..tree import flatten
 from .baselines import CodecThroughput
 
@@ -53,18 +53,28 @@ def measure_resident(state: Any, checkpoint: Path, codec: str, reps: int = 3) ->
     stored = sum(b.stored.numel() for b in encoded)
     del encoded
     encode_s = cuda_seconds(lambda: encode_resident(state, codec), reps)
-    reader = ContainerReader(checkpoint.read_bytes())
+    regions = device_regions(ContainerReader(checkpoint.read_bytes()))
+    decode_s = cuda_seconds(lambda: decode_resident(regions), reps)
+    return CodecThroughput(f"ckptzip-{codec}", raw, stored, encode_s, decode_s, mismatch=None)
+
+
+def device_regions(reader: ContainerReader) -> list[tuple[list[TensorEntry], torch.Tensor, Runs, str]]:
+    """The stored bytes of every load batch, already in device memory: what a GPU-resident decode
+    starts from."""
     devices = [torch.device("cuda")] * len(reader.tensors)
     regions = []
     for backend, work, idx in read_batches(reader.tensors, devices):
         entries = [reader.tensors[i] for i in idx]
         runs = Runs.of(entries)
-        if not runs.total:
-            continue
-        host = np.concatenate([reader.source.view(f, n) for f, n in zip(runs.file.tolist(), runs.length.tolist())])
-        regions.append((entries, torch.from_numpy(host).to(work), runs, backend))
-    decode_s = cuda_seconds(lambda: [decode_batch(e, r, s, b, digests=True) for e, r, s, b in regions], reps)
-    return CodecThroughput(f"ckptzip-{codec}", raw, stored, encode_s, decode_s, mismatch=None)
+        if runs.total:
+            host = np.concatenate([reader.source.view(f, n) for f, n in zip(runs.file.tolist(), runs.length.tolist())])
+            regions.append((entries, torch.from_numpy(host).to(work), runs, backend))
+    return regions
+
+
+def decode_resident(regions: list[tuple[list[TensorEntry], torch.Tensor, Runs, str]]) -> list[Any]:
+    """Decode every batch of :func:`device_regions` on the GPU, chunk checksums verified."""
+    return [decode_batch(entries, region, runs, backend, digests=True) for entries, region, runs, backend in regions]
 
 
 def ceilings(nbytes: int = 1 << 31, directory: str | None = None) -> dict[str, float]:
