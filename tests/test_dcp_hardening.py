@@ -172,3 +172,13 @@ def test_fuzzed_metadata_loads_or_is_refused_with_a_ckptzip_error(path: Path) ->
         out.unlink(missing_ok=True)
         assert time.perf_counter() - start < 10
     assert outcomes["refused"] > 50
+
+
+def test_planner_data_must_map_every_stored_key(path: Path) -> None:
+    _edit(path, lambda d: d["planner_data"].pop("groups.0.lr"))
+    _refused(path, r"planner_data must be a path for every stored state_dict entry, found \"none for \['groups\.0\.lr'\]\"")
+
+
+def test_a_data_file_name_longer_than_a_file_system_allows_is_refused(path: Path) -> None:
+    _edit(path, lambda d: _item(d, "ids").update(file="x" * 300))
+    _refused(path, r"data file name 'x+' is not a plain file name")

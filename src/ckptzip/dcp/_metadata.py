@@ -320,13 +320,17 @@ def _check_list_positions(c: _Checker, planner_data: dict[str, tuple[str | int, 
 
 
 def _check_planner_keys(c: _Checker, planner_data: dict[str, tuple[str | int, ...]], entries: dict[str, Any]) -> None:
-    """DCP's planner maps each stored key to the path it was flattened from: the path must join
-    to the key, and the key must be stored, or the load planner asks for entries that do not exist."""
+    """DCP's planner maps each stored key to the path it was flattened from: every stored key has
+    a path, the path joins to the key, and the key is stored; otherwise the load planner asks for
+    entries that do not exist."""
     for key, path in planner_data.items():
         if ".".join(map(str, path)) != key:
             raise c.fail(f"planner_data[{key!r}]", "the path whose parts join to its key", list(path))
         if key not in entries:
             raise c.fail(f"planner_data[{key!r}]", "the key of a stored state_dict entry", key)
+    unmapped = sorted(set(entries) - set(planner_data))
+    if planner_data and unmapped:  # an empty mapping: a planner that did not flatten
+        raise c.fail("planner_data", "a path for every stored state_dict entry", f"none for {unmapped[:3]}")
 
 
 def _planner_data_from_tree(c: _Checker, raw: Any) -> dict[str, tuple[str | int, ...]] | None:

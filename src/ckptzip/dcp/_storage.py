@@ -152,10 +152,12 @@ class CheckpointDir:
 
 
 def check_name(name: object, source: str) -> str:
-    """``name`` if it is a plain file name (one path component, not hidden), else corruption."""
+    """``name`` if it is a plain file name (one path component, not hidden, at most 255 bytes),
+    else corruption."""
     if (
         not isinstance(name, str)
         or not name
+        or len(name.encode("utf-8", "surrogatepass")) > 255
         or name.startswith(".")
         or "/" in name
         or "\\" in name
