@@ -58,12 +58,6 @@ def wsum64_array(raw: np.ndarray) -> int:
     return total & _MASK64
 
 
-def wsum64_segments(buffer: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``wsum64`` of ``buffer[offsets[i] : offsets[i] + lengths[i]]`` for every i (uint64 array)."""
-    return np.array([wsum64_array(buffer[o : o + n]) for o, n in zip(offsets.tolist(), lengths.tolist())],
-                    dtype=np.uint64)
-
-
 def wsum64_tensor(data: torch.Tensor) -> torch.Tensor:
     """``wsum64`` of a 1-D uint8 tensor as a 0-d int64 tensor on the data's device (no sync)."""
     if not data.is_cuda:

@@ -270,21 +270,12 @@ class _NvcompCodec(Codec):
         for index, chunk in enumerate(chunks):
             if chunk.numel() == 0:
                 raise CorruptCheckpointError(f"{self.codec_id} chunk {index} is empty; a compressed chunk has bytes")
+        def run() -> tuple[tuple[torch.Tensor, list[int]], list[int]]:
+            out, offsets, decoded = self._decode_batch(device, chunks, raw_sizes)
+            return (out, offsets), decoded
+
         with torch.cuda.device(device):
-            try:
-                out, offsets, decoded = self._decode_batch(device, chunks, raw_sizes)
-            except torch.OutOfMemoryError:
-                raise
-            except (RuntimeError, ValueError) as exc:  # what nvCOMP raises for a stream it rejects
-                culprit = self._find_corrupt(device, chunks, raw_sizes)
-                if culprit is None:
-                    raise
-                raise culprit from exc
-        for index, (got, expected) in enumerate(zip(decoded, raw_sizes)):
-            if got != expected:
-                raise CorruptCheckpointError(
-                    f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {expected}"
-                )
+            out, offsets = self._decode_checked(device, lambda: chunks, raw_sizes, run)
         return _views(out, offsets, raw_sizes)
 
     def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
@@ -329,23 +320,35 @@ class _NvcompCodec(Codec):
             engine = self._engine_for(device, max(raw))
             source = _nv.as_arrays(src, src_offsets.tolist(), src_lengths.tolist(), cuda_stream=engine.stream)
             target = _nv.as_arrays(dst, dst_offsets.tolist(), raw, cuda_stream=engine.stream)
-            try:
-                decoded = self._run_decode(engine, source, target, raw)
-            except torch.OutOfMemoryError:
+            self._decode_checked(
+                device,
+                lambda: [src[o : o + n] for o, n in zip(src_offsets.tolist(), src_lengths.tolist())],
+                raw,
+                lambda: (None, self._run_decode(engine, source, target, raw)),
+            )
+
+    def _decode_checked(self, device: torch.device, chunks: Callable[[], list[torch.Tensor]], raw_sizes: list[int],
+                        run: Callable[[], tuple[Any, list[int]]]) -> Any:
+        """``run()`` a batched decode returning (value, decoded sizes); return the value. A batch
+        nvCOMP rejects is decoded chunk by chunk to name the bad chunk; a chunk that decodes to
+        another size than ``raw_sizes`` says is named too (``CorruptCheckpointError.chunk``)."""
+        try:
+            value, decoded = run()
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, ValueError) as exc:  # what nvCOMP raises for a stream it rejects
+            culprit = self._find_corrupt(device, chunks(), raw_sizes)
+            if culprit is None:
                 raise
-            except (RuntimeError, ValueError) as exc:  # what nvCOMP raises for a stream it rejects
-                chunks = [src[o : o + n] for o, n in zip(src_offsets.tolist(), src_lengths.tolist())]
-                culprit = self._find_corrupt(device, chunks, raw)
-                if culprit is None:
-                    raise
-                raise culprit from exc
-        for index, (got, expected) in enumerate(zip(decoded, raw)):
+            raise culprit from exc
+        for index, (got, expected) in enumerate(zip(decoded, raw_sizes)):
             if got != expected:
                 error = CorruptCheckpointError(
                     f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {expected}"
                 )
                 error.chunk = index  # type: ignore[attr-defined]
                 raise error
+        return value
 
     def _check_aligned(self, base: torch.Tensor, offsets: np.ndarray) -> None:
         misaligned = (base.data_ptr() + offsets) % self.alignment != 0

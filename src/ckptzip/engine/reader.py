@@ -156,17 +156,18 @@ class _Uploader:
                 pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]]) -> Iterator[tuple[int, int, torch.Tensor]]:
         """Pinned buffers filled with the batch's bytes, a few reads in flight, in order."""
         size = self._pool.buffer_bytes
+        chunks = [] if self._reader.digest_is_wsum64 else _chunk_list(entries)
         if self._reader.digest_is_wsum64:
             spans = [(o, min(size, start + length - o))
                      for start, length in zip(runs.file.tolist(), runs.length.tolist())
                      for o in range(start, start + length, size)]
         else:  # format-1 digests are checked on the host: keep chunks whole in one buffer
-            spans = _chunk_spans(_chunk_list(entries), size)
+            spans = _chunk_spans(chunks, size)
         reads: collections.deque[tuple[int, int, Any]] = collections.deque()
         in_flight = max(1, min(_READ_THREADS, self._pool.count // 2))
         for offset, n in spans:
             while len(reads) >= in_flight:
-                yield self._finish(reads.popleft(), entries)
+                yield self._finish(reads.popleft(), chunks)
             while pending and (pending[0][0].query() or len(pending) >= self._pool.count - in_flight):
                 done, buffer = pending.popleft()
                 done.synchronize()
@@ -174,14 +175,15 @@ class _Uploader:
             buffer = self._pool.acquire() if n <= size else torch.empty(n, dtype=torch.uint8)
             reads.append((offset, n, self._reads.submit(self._read, buffer, offset, n, entries)))
         while reads:
-            yield self._finish(reads.popleft(), entries)
+            yield self._finish(reads.popleft(), chunks)
 
-    def _finish(self, read: tuple[int, int, Any], entries: list[TensorEntry]) -> tuple[int, int, torch.Tensor]:
+    def _finish(self, read: tuple[int, int, Any], chunks: list[tuple[TensorEntry, int, int, Any]]
+                ) -> tuple[int, int, torch.Tensor]:
+        """The filled buffer of a read; format-1 chunks in it are checked against their XXH3."""
         offset, n, future = read
         buffer = future.result()
-        if not self._reader.digest_is_wsum64:
-            chunks = [c for c in _chunk_list(entries) if offset <= c[3].offset < offset + n]
-            verify_xxh3(buffer.numpy()[:n], offset, chunks)
+        if chunks:
+            verify_xxh3(buffer.numpy()[:n], offset, [c for c in chunks if offset <= c[3].offset < offset + n])
         return offset, n, buffer
 
     def _release(self, buffer: torch.Tensor) -> None:
