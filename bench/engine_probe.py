@@ -121,7 +121,7 @@ def resident(state, policy: Policy, reps: int) -> dict:  # noqa: ANN001
             "first_encode_s": first_e, "first_decode_s": first_d}
 
 
-def profile(fn, label: str) -> None:  # noqa: ANN001
+def profile(fn, label: str, trace_dir: str | None = None) -> None:  # noqa: ANN001
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
     with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
@@ -131,6 +131,8 @@ def profile(fn, label: str) -> None:  # noqa: ANN001
     print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=40))
     print(f"--- profile: {label} (top 12 by device time) ---")
     print(p.key_averages().table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=40))
+    if trace_dir:
+        p.export_chrome_trace(f"{trace_dir}/{label.replace(' ', '-')}.json")
 
 
 _FRESH = """
@@ -170,6 +172,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--presets", default="auto,portable")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--trace", help="with --profile: write Chrome traces of the profiled save and load here")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.preset:
@@ -203,8 +206,8 @@ def main() -> None:
         results["presets"][name] = r
         print(json.dumps({name: r}, indent=1))
         if args.profile and name == "auto":
-            profile(lambda: ckptzip.save(state, Discard(), codec=name), f"save {name}")
-            profile(lambda: ckptzip.load(io.BytesIO(blob), map_location="cuda"), f"load {name}")
+            profile(lambda: ckptzip.save(state, Discard(), codec=name), f"save {name}", args.trace)
+            profile(lambda: ckptzip.load(io.BytesIO(blob), map_location="cuda"), f"load {name}", args.trace)
     buf = io.BytesIO()
     first_ts, ts = timed(lambda: torch.save(state, Discard()), 1)
     torch.save(state, buf)
