@@ -104,8 +104,9 @@ def resident(state, policy: Policy, reps: int) -> dict:  # noqa: ANN001
     tensors = [t.tensor for t in flatten(state).tensors]
     plan = list(write_plan(tensors, policy))
 
-    def encode() -> list:
-        return [encode_batch([tensors[i] for i in idx], policy, key.backend) for key, idx in plan]
+    def encode() -> None:
+        for key, idx in plan:  # each result dropped before the next batch (the writer holds one or two)
+            encode_batch([tensors[i] for i in idx], policy, key.backend)
 
     first_e, enc = timed(encode, reps)
     keep = Keep()
@@ -132,6 +133,13 @@ def profile(fn, label: str, trace_dir: str | None = None) -> None:  # noqa: ANN0
     print(f"--- profile: {label} (top 12 by device time) ---")
     print(p.key_averages().table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=40))
     if trace_dir:
+        import cProfile
+        import pstats
+        with cProfile.Profile() as cp:
+            fn()
+            torch.cuda.synchronize()
+        print(f"--- cProfile: {label} (main thread, top 25 by own time) ---")
+        pstats.Stats(cp).sort_stats("tottime").print_stats(25)
         p.export_chrome_trace(f"{trace_dir}/{label.replace(' ', '-')}.json")
 
 

@@ -98,7 +98,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=50, help="save every N steps in the second run")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--snapshot", choices=["device", "host"], default="device")
+    p.add_argument("--snapshot", choices=["auto", "device", "host"], default="auto")
     p.add_argument("--max-pending", type=int, default=1)
     p.add_argument("--codec", default="auto")
     p.add_argument("--dir", default=None, help="where checkpoints go (a fresh temporary directory inside it)")

@@ -28,6 +28,7 @@ from ckptzip.errors import (
     CorruptCheckpointError,
     UnsupportedObjectError,
 )
+import ckptzip.manager as ckptzip_manager
 from ckptzip.storage import LOCK_NAME
 from ckptzip.manager import (
     CheckpointManager,
@@ -198,7 +199,7 @@ def test_steps_must_increase(tmp_path: Path) -> None:
     [
         ({"keep_last": 0}, "keep_last must be None .keep all. or >= 1, got 0"),
         ({"max_pending": 0}, "max_pending must be >= 1, got 0"),
-        ({"snapshot": "gpu"}, "snapshot must be 'device' or 'host', got 'gpu'"),
+        ({"snapshot": "gpu"}, "snapshot must be 'auto', 'device' or 'host', got 'gpu'"),
         ({"storage_options": {"key": "x"}}, "storage_options=.* were given for local path"),
     ],
 )
@@ -408,9 +409,22 @@ def test_missing_fsspec_implementation_names_the_extra(monkeypatch: pytest.Monke
 # ------------------------------------------------------------------------------------- GPU
 
 
+@pytest.mark.parametrize("snapshot", ["auto", "device", "host"])
+def test_host_state_snapshot_isolates_later_changes(tmp_path: Path, snapshot: str) -> None:
+    state = make_state(1)["model"]
+    expected = type(state)((k, v.clone()) for k, v in state.items())
+    with CheckpointManager(tmp_path, snapshot=snapshot) as manager:
+        manager.save(1, state)
+        for v in state.values():
+            v.bitwise_not_() if v.dtype == torch.bool else v.add_(1)  # the caller may change it at once
+        manager.wait()
+        assert manager.last_snapshot == ("host" if snapshot == "host" else "device")
+        assert_same(manager.restore(1), expected)
+
+
 @pytest.mark.gpu
 @cuda
-@pytest.mark.parametrize("snapshot", ["device", "host"])
+@pytest.mark.parametrize("snapshot", ["auto", "device", "host"])
 def test_cuda_state_snapshot_isolates_later_kernels(tmp_path: Path, snapshot: str) -> None:
     state = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in make_state(1)["model"].items()}
     big = torch.randn(1 << 24, device="cuda")
@@ -426,4 +440,29 @@ def test_cuda_state_snapshot_isolates_later_kernels(tmp_path: Path, snapshot: st
             assert_same({k: restored[k] for k in expected}, expected)
             assert restored["big"].device.type == "cpu"
             expected["big"] = big.cpu()
+        assert manager.last_snapshot == ("host" if snapshot == "host" else "device")
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@cuda
+def test_auto_takes_a_host_snapshot_without_room_and_it_needs_little_gpu_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ckptzip_manager, "DEVICE_HEADROOM", 1 << 50)  # as if the GPU were full
+    g = torch.Generator(device="cuda").manual_seed(0)
+    state = {f"w{i}": torch.randn(1 << 26, device="cuda", generator=g) for i in range(6)}  # 1.6 GB
+    state["h"] = torch.randn(1 << 20, device="cuda", generator=g).bfloat16()
+    expected = {k: v.cpu() for k, v in state.items()}
+    with CheckpointManager(tmp_path) as manager:
+        for step in (1, 2):  # the second save reuses the pinned buffers
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            manager.save(step, state)
+            for v in state.values():
+                v.add_(1)
+            manager.wait()
+            assert manager.last_snapshot == "host"
+            assert torch.cuda.max_memory_allocated() - before < 1.5 * 2**30
+            assert_same(manager.restore(step, map_location="cpu"), expected)
+            expected = {k: v.cpu() for k, v in state.items()}

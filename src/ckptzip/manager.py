@@ -16,11 +16,12 @@ import operator
 import os
 import random
 import re
+import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 import torch
@@ -28,6 +29,8 @@ import torch
 from . import api
 from .errors import CheckpointNotFoundError, CorruptCheckpointError
 from .engine.policy import Policy
+from .engine.staging import PinnedPool
+from .engine.writer import StagedState, stage_state, write_staged
 from .storage import WriterLock, open_storage
 from .tree import flatten, unflatten
 
@@ -40,6 +43,12 @@ _STEP_PATTERN = re.compile(r"step_(\d{8}|[1-9]\d{8,})\.ckz")
 _ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
 
 _BufferKey = tuple[torch.device, bool]  # (device, pinned)
+SnapshotMode = Literal["auto", "device", "host"]
+# A device snapshot must leave this much GPU memory free (or 5 % of the GPU, if more), for the
+# training steps that run while the checkpoint is written; otherwise "auto" takes a host snapshot.
+DEVICE_HEADROOM = 2 << 30
+# GPU batch of a host snapshot: its encoding needs a few of these beside the state.
+HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
 
 
 class CheckpointSkippedWarning(UserWarning):
@@ -77,9 +86,11 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 @dataclass
 class _Snapshot:
     tree: Any  # the state flattened by ckptzip.tree, referring to ``tensors`` by position
-    tensors: list[torch.Tensor]  # copies of the state's tensors: views into ``buffers``
+    names: list[str]
+    tensors: list[torch.Tensor]  # copies of the state's tensors (views into ``buffers``), or placeholders of staged ones
     buffers: list[tuple[_BufferKey, torch.Tensor]]
     ready: list[torch.cuda.Event]  # recorded after the GPU copies; empty when all copies were synchronous
+    staged: StagedState | None  # CUDA tensors already encoded, their stored bytes in pinned memory
 
 
 def _copy_batched(dst: list[torch.Tensor], src: list[torch.Tensor], *, non_blocking: bool) -> None:
@@ -93,25 +104,25 @@ def _copy_batched(dst: list[torch.Tensor], src: list[torch.Tensor], *, non_block
 
 
 class _SnapshotPool:
-    """Copies states into reusable flat buffers, so the caller may mutate the originals at once.
+    """Takes snapshots of states, so the caller may mutate the originals at once.
 
-    A CUDA tensor is copied on a side stream; the caller's current stream waits for that copy
-    before its later work (an optimizer step) runs, so ``take`` returns without a host sync.
-    ``where="device"`` keeps each copy on its tensor's device; ``"host"`` copies CUDA tensors
-    into pinned host memory. Buffers return to the pool after the save that used them.
+    ``"device"``: every tensor is copied into a reusable flat buffer on its device; a CUDA tensor
+    on a side stream that the caller's current stream then waits for, so ``take`` returns without
+    a host sync. ``"host"``: CUDA tensors are compressed on their GPU in bounded batches and only
+    their stored bytes are copied, into pinned host buffers that are kept for the next save (host
+    tensors are copied as above). ``"auto"``: ``"device"`` when every GPU has room for the copy
+    beside a safety margin, else ``"host"``. Buffers return to the pool after the save that used them.
     """
 
-    def __init__(self, where: Literal["device", "host"]) -> None:
+    def __init__(self, where: SnapshotMode, policy: Policy) -> None:
         self._where = where
+        self._policy = policy
+        self.last_mode: Literal["device", "host"] | None = None
         self._free: dict[_BufferKey, list[torch.Tensor]] = {}
+        self._staging = PinnedPool(count=sys.maxsize)
         self._lock = threading.Lock()
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}  # caller thread only
         self._worker_streams: dict[torch.device, torch.cuda.Stream] = {}  # worker thread only
-
-    def _key(self, t: torch.Tensor) -> _BufferKey:
-        if self._where == "host":
-            return torch.device("cpu"), t.is_cuda
-        return t.device, False
 
     def _acquire(self, key: _BufferKey, nbytes: int) -> torch.Tensor:
         with self._lock:
@@ -123,27 +134,50 @@ class _SnapshotPool:
         device, pinned = key
         return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pinned)
 
+    def _device_has_room(self, sources: list[torch.Tensor]) -> bool:
+        """Whether a device snapshot fits on every GPU beside ``DEVICE_HEADROOM`` (or 5 %) of
+        free memory, counting pooled buffers that would be reused."""
+        need: dict[torch.device, int] = collections.defaultdict(int)
+        for t in sources:
+            if t.is_cuda:
+                need[t.device] += _aligned(t.nbytes)
+        for device, nbytes in need.items():
+            with self._lock:
+                pooled = max((b.numel() for b in self._free.get((device, False), [])), default=0)
+            if pooled >= nbytes:
+                continue
+            free, total = torch.cuda.mem_get_info(device)
+            if nbytes > free - max(DEVICE_HEADROOM, total // 20):
+                return False
+        return True
+
     def take(self, state: Any) -> _Snapshot:
-        """Validate ``state`` (raises :class:`~ckptzip.errors.UnsupportedObjectError`) and copy it."""
+        """Validate ``state`` (raises :class:`~ckptzip.errors.UnsupportedObjectError`) and snapshot it."""
         flat = flatten(state)  # also a deep copy of every non-tensor value
+        names = [item.name for item in flat.tensors]
         sources = [item.tensor for item in flat.tensors]
+        host = self._where == "host" or (self._where == "auto" and not self._device_has_room(sources))
+        staged = stage_state(names, sources, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES) if host else None
+        copied = staged.rest if staged is not None else list(range(len(sources)))
         groups: dict[_BufferKey, list[int]] = collections.defaultdict(list)
-        for i, t in enumerate(sources):
-            groups[self._key(t)].append(i)
-        views: dict[int, torch.Tensor] = {}
+        for i in copied:
+            groups[sources[i].device, False].append(i)
+        placeholder = torch.empty(0)
+        copies = [placeholder] * len(sources)
         buffers = []
         for key, members in groups.items():
             offsets, total = [], 0
             for i in members:
                 offsets.append(total)
-                total += -(-sources[i].nbytes // _ALIGN) * _ALIGN
+                total += _aligned(sources[i].nbytes)
             buf = self._acquire(key, total)
             buffers.append((key, buf))
             for i, offset in zip(members, offsets):
                 t = sources[i]
-                views[i] = buf[offset : offset + t.nbytes].view(t.dtype).view(t.shape)
-        copies = [views[i] for i in range(len(sources))]
-        return _Snapshot(flat.tree, copies, buffers, self._copy(sources, copies))
+                copies[i] = buf[offset : offset + t.nbytes].view(t.dtype).view(t.shape)
+        ready = self._copy([sources[i] for i in copied], [copies[i] for i in copied])
+        self.last_mode = "host" if host else "device"
+        return _Snapshot(flat.tree, names, copies, buffers, ready, staged)
 
     def _copy(self, sources: list[torch.Tensor], copies: list[torch.Tensor]) -> list[torch.cuda.Event]:
         by_device: dict[torch.device, list[int]] = collections.defaultdict(list)
@@ -168,21 +202,32 @@ class _SnapshotPool:
         return ready
 
     @contextlib.contextmanager
-    def use(self, snapshot: _Snapshot) -> Iterator[Any]:
-        """In the worker: wait for the copies, rebuild the state, run the body on private CUDA
-        streams, then recycle the buffers."""
+    def use(self, snapshot: _Snapshot) -> Iterator[Callable[[BinaryIO], None]]:
+        """In the worker: wait for the copies, then give the body a function that writes the
+        snapshot as a container (on private CUDA streams); recycle the buffers afterwards."""
         devices = {key[0] for key, _ in snapshot.buffers if key[0].type == "cuda"}
         streams = [self._worker_stream(d) for d in devices]
+        staged = snapshot.staged
+
+        def write(f: BinaryIO) -> None:
+            if staged is not None:
+                write_staged(f, staged, snapshot.names, snapshot.tensors, snapshot.tree, self._policy)
+            else:
+                state = unflatten(snapshot.tree, snapshot.tensors.__getitem__, len(snapshot.tensors))
+                api.save(state, f, codec=self._policy)
+
         try:
             for event in snapshot.ready:
                 event.synchronize()
             with contextlib.ExitStack() as stack:
                 for stream in streams:
                     stack.enter_context(torch.cuda.stream(stream))
-                yield unflatten(snapshot.tree, snapshot.tensors.__getitem__, len(snapshot.tensors))
+                yield write
         finally:
             for stream in streams:
                 stream.synchronize()  # nothing may still read a buffer when it is handed out again
+            if staged is not None:
+                staged.release()  # what a failed write left
             with self._lock:
                 for key, buf in snapshot.buffers:
                     self._free.setdefault(key, []).append(buf)
@@ -197,6 +242,11 @@ class _SnapshotPool:
         """Free the pooled buffers."""
         with self._lock:
             self._free.clear()
+        self._staging.clear()
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
 
 
 def _step_of(name: str) -> int:
@@ -216,8 +266,11 @@ class CheckpointManager:
         codec: codec preset or id for :func:`ckptzip.save`.
         max_pending: most saves in flight; ``save`` waits for the oldest beyond that. Snapshots
             hold ``max_pending`` x (state size) of memory, on the GPU for CUDA tensors.
-        snapshot: ``"device"`` snapshots CUDA tensors in GPU memory (shortest stall, compression
-            on the GPU); ``"host"`` copies them into pinned host memory (no extra GPU memory).
+        snapshot: ``"device"`` copies CUDA tensors within GPU memory (shortest stall; needs the
+            state's size free on the GPU); ``"host"`` compresses them on the GPU in small batches
+            and keeps only the compressed bytes, in pinned host memory (little extra GPU memory;
+            ``save`` returns once they are queued to the host); ``"auto"`` (default) picks
+            ``"device"`` when the GPU has room for the copy, else ``"host"``.
         storage_options: passed to the fsspec filesystem (credentials, ``endpoint_url``, ...).
 
     One manager writes to a directory at a time: the first ``save`` takes the directory's writer
@@ -236,15 +289,15 @@ class CheckpointManager:
         async_save: bool = True,
         codec: str = "auto",
         max_pending: int = 1,
-        snapshot: Literal["device", "host"] = "device",
+        snapshot: SnapshotMode = "auto",
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be None (keep all) or >= 1, got {keep_last}")
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
-        if snapshot not in ("device", "host"):
-            raise ValueError(f"snapshot must be 'device' or 'host', got {snapshot!r}")
+        if snapshot not in ("auto", "device", "host"):
+            raise ValueError(f"snapshot must be 'auto', 'device' or 'host', got {snapshot!r}")
         self._policy = Policy.parse(codec)
         self._storage = open_storage(directory, storage_options)
         self._keep_last = keep_last
@@ -253,13 +306,18 @@ class CheckpointManager:
         self._leftovers: list[str] = []  # found when the lock was taken; discarded after the first commit
         self._newest_committed = max(map(_step_of, self._storage.list(_STEP_PATTERN).committed), default=None)
         self._pending: collections.deque[tuple[int, concurrent.futures.Future[None]]] = collections.deque()
-        self._snapshots = _SnapshotPool(snapshot)
+        self._snapshots = _SnapshotPool(snapshot, self._policy)
         self._executor = (
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-save")
             if async_save
             else None
         )
         self._closed = False
+
+    @property
+    def last_snapshot(self) -> Literal["device", "host"] | None:
+        """The kind of snapshot the latest asynchronous ``save`` took (what ``"auto"`` chose)."""
+        return self._snapshots.last_mode
 
     @property
     def directory(self) -> str:
@@ -307,7 +365,7 @@ class CheckpointManager:
                 "separate run"
             )
         if self._executor is None:
-            self._write(step, state)
+            self._write(step, lambda f: api.save(state, f, codec=self._policy))
             self._after_commit(step)
             future: concurrent.futures.Future[None] = concurrent.futures.Future()
             future.set_result(None)
@@ -328,14 +386,14 @@ class CheckpointManager:
         self._newest_committed = max(map(_step_of, listing.committed), default=None)
 
     def _save_snapshot(self, step: int, snapshot: _Snapshot) -> None:
-        with self._snapshots.use(snapshot) as state:
-            self._write(step, state)
+        with self._snapshots.use(snapshot) as write:
+            self._write(step, write)
         self._after_commit(step)
 
-    def _write(self, step: int, state: Any) -> None:
+    def _write(self, step: int, write: Callable[[BinaryIO], None]) -> None:
         assert self._lock is not None
         self._lock.heartbeat()  # raises if the lock was lost, before anything is written
-        self._storage.write(_STEP_NAME.format(step), lambda f: api.save(state, f, codec=self._policy))
+        self._storage.write(_STEP_NAME.format(step), write)
 
     def _after_commit(self, step: int) -> None:
         """Record the commit, retire old checkpoints, discard leftovers found at start."""

@@ -29,24 +29,30 @@ def run_ahead(tasks: Iterable[Task[K, R]], workers: int) -> Iterator[tuple[K, R]
     """Yield ``(key, result)`` for each task, in order, keeping up to ``2 * workers`` in flight.
 
     ``tasks`` is consumed lazily, so preparing a task (resolving its data) also happens at most
-    that far ahead. An error in a task is raised when its turn comes; later tasks are cancelled.
+    that far ahead. Inline tasks run one ahead of the consumer: the next one starts (queues its
+    GPU work) before the previous result is yielded, and no further, since each result may hold
+    device memory until the consumer is done with it. An error in a task is raised when its turn
+    comes; later tasks are cancelled.
     """
-    pending: collections.deque[tuple[K, Future[R]]] = collections.deque()
+    pending: collections.deque[tuple[K, Future[R], bool]] = collections.deque()
     depth = 2 * max(1, workers)
+    inline_pending = 0
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckptzip-dcp")
     try:
         for task in tasks:
             if task.inline:
                 done: Future[R] = Future()
                 done.set_result(task.run())
-                pending.append((task.key, done))
+                pending.append((task.key, done, True))
+                inline_pending += 1
             else:
-                pending.append((task.key, pool.submit(task.run)))
-            while len(pending) >= depth:
-                key, future = pending.popleft()
+                pending.append((task.key, pool.submit(task.run), False))
+            while len(pending) >= depth or inline_pending > 1:
+                key, future, inline = pending.popleft()
+                inline_pending -= inline
                 yield key, future.result()
         while pending:
-            key, future = pending.popleft()
+            key, future, _ = pending.popleft()
             yield key, future.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -27,7 +27,7 @@ class PinnedPool:
 
     def __init__(self, buffer_bytes: int = BUFFER_BYTES, count: int | None = None) -> None:
         self.buffer_bytes = buffer_bytes
-        self.count = count or _pool_buffers()
+        self.count = count or _pool_buffers()  # sys.maxsize: a pool that grows as needed
         self._free: queue.Queue[torch.Tensor] = queue.Queue()
         self._created = 0
         self._lock = threading.Lock()
@@ -45,7 +45,16 @@ class PinnedPool:
         return self._free.get()
 
     def release(self, buffer: torch.Tensor) -> None:
-        self._free.put(buffer)
+        """Take back a buffer of this pool (other tensors are ignored)."""
+        if buffer.is_pinned() and buffer.numel() == self.buffer_bytes:
+            self._free.put(buffer)
+
+    def clear(self) -> None:
+        """Drop the free buffers, so their pinned memory is given back (buffers in use come back later)."""
+        with self._lock:
+            while not self._free.empty():
+                self._free.get_nowait()
+                self._created -= 1
 
 
 _POOL: PinnedPool | None = None

@@ -10,7 +10,9 @@ every batch in file order and builds its index entries.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import itertools
 import os
 import queue
 import threading
@@ -50,17 +52,20 @@ def _key(tensor: torch.Tensor, policy: Policy) -> BatchKey:
     return BatchKey("cuda", device)
 
 
-def plan_batches(tensors: list[torch.Tensor], policy: Policy) -> Iterator[tuple[BatchKey, list[int]]]:
+def plan_batches(tensors: list[torch.Tensor], policy: Policy, gpu_batch_bytes: int | None = None
+                 ) -> Iterator[tuple[BatchKey, list[int]]]:
     """Tensors encoded alike, in table order within a batch, in batches of about ``BATCH_BYTES``
-    of their backend. Tensors of other backends in between (an optimizer's CPU step counters
-    among CUDA moments) do not cut a batch; the file holds batches in the order they fill."""
+    of their backend (``gpu_batch_bytes`` on a GPU where given). Tensors of other backends in
+    between (an optimizer's CPU step counters among CUDA moments) do not cut a batch; the file
+    holds batches in the order they fill."""
+    limits = dict(BATCH_BYTES, **({"cuda": gpu_batch_bytes} if gpu_batch_bytes else {}))
     open_batches: dict[BatchKey, tuple[list[int], int]] = {}
     for i, t in enumerate(tensors):
         key = _key(t, policy)
         members, size = open_batches.get(key, ([], 0))
         members.append(i)
         size += t.numel() * t.element_size()
-        if size >= BATCH_BYTES[key.backend]:
+        if size >= limits[key.backend]:
             yield key, members
             open_batches.pop(key, None)
         else:
@@ -77,13 +82,27 @@ def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy) -> Encod
     return encode_batch(moved, policy, "cpu")
 
 
+@dataclass(frozen=True)
+class _Meta:
+    """What the index records of a tensor besides its bytes."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    device: str
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> _Meta:
+        return cls(tensor.dtype, tuple(tensor.shape), tensor.numel() * tensor.element_size(), str(tensor.device))
+
+
 @dataclass
 class _Record:
     """What the index needs of a batch once its bytes are written."""
 
     positions: list[int]  # table positions of the batch's tensors
     names: list[str]
-    tensors: list[torch.Tensor]
+    tensors: list[_Meta]
     batch: EncodedBatch
     meta: torch.Tensor  # int64: chunk digests, then tensor checksums (host)
 
@@ -99,7 +118,7 @@ class _Job:
     ready: torch.cuda.Event | None = None
 
 
-def _stage(positions: list[int], names: list[str], tensors: list[torch.Tensor], batch: EncodedBatch,
+def _stage(positions: list[int], names: list[str], tensors: list[_Meta], batch: EncodedBatch,
            pool: PinnedPool | None) -> Iterator[_Job]:
     """Move a batch's stored bytes and checksums to the host, a pinned buffer at a time (device
     batches: large async copies on the copy stream; host batches: nothing to move)."""
@@ -108,6 +127,9 @@ def _stage(positions: list[int], names: list[str], tensors: list[torch.Tensor], 
     if not stored.is_cuda:
         yield _Job((stored, stored.numel()), True, _Record(positions, names, tensors, batch, meta))
         return
+    # the record keeps the host columns only: device memory is freed once the copies have run
+    nothing = torch.empty(0, dtype=torch.uint8)
+    batch = dataclasses.replace(batch, stored=nothing, digests=nothing, checksums=nothing)
     assert pool is not None
     stream = copy_stream(stored.device)
     stream.wait_stream(torch.cuda.current_stream(stored.device))
@@ -152,9 +174,8 @@ class _Sink:
             except BaseException as exc:  # surfaced to the submitting thread
                 self._error = exc
             finally:
-                buffer = job.piece[0]
-                if buffer.is_pinned() and self._pool is not None and buffer.numel() == self._pool.buffer_bytes:
-                    self._pool.release(buffer)
+                if self._pool is not None:
+                    self._pool.release(job.piece[0])
 
     def _write(self, job: _Job) -> None:
         if job.ready is not None:
@@ -184,12 +205,12 @@ class _Sink:
             self.entries[position] = TensorEntry(
                 name=name,
                 dtype=DTYPE_NAMES[tensor.dtype],
-                shape=tuple(tensor.shape),
-                nbytes=tensor.numel() * tensor.element_size(),
+                shape=tensor.shape,
+                nbytes=tensor.nbytes,
                 checksum=f"wsum64:{int(checksums[t]) & _MASK64:016x}",
                 transforms=batch.transforms[t],
                 streams=streams,
-                device=str(tensor.device),
+                device=tensor.device,
             )
 
     def _writeback(self) -> None:
@@ -229,13 +250,61 @@ def _file_descriptor(f: BinaryIO) -> int | None:
 
 @contextlib.contextmanager
 def _side_streams(devices: set[torch.device]) -> Iterator[None]:
-    """Run on fresh streams of ``devices`` that first wait for the work already queued there."""
-    with contextlib.ExitStack() as stack:
-        for device in devices:
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            stack.enter_context(torch.cuda.stream(stream))
-        yield
+    """Run on fresh streams of ``devices`` that first wait for the work already queued there;
+    afterwards the caller's streams wait for what ran on them (so the caller's later kernels may
+    change the tensors that were read, without a host sync)."""
+    sides = []
+    try:
+        with contextlib.ExitStack() as stack:
+            for device in devices:
+                caller, stream = torch.cuda.current_stream(device), torch.cuda.Stream(device)
+                stream.wait_stream(caller)
+                stack.enter_context(torch.cuda.stream(stream))
+                sides.append((caller, stream))
+            yield
+    finally:
+        for caller, stream in sides:
+            caller.wait_stream(stream)
+
+
+def _encoded(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool | None,
+             on_progress: Callable[[int], None], gpu_batch_bytes: int | None = None,
+             only: list[int] | None = None) -> Iterator[_Job]:
+    """Every batch of the state (of tensors ``only``, where given) encoded and on its way to host
+    memory, as jobs in file order."""
+    chosen = list(range(len(tensors))) if only is None else only
+    plan = [(key, [chosen[i] for i in idx])
+            for key, idx in plan_batches([tensors[i] for i in chosen], policy, gpu_batch_bytes)]
+    cuda = {key.device for key, _ in plan if key.backend == "cuda"}
+    workers = cpu_threads() if THREAD_SAFE and any(key.backend == "cpu" for key, _ in plan) else 1
+    tasks = (
+        Task((key, idx), functools.partial(_encode, [tensors[i] for i in idx], key, policy),
+             inline=key.backend == "cuda")
+        for key, idx in plan
+    )
+    with _side_streams(cuda):
+        for (_, idx), batch in run_ahead(tasks, workers):
+            metas = [_Meta.of(tensors[i]) for i in idx]
+            yield from _stage(idx, [names[i] for i in idx], metas, batch, pool)
+            on_progress(sum(m.nbytes for m in metas))
+
+
+def _drain(jobs: Iterator[_Job], sink: _Sink) -> None:
+    try:
+        for job in jobs:
+            sink.submit(job)
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            sink.close()
+        raise
+    sink.close()
+
+
+def _finish(writer: ContainerWriter, sink: _Sink, tree: Any) -> list[TensorEntry]:
+    for entry in sink.entries:
+        writer.add_tensor(entry)  # type: ignore[arg-type]  # every position was written
+    writer.finish(tree)
+    return writer.tensors
 
 
 def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree: Any, policy: Policy,
@@ -243,29 +312,56 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
     """Write a whole container to ``f``: every tensor, then the index and trailer. Returns the
     tensor table."""
     writer = ContainerWriter(f)
-    plan = list(plan_batches(tensors, policy))
-    cuda = {key.device for key, _ in plan if key.backend == "cuda"}
-    pool = pinned_pool() if cuda else None
-    workers = cpu_threads() if THREAD_SAFE and any(key.backend == "cpu" for key, _ in plan) else 1
+    pool = pinned_pool() if any(t.is_cuda for t in tensors) else None
     sink = _Sink(writer, pool, f, len(tensors))
-    tasks = (
-        Task((key, idx), functools.partial(_encode, [tensors[i] for i in idx], key, policy),
-             inline=key.backend == "cuda")
-        for key, idx in plan
-    )
-    try:
-        with _side_streams(cuda):
-            for (_, idx), batch in run_ahead(tasks, workers):
-                batch_tensors = [tensors[i] for i in idx]
-                for job in _stage(idx, [names[i] for i in idx], batch_tensors, batch, pool):
-                    sink.submit(job)
-                on_progress(sum(t.numel() * t.element_size() for t in batch_tensors))
-    except BaseException:
-        with contextlib.suppress(BaseException):
-            sink.close()
-        raise
-    sink.close()
-    for entry in sink.entries:
-        writer.add_tensor(entry)  # type: ignore[arg-type]  # every position was written
-    writer.finish(tree)
-    return writer.tensors
+    _drain(_encoded(names, tensors, policy, pool, on_progress), sink)
+    return _finish(writer, sink, tree)
+
+
+@dataclass
+class StagedState:
+    """The CUDA tensors of a state, encoded on their devices, their stored bytes waiting in host
+    memory (pinned buffers of ``pool``) for :func:`write_staged`, which writes them with the rest
+    of the state, later and on another thread if need be."""
+
+    jobs: list[_Job]
+    pool: PinnedPool
+    rest: list[int]  # table positions of the tensors not staged (host tensors)
+
+    @property
+    def nbytes(self) -> int:
+        """Stored bytes held."""
+        return sum(job.piece[1] for job in self.jobs)
+
+    def release(self) -> None:
+        """Return the buffers to the pool (a write does this as it goes)."""
+        for job in self.jobs:
+            if job.ready is not None:
+                job.ready.synchronize()
+            self.pool.release(job.piece[0])
+        self.jobs = []
+
+
+def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
+                gpu_batch_bytes: int) -> StagedState:
+    """Encode the state's CUDA tensors in batches of about ``gpu_batch_bytes`` (so the GPU needs
+    little memory beyond the state) and start copying their stored bytes into ``pool``'s buffers,
+    which must not run out (a growing pool). Returns once the work is queued: the caller's current
+    streams wait for it, so its later kernels may change the tensors without a host sync."""
+    cuda = [i for i, t in enumerate(tensors) if t.is_cuda and policy.backend(t.device) == "cuda"]
+    jobs = list(_encoded(names, tensors, policy, pool, lambda _: None, gpu_batch_bytes, only=cuda))
+    chosen = set(cuda)
+    return StagedState(jobs, pool, [i for i in range(len(tensors)) if i not in chosen])
+
+
+def write_staged(f: BinaryIO, staged: StagedState, names: list[str], tensors: list[torch.Tensor], tree: Any,
+                 policy: Policy) -> list[TensorEntry]:
+    """Write a container: the staged tensors' stored bytes (their buffers go back to the pool as
+    they are written), then the others, encoded now from ``tensors`` (the staged positions of
+    ``tensors`` are not read)."""
+    writer = ContainerWriter(f)
+    sink = _Sink(writer, staged.pool, f, len(tensors))
+    jobs, staged.jobs = staged.jobs, []
+    rest = _encoded(names, tensors, policy, None, lambda _: None, only=staged.rest) if staged.rest else iter(())
+    _drain(itertools.chain(jobs, rest), sink)
+    return _finish(writer, sink, tree)
