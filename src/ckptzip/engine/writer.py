@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 import os
 import queue
 import threading
@@ -119,9 +118,10 @@ class _Job:
 
 
 def _stage(positions: list[int], names: list[str], tensors: list[_Meta], batch: EncodedBatch,
-           pool: PinnedPool | None) -> Iterator[_Job]:
+           pool: PinnedPool | None, encoded: torch.cuda.Event | None) -> Iterator[_Job]:
     """Move a batch's stored bytes and checksums to the host, a pinned buffer at a time (device
-    batches: large async copies on the copy stream; host batches: nothing to move)."""
+    batches: large async copies on the copy stream, after ``encoded``; host batches: nothing to
+    move)."""
     meta = torch.cat([batch.digests, batch.checksums])
     stored = batch.stored
     if not stored.is_cuda:
@@ -130,9 +130,9 @@ def _stage(positions: list[int], names: list[str], tensors: list[_Meta], batch: 
     # the record keeps the host columns only: device memory is freed once the copies have run
     nothing = torch.empty(0, dtype=torch.uint8)
     batch = dataclasses.replace(batch, stored=nothing, digests=nothing, checksums=nothing)
-    assert pool is not None
+    assert pool is not None and encoded is not None
     stream = copy_stream(stored.device)
-    stream.wait_stream(torch.cuda.current_stream(stored.device))
+    stream.wait_event(encoded)
     stored.record_stream(stream)
     meta.record_stream(stream)
     starts = list(range(0, stored.numel(), pool.buffer_bytes)) or [0]
@@ -161,7 +161,7 @@ class _Sink:
         self._pool = pool
         self._fd = _file_descriptor(f)
         self._flushed_to = 0
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=8)
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(8, pool.count if pool else 0))
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ckptzip-writer", daemon=True)
         self._thread.start()
@@ -267,11 +267,53 @@ def _side_streams(devices: set[torch.device]) -> Iterator[None]:
             caller.wait_stream(stream)
 
 
-def _encoded(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool | None,
-             on_progress: Callable[[int], None], gpu_batch_bytes: int | None = None,
-             only: list[int] | None = None) -> Iterator[_Job]:
-    """Every batch of the state (of tensors ``only``, where given) encoded and on its way to host
-    memory, as jobs in file order."""
+class _Stager:
+    """Moves encoded batches to host memory (:func:`_stage`) on a thread of its own, handing each
+    piece to ``deliver`` in order, so the encoding thread goes on to the next batch at once. At
+    most one batch waits in line (device memory stays bounded)."""
+
+    def __init__(self, pool: PinnedPool | None, deliver: Callable[[_Job], None]) -> None:
+        self._pool = pool
+        self._deliver = deliver
+        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=1)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ckptzip-stage", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # drain, so that put never blocks
+            try:
+                for job in _stage(*item, self._pool):
+                    self._deliver(job)
+            except BaseException as exc:  # surfaced to the encoding thread
+                self._error = exc
+
+    def put(self, positions: list[int], names: list[str], metas: list[_Meta], batch: EncodedBatch) -> None:
+        self.check()
+        encoded = None
+        if batch.stored.is_cuda:
+            encoded = torch.cuda.Event()
+            encoded.record(torch.cuda.current_stream(batch.stored.device))
+        self._queue.put((positions, names, metas, batch, encoded))
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Wait for every batch; raise the first error."""
+        self._queue.put(None)
+        self._thread.join()
+        self.check()
+
+
+def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, stager: _Stager,
+                on_progress: Callable[[int], None], gpu_batch_bytes: int | None = None,
+                only: list[int] | None = None) -> None:
+    """Encode every batch of the state (of tensors ``only``, where given) and hand it to
+    ``stager``, in file order."""
     chosen = list(range(len(tensors))) if only is None else only
     plan = [(key, [chosen[i] for i in idx])
             for key, idx in plan_batches([tensors[i] for i in chosen], policy, gpu_batch_bytes)]
@@ -285,19 +327,24 @@ def _encoded(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool
     with _side_streams(cuda):
         for (_, idx), batch in run_ahead(tasks, workers):
             metas = [_Meta.of(tensors[i]) for i in idx]
-            yield from _stage(idx, [names[i] for i in idx], metas, batch, pool)
+            stager.put(idx, [names[i] for i in idx], metas, batch)
             on_progress(sum(m.nbytes for m in metas))
 
 
-def _drain(jobs: Iterator[_Job], sink: _Sink) -> None:
+def _run_pipeline(encode: Callable[[_Stager], None], stager: _Stager, sink: _Sink | None) -> None:
+    """Run ``encode`` into ``stager`` (which feeds ``sink``); on any error stop both, raise it."""
     try:
-        for job in jobs:
-            sink.submit(job)
+        encode(stager)
+        stager.close()
     except BaseException:
         with contextlib.suppress(BaseException):
-            sink.close()
+            stager.close()
+        if sink is not None:
+            with contextlib.suppress(BaseException):
+                sink.close()
         raise
-    sink.close()
+    if sink is not None:
+        sink.close()
 
 
 def _finish(writer: ContainerWriter, sink: _Sink, tree: Any) -> list[TensorEntry]:
@@ -314,7 +361,8 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
     writer = ContainerWriter(f)
     pool = pinned_pool() if any(t.is_cuda for t in tensors) else None
     sink = _Sink(writer, pool, f, len(tensors))
-    _drain(_encoded(names, tensors, policy, pool, on_progress), sink)
+    _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress),
+                  _Stager(pool, sink.submit), sink)
     return _finish(writer, sink, tree)
 
 
@@ -349,7 +397,9 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
     which must not run out (a growing pool). Returns once the work is queued: the caller's current
     streams wait for it, so its later kernels may change the tensors without a host sync."""
     cuda = [i for i, t in enumerate(tensors) if t.is_cuda and policy.backend(t.device) == "cuda"]
-    jobs = list(_encoded(names, tensors, policy, pool, lambda _: None, gpu_batch_bytes, only=cuda))
+    jobs: list[_Job] = []
+    _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, lambda _: None, gpu_batch_bytes, cuda),
+                  _Stager(pool, jobs.append), None)
     chosen = set(cuda)
     return StagedState(jobs, pool, [i for i in range(len(tensors)) if i not in chosen])
 
@@ -362,6 +412,12 @@ def write_staged(f: BinaryIO, staged: StagedState, names: list[str], tensors: li
     writer = ContainerWriter(f)
     sink = _Sink(writer, staged.pool, f, len(tensors))
     jobs, staged.jobs = staged.jobs, []
-    rest = _encoded(names, tensors, policy, None, lambda _: None, only=staged.rest) if staged.rest else iter(())
-    _drain(itertools.chain(jobs, rest), sink)
+
+    def encode(stager: _Stager) -> None:
+        for job in jobs:
+            sink.submit(job)
+        if staged.rest:
+            _encode_all(names, tensors, policy, stager, lambda _: None, only=staged.rest)
+
+    _run_pipeline(encode, _Stager(None, sink.submit), sink)
     return _finish(writer, sink, tree)

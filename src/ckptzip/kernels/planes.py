@@ -20,9 +20,13 @@ import numpy as np
 import torch
 
 from ..checksum import wsum64_array
-from . import to_device, triton, use_triton
+from . import INTERPRET, to_device, triton, use_triton
 
-ELEMENTS_PER_PROGRAM = 4096
+ELEMENTS_PER_BLOCK = 4096  # elements a program handles at once
+# Few programs, so the address tables the host builds stay small (two under Triton's interpreter,
+# whose masked blocks cost as much as full ones; the result does not depend on it).
+BLOCKS_PER_PROGRAM = 2 if INTERPRET else 16
+ELEMENTS_PER_PROGRAM = ELEMENTS_PER_BLOCK * BLOCKS_PER_PROGRAM
 PLANE_ALIGN = 256  # bytes: plane starts in a planes buffer, so nvCOMP reads and writes them in place
 _SAMPLE_EVERY = 16  # programs whose bytes are counted into the plane histograms (GPU)
 _SAMPLE_ELEMENTS = 1 << 13  # elements sampled per tensor (CPU)
@@ -48,46 +52,55 @@ if triton is not None:
         return tl.sum(placed * ((elems // EPW) * 2 + 1).to(tl.int64), axis=0)
 
     @triton.jit
-    def _split_kernel(table, partial, hist, K: tl.constexpr, E: tl.constexpr, SAMPLE_EVERY: tl.constexpr):
-        # table row per program: source address, elements, first element, histogram row, K plane addresses
+    def _split_kernel(table, partial, hist, K: tl.constexpr, E: tl.constexpr, ITERS: tl.constexpr,
+                      SAMPLE_EVERY: tl.constexpr):
+        # table row per program: source address, elements, first element, histogram row, K plane
+        # addresses; a program splits ITERS blocks of E elements
         W: tl.constexpr = 4 + 8
         pid = tl.program_id(0)
         src = _element_ptr(tl.load(table + pid * W), K)
         n = tl.load(table + pid * W + 1)
-        e0 = tl.load(table + pid * W + 2)
-        elems = e0 + tl.arange(0, E)
-        mask = elems < n
-        x = tl.load(src + elems, mask=mask, other=0).to(tl.int64)
-        if K < 8:
-            x = x & ((1 << (8 * K)) - 1)
-        tl.store(partial + pid, _element_sum(x, elems, K))
-        sampled = ((e0 // E) % SAMPLE_EVERY == 0) & (e0 + E <= n)
+        first = tl.load(table + pid * W + 2)
         hist_row = hist + tl.load(table + pid * W + 3) * (8 * 256)
-        for j in tl.static_range(K):
-            plane = tl.load(table + pid * W + 4 + j).to(tl.pointer_type(tl.uint8))
-            b = ((x >> (8 * j)) & 0xFF).to(tl.uint8)
-            tl.store(plane + elems, b, mask=mask)
-            if sampled:
-                counts = tl.histogram(b.to(tl.int32), 256)
-                tl.atomic_add(hist_row + j * 256 + tl.arange(0, 256), counts)
+        total = tl.zeros((), dtype=tl.int64)
+        for it in range(ITERS):
+            e0 = first + it * E
+            elems = e0 + tl.arange(0, E)
+            mask = elems < n
+            x = tl.load(src + elems, mask=mask, other=0).to(tl.int64)
+            if K < 8:
+                x = x & ((1 << (8 * K)) - 1)
+            total += _element_sum(x, elems, K)
+            sampled = ((e0 // E) % SAMPLE_EVERY == 0) & (e0 + E <= n)
+            for j in tl.static_range(K):
+                plane = tl.load(table + pid * W + 4 + j).to(tl.pointer_type(tl.uint8))
+                b = ((x >> (8 * j)) & 0xFF).to(tl.uint8)
+                tl.store(plane + elems, b, mask=mask)
+                if sampled:
+                    counts = tl.histogram(b.to(tl.int32), 256)
+                    tl.atomic_add(hist_row + j * 256 + tl.arange(0, 256), counts)
+        tl.store(partial + pid, total)
 
     @triton.jit
-    def _merge_kernel(table, partial, K: tl.constexpr, E: tl.constexpr):
+    def _merge_kernel(table, partial, K: tl.constexpr, E: tl.constexpr, ITERS: tl.constexpr):
         # table row per program: output address, elements, first element, unused, K plane addresses
         W: tl.constexpr = 4 + 8
         pid = tl.program_id(0)
         dst = _element_ptr(tl.load(table + pid * W), K)
         n = tl.load(table + pid * W + 1)
-        e0 = tl.load(table + pid * W + 2)
-        elems = e0 + tl.arange(0, E)
-        mask = elems < n
-        x = tl.zeros((E,), dtype=tl.int64)
-        for j in tl.static_range(K):
-            plane = tl.load(table + pid * W + 4 + j).to(tl.pointer_type(tl.uint8))
-            b = tl.load(plane + elems, mask=mask, other=0).to(tl.int64)
-            x = x | (b << (8 * j))
-        tl.store(partial + pid, _element_sum(x, elems, K))
-        tl.store(dst + elems, x.to(dst.dtype.element_ty), mask=mask)
+        first = tl.load(table + pid * W + 2)
+        total = tl.zeros((), dtype=tl.int64)
+        for it in range(ITERS):
+            elems = first + it * E + tl.arange(0, E)
+            mask = elems < n
+            x = tl.zeros((E,), dtype=tl.int64)
+            for j in tl.static_range(K):
+                plane = tl.load(table + pid * W + 4 + j).to(tl.pointer_type(tl.uint8))
+                b = tl.load(plane + elems, mask=mask, other=0).to(tl.int64)
+                x = x | (b << (8 * j))
+            total += _element_sum(x, elems, K)
+            tl.store(dst + elems, x.to(dst.dtype.element_ty), mask=mask)
+        tl.store(partial + pid, total)
 
 
 def plane_layout(nbytes: Sequence[int], itemsize: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -122,7 +135,7 @@ def _launch(kernel: Any, device: torch.device, rows: list[np.ndarray], owner: np
     if owner.size:
         table_dev = to_device(table.reshape(-1), device)
         partial = torch.empty(owner.size, dtype=torch.int64, device=device)
-        kernel[(owner.size,)](table_dev, partial, *args, E=ELEMENTS_PER_PROGRAM, **meta)
+        kernel[(owner.size,)](table_dev, partial, *args, E=ELEMENTS_PER_BLOCK, ITERS=BLOCKS_PER_PROGRAM, **meta)
         sums.index_add_(0, to_device(owner, device), partial)
     return sums
 

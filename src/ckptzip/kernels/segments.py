@@ -14,50 +14,60 @@ import numpy as np
 import torch
 
 from ..checksum import wsum64_array
-from . import to_device, triton, use_triton
+from . import INTERPRET, to_device, triton, use_triton
 
-BLOCK = 8192  # bytes per program
+BLOCK = 8192  # bytes a program handles at once
+# Blocks per program: few programs, so the address tables the host builds stay small (two under
+# Triton's interpreter, whose masked blocks cost as much as full ones; sums do not depend on it).
+ITERS = 2 if INTERPRET else 8
+SPAN = BLOCK * ITERS  # bytes per program
 WORD_ALIGN = 16  # segments at such addresses, of such lengths, take the word-wise kernel
 
 if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _segments_kernel(table, partial, BLOCK: tl.constexpr, GATHER: tl.constexpr):
-        # table row per program: source address, destination address, bytes (<= BLOCK), first word
+    def _segments_kernel(table, partial, BLOCK: tl.constexpr, ITERS: tl.constexpr, GATHER: tl.constexpr):
+        # table row per program: source address, destination address, bytes (<= ITERS * BLOCK),
+        # first word; a program handles ITERS blocks of BLOCK bytes
         pid = tl.program_id(0)
         src = tl.load(table + pid * 4).to(tl.pointer_type(tl.uint8))
+        dst = tl.load(table + pid * 4 + 1).to(tl.pointer_type(tl.uint8))
         n = tl.load(table + pid * 4 + 2)
         word0 = tl.load(table + pid * 4 + 3)
         W: tl.constexpr = BLOCK // 8
-        offs = tl.arange(0, W)[:, None] * 8 + tl.arange(0, 8)[None, :]
-        mask = offs < n
-        x = tl.load(src + offs, mask=mask, other=0)
-        if GATHER:
-            dst = tl.load(table + pid * 4 + 1).to(tl.pointer_type(tl.uint8))
-            tl.store(dst + offs, x, mask=mask)
         shifts = (tl.arange(0, 8) * 8).to(tl.int64)[None, :]
-        words = tl.sum(x.to(tl.int64) << shifts, axis=1)
-        weights = (word0 + tl.arange(0, W)).to(tl.int64) * 2 + 1
-        tl.store(partial + pid, tl.sum(words * weights, axis=0))
+        total = tl.zeros((), dtype=tl.int64)
+        for it in range(ITERS):
+            offs = it * BLOCK + tl.arange(0, W)[:, None] * 8 + tl.arange(0, 8)[None, :]
+            mask = offs < n
+            x = tl.load(src + offs, mask=mask, other=0)
+            if GATHER:
+                tl.store(dst + offs, x, mask=mask)
+            words = tl.sum(x.to(tl.int64) << shifts, axis=1)
+            weights = (word0 + it * W + tl.arange(0, W)).to(tl.int64) * 2 + 1
+            total += tl.sum(words * weights, axis=0)
+        tl.store(partial + pid, total)
 
 
     @triton.jit
-    def _segments_words_kernel(table, partial, BLOCK: tl.constexpr, GATHER: tl.constexpr):
+    def _segments_words_kernel(table, partial, BLOCK: tl.constexpr, ITERS: tl.constexpr, GATHER: tl.constexpr):
         # as _segments_kernel, for 16-byte aligned addresses and lengths: whole words, vector loads
         pid = tl.program_id(0)
         src = tl.multiple_of(tl.load(table + pid * 4), 16).to(tl.pointer_type(tl.int64))
+        dst = tl.multiple_of(tl.load(table + pid * 4 + 1), 16).to(tl.pointer_type(tl.int64))
         n = tl.load(table + pid * 4 + 2) // 8
         word0 = tl.load(table + pid * 4 + 3)
         W: tl.constexpr = BLOCK // 8
-        i = tl.arange(0, W)
-        mask = i < n
-        x = tl.load(src + i, mask=mask, other=0)
-        if GATHER:
-            dst = tl.multiple_of(tl.load(table + pid * 4 + 1), 16).to(tl.pointer_type(tl.int64))
-            tl.store(dst + i, x, mask=mask)
-        weights = (word0 + i).to(tl.int64) * 2 + 1
-        tl.store(partial + pid, tl.sum(x * weights, axis=0))
+        total = tl.zeros((), dtype=tl.int64)
+        for it in range(ITERS):
+            i = it * W + tl.arange(0, W)
+            mask = i < n
+            x = tl.load(src + i, mask=mask, other=0)
+            if GATHER:
+                tl.store(dst + i, x, mask=mask)
+            total += tl.sum(x * ((word0 + i).to(tl.int64) * 2 + 1), axis=0)
+        tl.store(partial + pid, total)
 
 
 def _as_signed(values: np.ndarray) -> np.ndarray:
@@ -86,7 +96,7 @@ def segment_sums(
     if not use_triton(device):
         return _segment_sums_numpy(bases, base_index, offsets, lengths, outs, out_index, out_offsets)
     lengths = lengths.astype(np.int64)
-    pieces = -(-lengths // BLOCK)
+    pieces = -(-lengths // SPAN)
     owner = np.repeat(np.arange(count, dtype=np.int64), pieces)
     piece = np.arange(owner.size, dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)
     base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
@@ -97,10 +107,10 @@ def segment_sums(
     else:
         dst = np.zeros(count, dtype=np.int64)
     table = np.stack([
-        src[owner] + piece * BLOCK,
-        dst[owner] + piece * BLOCK,
-        np.minimum(BLOCK, lengths[owner] - piece * BLOCK),
-        piece * (BLOCK // 8),
+        src[owner] + piece * SPAN,
+        dst[owner] + piece * SPAN,
+        np.minimum(SPAN, lengths[owner] - piece * SPAN),
+        piece * (SPAN // 8),
     ], axis=1)
     sums = torch.zeros(count, dtype=torch.int64, device=device)
     if not owner.size:
@@ -112,7 +122,7 @@ def segment_sums(
         if rows.size:
             table_dev = to_device(table[rows].reshape(-1), device)
             part = torch.empty(rows.size, dtype=torch.int64, device=device)
-            kernel[(rows.size,)](table_dev, part, BLOCK=BLOCK, GATHER=bool(outs))
+            kernel[(rows.size,)](table_dev, part, BLOCK=BLOCK, ITERS=ITERS, GATHER=bool(outs))
             partial[to_device(rows, device)] = part
     sums.index_add_(0, to_device(owner, device), partial)
     return sums
