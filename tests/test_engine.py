@@ -213,3 +213,22 @@ def test_a_gpu_only_codec_without_a_gpu_says_what_is_missing() -> None:
         pytest.skip("this machine runs ans on its GPU")
     with pytest.raises(ckptzip.CodecUnavailableError, match=r"codec 'ans' cannot run on the GPU here: "):
         ckptzip.save({"w": torch.randn(5000)}, io.BytesIO(), codec="ans")
+
+
+@pytest.mark.gpu
+def test_a_reserved_slab_gives_pinned_buffers_that_copy_asynchronously_and_are_reused() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from ckptzip.engine.staging import PinnedPool
+    pool = PinnedPool(buffer_bytes=1 << 20, count=1 << 30)
+    pool.reserve(5 << 20)
+    buffers = [pool.acquire() for _ in range(5)]
+    assert all(b.is_pinned() for b in buffers)
+    source = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, device="cuda")
+    buffers[0].copy_(source, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(buffers[0], source.cpu())
+    for b in buffers:
+        pool.release(b)
+    pool.reserve(5 << 20)  # all free again: nothing new
+    assert {pool.acquire().data_ptr() for _ in range(5)} == {b.data_ptr() for b in buffers}

@@ -22,14 +22,32 @@ def _pool_buffers() -> int:
     return max(2, total // BUFFER_BYTES)
 
 
+class _Slab:
+    """Pageable memory made pinned by registering it with CUDA: for gigabytes several times faster
+    than allocating pinned memory (pages are touched by torch's thread pool, then registered at
+    about 40 GB/s). Unregistered when dropped, so nothing may use its memory after that."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.memory = torch.empty(nbytes, dtype=torch.uint8)
+        self.memory.fill_(0)  # fault every page in, on several threads
+        self._cudart = torch.cuda.cudart()
+        error = self._cudart.cudaHostRegister(self.memory.data_ptr(), nbytes, 0)
+        if int(error) != 0:
+            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {int(error)}")
+
+    def __del__(self) -> None:
+        self._cudart.cudaHostUnregister(self.memory.data_ptr())
+
+
 class PinnedPool:
-    """A fixed number of pinned host buffers, created on first use and reused."""
+    """Pinned host buffers, created on first use (at most ``count``) and reused."""
 
     def __init__(self, buffer_bytes: int = BUFFER_BYTES, count: int | None = None) -> None:
         self.buffer_bytes = buffer_bytes
         self.count = count or _pool_buffers()  # sys.maxsize: a pool that grows as needed
         self._free: queue.Queue[torch.Tensor] = queue.Queue()
         self._created = 0
+        self._slabs: list[_Slab] = []
         self._lock = threading.Lock()
 
     def acquire(self) -> torch.Tensor:
@@ -44,17 +62,32 @@ class PinnedPool:
                 return torch.empty(self.buffer_bytes, dtype=torch.uint8, pin_memory=True)
         return self._free.get()
 
+    def reserve(self, nbytes: int) -> None:
+        """Make sure about ``nbytes`` of buffers are free, creating the missing ones in one slab."""
+        with self._lock:
+            missing = min(-(-nbytes // self.buffer_bytes) - self._free.qsize(), self.count - self._created)
+            if missing <= 0:
+                return
+            slab = _Slab(missing * self.buffer_bytes)
+            self._slabs.append(slab)
+            self._created += missing
+            for i in range(missing):
+                self._free.put(slab.memory[i * self.buffer_bytes : (i + 1) * self.buffer_bytes])
+
     def release(self, buffer: torch.Tensor) -> None:
         """Take back a buffer of this pool (other tensors are ignored)."""
         if buffer.is_pinned() and buffer.numel() == self.buffer_bytes:
             self._free.put(buffer)
 
     def clear(self) -> None:
-        """Drop the free buffers, so their pinned memory is given back (buffers in use come back later)."""
+        """Give the pinned memory back; only when no buffer is in use (else nothing is dropped)."""
         with self._lock:
+            if self._free.qsize() != self._created:
+                return
             while not self._free.empty():
                 self._free.get_nowait()
-                self._created -= 1
+            self._created = 0
+            self._slabs.clear()
 
 
 _POOL: PinnedPool | None = None

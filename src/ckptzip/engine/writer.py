@@ -397,6 +397,8 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
     which must not run out (a growing pool). Returns once the work is queued: the caller's current
     streams wait for it, so its later kernels may change the tensors without a host sync."""
     cuda = [i for i, t in enumerate(tensors) if t.is_cuda and policy.backend(t.device) == "cuda"]
+    # stored bytes are at most about the raw size: one slab for them is quicker than many buffers
+    pool.reserve(sum(tensors[i].numel() * tensors[i].element_size() for i in cuda))
     jobs: list[_Job] = []
     _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, lambda _: None, gpu_batch_bytes, cuda),
                   _Stager(pool, jobs.append), None)
