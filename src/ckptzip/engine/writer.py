@@ -275,7 +275,8 @@ class _Stager:
     def __init__(self, pool: PinnedPool | None, deliver: Callable[[_Job], None]) -> None:
         self._pool = pool
         self._deliver = deliver
-        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=1)
+        self._queue: queue.Queue[tuple[list[int], list[str], list[_Meta], EncodedBatch, torch.cuda.Event | None] | None] = (
+            queue.Queue(maxsize=1))
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ckptzip-stage", daemon=True)
         self._thread.start()
@@ -285,7 +286,8 @@ class _Stager:
             if self._error is not None:
                 continue  # drain, so that put never blocks
             try:
-                for job in _stage(*item, self._pool):
+                positions, names, metas, batch, encoded = item
+                for job in _stage(positions, names, metas, batch, self._pool, encoded):
                     self._deliver(job)
             except BaseException as exc:  # surfaced to the encoding thread
                 self._error = exc
