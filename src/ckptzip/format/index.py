@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,8 +180,11 @@ def _check_keys(obj: dict, required: set[str], optional: set[str], what: str) ->
     _expect(keys <= required | optional, f"{what} has unknown keys {sorted(keys - required - optional)}")
 
 
+_HEX = re.compile(r"[0-9a-f]*")
+
+
 def _is_hex(v: Any, digits: int) -> bool:
-    return isinstance(v, str) and len(v) == digits and all(c in "0123456789abcdef" for c in v)
+    return isinstance(v, str) and len(v) == digits and _HEX.fullmatch(v) is not None
 
 
 def _is_device(v: Any) -> bool:
@@ -242,23 +246,41 @@ def _parse_stream(doc: Any, expected_nbytes: int, what: str) -> StreamEntry:
     _expect(doc["nbytes"] == expected_nbytes, f"{what} has nbytes {doc['nbytes']!r:.40}, expected {expected_nbytes}")
     chunks = doc["chunks"]
     _expect(isinstance(chunks, list), f"{what} has no chunk list")
-    parsed = []
-    for k, c in enumerate(chunks):
-        ok = (
-            isinstance(c, list)
-            and len(c) == 4
-            and _is_int(c[0])
-            and _is_int(c[1], 1)
-            and _is_int(c[2], 1, MAX_CHUNK_RAW)
-            and _is_hex(c[3], 16)
-        )
-        _expect(ok, f"{what} chunk {k} is {c!r:.80}, expected [offset, length, raw_length, xxh3]")
-        parsed.append(Chunk(*c))
+    if not _chunks_valid(chunks):  # find the first bad one, for the message
+        for k, c in enumerate(chunks):
+            ok = (
+                isinstance(c, list)
+                and len(c) == 4
+                and _is_int(c[0])
+                and _is_int(c[1], 1)
+                and _is_int(c[2], 1, MAX_CHUNK_RAW)
+                and _is_hex(c[3], 16)
+            )
+            _expect(ok, f"{what} chunk {k} is {c!r:.80}, expected [offset, length, raw_length, xxh3]")
+    parsed = [Chunk(*c) for c in chunks]
     total = sum(c.raw_length for c in parsed)
     _expect(total == expected_nbytes, f"{what}: chunks decode to {total} bytes, expected {expected_nbytes}")
     if codec["id"] == "raw":
         _expect(all(c.length == c.raw_length for c in parsed), f"{what}: a raw chunk's stored and decoded sizes differ")
     return StreamEntry(codec, expected_nbytes, parsed)
+
+
+def _chunks_valid(chunks: list) -> bool:
+    """Every chunk is [offset, length, raw_length, digest] within bounds (a few passes over the
+    columns: indexes of large states list tens of thousands of chunks)."""
+    if not all(type(c) is list and len(c) == 4 for c in chunks):
+        return False
+    if not chunks:
+        return True
+    offsets, lengths, raws, digests = zip(*chunks)
+    return (
+        all(type(v) is int for column in (offsets, lengths, raws) for v in column)
+        and min(offsets) >= 0 and max(offsets) <= 1 << 63
+        and min(lengths) >= 1 and max(lengths) <= 1 << 63
+        and min(raws) >= 1 and max(raws) <= MAX_CHUNK_RAW
+        and all(type(d) is str and len(d) == 16 for d in digests)
+        and _HEX.fullmatch("".join(digests)) is not None
+    )
 
 
 def _check_tiling(tensors: list[TensorEntry], data_end: int, table_order: bool) -> None:
