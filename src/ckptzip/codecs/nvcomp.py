@@ -152,6 +152,18 @@ def _slots(sizes: Sequence[int], alignment: int) -> tuple[list[int], int]:
     return offsets, end
 
 
+def _retry_out_of_memory(call: Callable[[], Any]) -> Any:
+    """``call()``; once more after emptying PyTorch's cache if nvCOMP ran out of device memory
+    (nvCOMP allocates its scratch with cudaMalloc, which cannot take blocks PyTorch caches)."""
+    try:
+        return call()
+    except RuntimeError as exc:
+        if "out of memory" not in str(exc):
+            raise
+        torch.cuda.empty_cache()
+        return call()
+
+
 def _views(buffer: torch.Tensor, offsets: Sequence[int], sizes: Sequence[int]) -> list[torch.Tensor]:
     """``buffer[offsets[i] : offsets[i] + sizes[i]]`` for every i, in one split."""
     ends = [*offsets[1:], buffer.numel()]
@@ -297,7 +309,7 @@ class _NvcompCodec(Codec):
             out = torch.empty(slot * len(sizes), dtype=torch.uint8, device=device)
             target = _nv.as_arrays(out, out_offsets.tolist(), [engine.slot_bytes()] * len(sizes),
                                    cuda_stream=engine.stream)
-            encoded = engine.codec.encode(source, out=target)
+            encoded = _retry_out_of_memory(lambda: engine.codec.encode(source, out=target))
             compressed = np.array(encoded.buffer_sizes, dtype=np.int64)  # waits for the sizes
         return out, out_offsets, compressed
 
@@ -362,12 +374,12 @@ class _NvcompCodec(Codec):
     def _run_decode(self, engine: _Engine, source: Any, target: Any, raw_sizes: list[int]) -> list[int]:
         if self.sizes_in_stream:
             # nvCOMP parses the sizes the streams declare, so a size that differs from the index is caught.
-            decoded = engine.codec.decode(source, out=target)
+            decoded = _retry_out_of_memory(lambda: engine.codec.decode(source, out=target))
         else:
             # A config built from the raw sizes spares nvCOMP a synchronising parse of every stream;
             # the output sizes still bound every write, and the tensor checksum checks the content.
             config = engine.codec.decompression_config(engine.codec.compression_config(raw_sizes))
-            decoded = engine.codec.decode(source, out=target, decompression_config=config)
+            decoded = _retry_out_of_memory(lambda: engine.codec.decode(source, out=target, decompression_config=config))
         return [int(n) for n in decoded.buffer_sizes]  # waits for nvCOMP's result
 
     def _decode_batch(
