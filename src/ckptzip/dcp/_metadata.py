@@ -27,7 +27,6 @@ from torch.distributed.checkpoint.metadata import (
 
 from ..api import load, save
 from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
-from ._storage import check_name
 
 METADATA_FILE = ".metadata.ckz"
 FORMAT = "ckptzip-dcp"
@@ -63,6 +62,25 @@ class StoredItem:
     pipeline: dict[str, Any]
     checksum: str
     tensor: int | None = None
+
+
+def check_name(name: object, source: str) -> str:
+    """``name`` if it is a plain file name (one path component, not hidden, at most 255 bytes),
+    else corruption."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name.encode("utf-8", "surrogatepass")) > 255
+        or name.startswith(".")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+    ):
+        raise CorruptCheckpointError(
+            f"{source}: data file name {name!r} is not a plain file name inside the checkpoint directory; "
+            "the metadata is damaged or was not written by ckptzip"
+        )
+    return name
 
 
 def check_planner_data(planner_data: Any) -> None:
