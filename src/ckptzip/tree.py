@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import collections
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,7 @@ def _join(path: str, key: object) -> str:
 class _Flattener:
     def __init__(self) -> None:
         self.tensors: list[FlatTensor] = []
-        self._by_view: dict[tuple, int] = {}
+        self._by_view: dict[tuple[Any, ...], int] = {}
         self._names: set[str] = set()
         # Containers by id -> number in pre-order; ``_seen`` keeps them alive so ids stay unique.
         self._numbers: dict[int, int] = {}
@@ -140,7 +140,7 @@ class _Flattener:
         return {"dict": pairs}
 
 
-def _view_key(t: torch.Tensor) -> tuple | None:
+def _view_key(t: torch.Tensor) -> tuple[Any, ...] | None:
     """Identity of a tensor view, so the same view stored twice is stored once."""
     if t.numel() == 0:
         return None
@@ -260,7 +260,7 @@ class _Unflattener:
                 raise
             raise CorruptCheckpointError(f"tree holds a malformed {tag!r} value: {exc}") from exc
 
-    def _decode_tagged(self, tag: str, body: Any, node: dict, depth: int) -> Any:
+    def _decode_tagged(self, tag: str, body: Any, node: dict[str, Any], depth: int) -> Any:
         expected_keys = {"odict": {"odict", "meta"}}.get(tag, {tag})
         if set(node) != expected_keys:
             raise CorruptCheckpointError(f"tree value has keys {sorted(node)}, expected {sorted(expected_keys)}")
@@ -295,8 +295,8 @@ class _Unflattener:
         raise CorruptCheckpointError(f"tree holds unknown value tag {tag!r}")
 
 
-    def _decode_dict(self, tag: str, body: Any, node: dict, depth: int) -> dict:
-        out: dict = {} if tag == "dict" else collections.OrderedDict()
+    def _decode_dict(self, tag: str, body: Any, node: dict[str, Any], depth: int) -> dict[Any, Any]:
+        out: dict[Any, Any] = {} if tag == "dict" else collections.OrderedDict()
         for pair in _list(body):
             key, value = _pair(pair)
             key = self.decode(key, depth + 1)
@@ -307,7 +307,7 @@ class _Unflattener:
         if tag == "odict":
             meta = self.decode(node["meta"], depth + 1)
             if meta is not None:
-                out._metadata = meta  # type: ignore[attr-defined]
+                setattr(out, "_metadata", meta)  # torch's state_dict metadata, an attribute of the OrderedDict
         return out
 
 
@@ -317,13 +317,13 @@ def _str(v: Any) -> str:
     return v
 
 
-def _list(v: Any) -> list:
+def _list(v: Any) -> list[Any]:
     if not isinstance(v, list):
         raise TypeError(f"expected an array, found {type(v).__name__}")
     return v
 
 
-def _pair(v: Any) -> Sequence:
+def _pair(v: Any) -> list[Any]:
     if not isinstance(v, list) or len(v) != 2:
         raise TypeError(f"expected a pair, found {v!r:.80}")
     return v

@@ -14,6 +14,8 @@ The GPU baselines also report codec throughput on the device (:meth:`NvcompZstd.
 from __future__ import annotations
 
 import abc
+import importlib
+import importlib.util
 import inspect
 import io
 import os
@@ -61,7 +63,7 @@ class SaveResult:
 
 
 def _synchronize() -> None:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
 
@@ -173,9 +175,7 @@ class Safetensors(Baseline):
     )
 
     def available(self) -> tuple[bool, str]:
-        try:
-            import safetensors.torch  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("safetensors") is None:
             return False, "needs the safetensors package: pip install safetensors"
         return True, ""
 
@@ -219,11 +219,8 @@ class Dcp(Baseline):
     summary = "torch.distributed.checkpoint FileSystemWriter, one process, no process group"
 
     def available(self) -> tuple[bool, str]:
-        try:
-            from torch.distributed.checkpoint.state_dict_loader import (  # noqa: F401
-                _load_state_dict_from_keys,
-            )
-        except ImportError:
+        loader = importlib.import_module("torch.distributed.checkpoint.state_dict_loader")
+        if not hasattr(loader, "_load_state_dict_from_keys"):
             return False, (
                 f"torch {torch.__version__} lacks torch.distributed.checkpoint's template-free "
                 "loader; use torch >= 2.5"
@@ -361,7 +358,7 @@ class _BlobBaseline(Baseline):
             filled = 0
             while filled < total:
                 filled += f.readinto(view[filled:]) or 0
-        return list(buffer.split(sizes))  # type: ignore[no-untyped-call]
+        return list(buffer.split(sizes))
 
 
 class CpuZstd(_BlobBaseline):
@@ -373,9 +370,7 @@ class CpuZstd(_BlobBaseline):
         self.threads = threads or os.cpu_count() or 1
 
     def available(self) -> tuple[bool, str]:
-        try:
-            import zstandard  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("zstandard") is None:
             return False, "needs zstandard: pip install zstandard"
         return True, ""
 
@@ -411,7 +406,7 @@ class CpuZstd(_BlobBaseline):
 
 def _zipnn_coder() -> Any:
     """The ``zipnn.ZipNN`` class; raises ``ImportError`` where ZipNN is not installed."""
-    from zipnn import ZipNN  # type: ignore[import-not-found]
+    from zipnn import ZipNN
 
     return ZipNN
 
@@ -493,8 +488,8 @@ class CodecThroughput:
 
 
 def _cuda_timed(fn: Callable[[], T]) -> tuple[T, float]:
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
     start.record()
     result = fn()
     end.record()
@@ -507,7 +502,7 @@ _NVCOMP_DATA_TYPES = {torch.float32: "<f4", torch.bfloat16: "<f2", torch.float16
 
 def _nvcomp() -> Any:
     """NVIDIA's ``nvidia.nvcomp`` module (call only where :meth:`_Nvcomp.available` holds)."""
-    from nvidia import nvcomp  # type: ignore[import-not-found]
+    from nvidia import nvcomp
 
     return nvcomp
 
@@ -570,7 +565,7 @@ class _Nvcomp(_BlobBaseline):
     def _encode(self, tensors: list[torch.Tensor]) -> list[Any]:
         encoded = self.encode_on_device([t.detach().to("cuda") for t in tensors])
         host = torch.empty(sum(b.numel() for b in encoded), dtype=torch.uint8, pin_memory=True)
-        parts = host.split([b.numel() for b in encoded])  # type: ignore[no-untyped-call]
+        parts = host.split([b.numel() for b in encoded])
         for part, blob in zip(parts, encoded, strict=True):
             part.copy_(blob, non_blocking=True)
         torch.cuda.current_stream().synchronize()

@@ -172,7 +172,7 @@ def _guarded(what: str, fn: Callable[[], Any]) -> Any:
     """``fn()``, or ``{"error": ...}`` if it raises: one failed measurement never ends the run."""
     try:
         return fn()
-    except Exception as exc:  # noqa: BLE001 - reported in the results
+    except Exception as exc:  # reported in the results
         traceback.print_exc()
         print(f"  {what} failed: {first_line(exc)}", flush=True)
         return {"error": first_line(exc)}
@@ -303,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
                 record["methods"] = []
                 _bench_state(label, preset, settings, ctx, record, save)
                 record["status"] = "ok"
-            except Exception as exc:  # noqa: BLE001 - the next state may still run
+            except Exception as exc:  # the next state may still run
                 traceback.print_exc()
                 record.update(status="failed", reason=first_line(exc))
                 del record["methods"]

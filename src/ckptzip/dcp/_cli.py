@@ -15,7 +15,7 @@ from ..storage import local_path, open_directory
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``dcp-convert`` subcommand to the ``ckptzip`` command line."""
-    parser = subparsers.add_parser(
+    parser: argparse.ArgumentParser = subparsers.add_parser(
         "dcp-convert",
         help="ckptzip DCP checkpoint directory <-> single .ckz file (direction from SRC)",
         description="Convert a DCP checkpoint written with ckptzip.dcp.CompressedStorageWriter to one "

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from torch.distributed.checkpoint import save as dcp_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict

@@ -162,10 +162,11 @@ class CompressedStorageReader(StorageReader):
             container = ContainerReader(stream)
         except CkptzipError as exc:
             raise type(exc)(f"data file {where}: {exc}") from exc
-        positions, devices, targets = [], [], []
+        positions: list[int] = []
+        devices: list[torch.device] = []
+        targets: list[list[torch.Tensor]] = []
         for stored, index, reqs in items:
-            self._check_bound(container, stored, index, where)
-            positions.append(stored.tensor)
+            positions.append(self._position(container, stored, index, where))
             if reqs[0].type == LoadItemType.BYTE_IO:
                 devices.append(torch.device("cpu"))
                 targets.append([])
@@ -179,17 +180,19 @@ class CompressedStorageReader(StorageReader):
             raise type(exc)(f"data file {where}: {exc}") from exc
         for (stored, index, reqs), value, tensors in zip(items, values, targets):
             if reqs[0].type == LoadItemType.BYTE_IO:
-                value = self._bytes_of(value, f"{describe(index)} in {where}")
-            self._deliver(index, reqs, tensors, value, planner)
+                self._deliver(index, reqs, tensors, self._bytes_of(value, f"{describe(index)} in {where}"), planner)
+            else:
+                self._deliver(index, reqs, tensors, value, planner)
 
-    def _check_bound(self, container: ContainerReader, stored: StoredItem, index: MetadataIndex, where: str) -> None:
-        """Raise unless the container's tensor of an item is the one the metadata recorded."""
-        if not 0 <= stored.tensor < len(container.tensors):  # type: ignore[operator]
+    def _position(self, container: ContainerReader, stored: StoredItem, index: MetadataIndex, where: str) -> int:
+        """The container's tensor of an item; raise unless it is the one the metadata recorded."""
+        position = stored.tensor
+        if position is None or not 0 <= position < len(container.tensors):
             raise CorruptCheckpointError(
-                f"{describe(index)}: the checkpoint metadata places it at tensor {stored.tensor} of {where}, "
+                f"{describe(index)}: the checkpoint metadata places it at tensor {position} of {where}, "
                 f"which holds {len(container.tensors)}; the data file and the metadata do not belong together"
             )
-        entry = container.tensors[stored.tensor]  # type: ignore[index]
+        entry = container.tensors[position]
         found = (pipeline(entry), entry.checksum)
         if found != (stored.pipeline, stored.checksum):
             raise CorruptCheckpointError(
@@ -197,6 +200,7 @@ class CompressedStorageReader(StorageReader):
                 f"is not the one the checkpoint metadata recorded (codec pipeline {stored.pipeline}, checksum "
                 f"{stored.checksum}); the data file and the metadata do not belong together"
             )
+        return position
 
     def _bytes_of(self, decoded: torch.Tensor, where: str) -> bytes:
         """A non-tensor item's serialized bytes, checked as torch's weights_only loader would."""

@@ -30,7 +30,7 @@ class Chunk:
     raw_length: int
     digest: str
 
-    def to_json(self) -> list:
+    def to_json(self) -> list[int | str]:
         return [self.offset, self.length, self.raw_length, self.digest]
 
 
@@ -46,7 +46,7 @@ class StreamEntry:
     def compressed_nbytes(self) -> int:
         return sum(c.length for c in self.chunks)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"codec": self.codec, "nbytes": self.nbytes, "chunks": [c.to_json() for c in self.chunks]}
 
 
@@ -72,7 +72,7 @@ class TensorEntry:
         """Codec id of each stream, in order."""
         return [s.codec["id"] for s in self.streams]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = {
             "name": self.name,
             "dtype": self.dtype,
@@ -154,7 +154,7 @@ def _is_int_list(v: Any, length: int | None = None) -> bool:
     return isinstance(v, list) and (length is None or len(v) == length) and all(_is_int(x) for x in v)
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         raise CorruptCheckpointError("the index has a JSON object with duplicate keys; the file is damaged")
@@ -174,7 +174,7 @@ def _load_json(raw: bytes) -> Any:
         raise CorruptCheckpointError(f"the index is not valid UTF-8 JSON ({exc}); the file is damaged") from exc
 
 
-def _check_keys(obj: dict, required: set[str], optional: set[str], what: str) -> None:
+def _check_keys(obj: dict[str, Any], required: set[str], optional: set[str], what: str) -> None:
     keys = set(obj)
     _expect(required <= keys, f"{what} lacks keys {sorted(required - keys)}")
     _expect(keys <= required | optional, f"{what} has unknown keys {sorted(keys - required - optional)}")

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ..checksum import wsum64_array
@@ -103,7 +104,7 @@ if triton is not None:
         tl.store(partial + pid, total)
 
 
-def plane_layout(nbytes: Sequence[int], itemsize: int) -> tuple[np.ndarray, np.ndarray, int]:
+def plane_layout(nbytes: Sequence[int] | npt.NDArray[np.int64], itemsize: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Where planes go in a planes buffer: each tensor's first plane offset and plane stride (both
     multiples of PLANE_ALIGN), and the buffer size."""
     n = np.asarray(nbytes, dtype=np.int64) // itemsize

@@ -31,7 +31,7 @@ import xxhash
 from .. import strictjson
 from ..checksum import xxh3_hex
 from ..errors import CorruptCheckpointError
-from .directory import Directory, FsspecDirectory, LocalDirectory, open_directory
+from .directory import FsspecDirectory, LocalDirectory, open_directory
 from .files import LEGACY_TEMP, host_hash, is_stale_temporary, write_error
 
 if TYPE_CHECKING:
@@ -90,7 +90,6 @@ def _describe_owner(raw: bytes) -> str:
 class Storage(abc.ABC):
     """Committed files of one directory, with atomic commits. Names are plain file names."""
 
-    directory: Directory
     location: str
 
     @abc.abstractmethod

@@ -207,12 +207,13 @@ class FsspecDirectory(Directory):
         except BaseException as exc:
             with contextlib.suppress(Exception):  # tidying: never hide the error that got us here
                 self.fs.rm_file(self.path(name))
-            if isinstance(exc, OSError) and (not isinstance(exc, CkptzipError) or isinstance(exc, StoreFailure)):
+            failure = exc if isinstance(exc, StoreFailure) or not isinstance(exc, CkptzipError) else None
+            if isinstance(failure, OSError):  # the store's, or the file system's
                 raise write_error(
-                    f"could not write checkpoint {self.where(name)}: {exc.strerror or exc}. It was not committed; "
-                    "committed checkpoints are untouched",
-                    exc.errno,
-                ) from (exc.__cause__ if isinstance(exc, StoreFailure) else exc)
+                    f"could not write checkpoint {self.where(name)}: {failure.strerror or failure}. It was not "
+                    "committed; committed checkpoints are untouched",
+                    failure.errno,
+                ) from (failure.__cause__ if isinstance(failure, StoreFailure) else failure)
             raise
 
     @contextlib.contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 import threading
-from typing import BinaryIO, Union
+from typing import IO, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -13,7 +13,7 @@ import numpy.typing as npt
 from ..errors import CorruptCheckpointError
 
 Bytes = npt.NDArray[np.uint8]
-Readable = Union[BinaryIO, bytes, bytearray, memoryview]
+Readable = Union[IO[bytes], bytes, bytearray, memoryview]
 
 
 class ByteSource:
@@ -26,7 +26,7 @@ class ByteSource:
         self._lock = threading.Lock()
         self._memory: Bytes | None = None
         self._fd: int | None = None
-        self._file: BinaryIO | None = None
+        self._file: IO[bytes] | None = None
         if isinstance(f, (bytes, bytearray, memoryview)):
             self._memory = np.frombuffer(f, dtype=np.uint8)
             return
@@ -83,7 +83,7 @@ class ByteSource:
             if got:  # one core per call, without the GIL: several threads copy at once
                 np.copyto(out[:got], self._memory[offset : offset + got])
             return got
-        view = memoryview(out)
+        view = out.data
         got = 0
         if self._fd is not None:
             while got < out.size:
@@ -103,7 +103,7 @@ class ByteSource:
         return got
 
     @staticmethod
-    def _readinto(f: BinaryIO, view: memoryview) -> int:
+    def _readinto(f: IO[bytes], view: memoryview) -> int:
         """``f.readinto(view)``, for file objects that only have ``read`` too."""
         readinto = getattr(f, "readinto", None)
         n = readinto(view) if readinto is not None else None
