@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import collections
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +45,63 @@ class Flattened:
     tensors: list[FlatTensor] = field(default_factory=list)
 
 
-def _join(path: str, key: object) -> str:
+def join_path(path: str, key: object) -> str:
+    """The dotted path of ``key`` inside the container at ``path`` (``"optimizer.state.3"``)."""
     return f"{path}.{key}" if path else str(key)
+
+
+def is_container(obj: Any) -> bool:
+    """Whether ckptzip stores ``obj`` as a container of values: a list, a tuple, a dict or an
+    OrderedDict (not their subclasses, whose state need not be in their items; a list
+    subclass is stored as a list)."""
+    return isinstance(obj, list) or type(obj) in (tuple, dict, collections.OrderedDict)
+
+
+def iter_leaves(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted path, value)`` for every value below the containers of ``obj``, in order."""
+    if isinstance(obj, (list, tuple)) and is_container(obj):
+        for index, value in enumerate(obj):
+            yield from iter_leaves(value, join_path(path, index))
+    elif is_container(obj):
+        for key, value in obj.items():
+            yield from iter_leaves(value, join_path(path, key))
+    else:
+        yield path, obj
+
+
+DROP: Any = object()
+"""What a function given to :func:`map_tree` returns to leave a value out: a dict entry (for a
+key or its value) is dropped, a list or tuple item becomes ``None`` so positions hold."""
+
+
+def map_tree(
+    obj: Any, value: Callable[[Any, str], Any], key: Callable[[Any, str], Any] | None = None, path: str = ""
+) -> Any:
+    """``obj`` with ``value(leaf, path)`` applied to every leaf below its containers (and
+    ``key(dict_key, path)`` to every dict key), the containers rebuilt with their types (and an
+    OrderedDict's ``_metadata``). A container in which nothing changed is returned itself, so
+    the common case copies nothing."""
+    if isinstance(obj, (list, tuple)) and is_container(obj):
+        values = [map_tree(v, value, key, join_path(path, i)) for i, v in enumerate(obj)]
+        if all(new is old for new, old in zip(values, obj)):
+            return obj
+        kept = (None if v is DROP else v for v in values)
+        return tuple(kept) if type(obj) is tuple else list(kept)
+    if not is_container(obj):
+        return value(obj, path)
+    items, changed = [], False
+    for k, v in obj.items():
+        new_key = k if key is None else key(k, join_path(path, f"<key {k!r}>"))
+        new_value = v if new_key is DROP else map_tree(v, value, key, join_path(path, k))
+        changed |= new_key is not k or new_value is not v
+        if new_key is not DROP and new_value is not DROP:
+            items.append((new_key, new_value))
+    if not changed:
+        return obj
+    out = type(obj)(items)
+    if hasattr(obj, "_metadata"):
+        setattr(out, "_metadata", obj._metadata)  # torch's state_dict metadata, an attribute of the OrderedDict
+    return out
 
 
 class _Flattener:
@@ -128,15 +183,15 @@ class _Flattener:
 
     def encode_container(self, obj: Any, path: str, depth: int) -> Any:
         if isinstance(obj, list):
-            return [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(obj)]
+            return [self.encode(v, join_path(path, i), depth + 1) for i, v in enumerate(obj)]
         if type(obj) is tuple:
-            return {"tuple": [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(obj)]}
+            return {"tuple": [self.encode(v, join_path(path, i), depth + 1) for i, v in enumerate(obj)]}
         pairs = [
-            [self.encode(k, path, depth + 1), self.encode(v, _join(path, k), depth + 1)] for k, v in obj.items()
+            [self.encode(k, path, depth + 1), self.encode(v, join_path(path, k), depth + 1)] for k, v in obj.items()
         ]
         if isinstance(obj, collections.OrderedDict):
             meta = getattr(obj, "_metadata", None)
-            return {"odict": pairs, "meta": self.encode(meta, _join(path, "_metadata"), depth + 1)}
+            return {"odict": pairs, "meta": self.encode(meta, join_path(path, "_metadata"), depth + 1)}
         return {"dict": pairs}
 
 

@@ -21,8 +21,7 @@ import io
 import os
 import time
 import warnings
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from torch.utils.dlpack import from_dlpack
 
 from ckptzip.bench.measure import flat_tensors, iter_tensors, tensor_nbytes
 from ckptzip.errors import CheckpointWriteError, CodecUnavailableError, CorruptCheckpointError
+from ckptzip.tree import map_tree
 
 __all__ = [
     "BASELINES",
@@ -137,15 +137,9 @@ class Baseline(abc.ABC):
 
 
 def _map_tensors(state: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Copy the containers of ``state`` (dict, OrderedDict, list, tuple), applying ``fn`` to tensors."""
-    if isinstance(state, torch.Tensor):
-        return fn(state)
-    if isinstance(state, Mapping):
-        items = ((k, _map_tensors(v, fn)) for k, v in state.items())
-        return OrderedDict(items) if isinstance(state, OrderedDict) else dict(items)
-    if isinstance(state, (list, tuple)):
-        return type(state)(_map_tensors(v, fn) for v in state)
-    return state
+    """``state`` with ``fn`` applied to its tensors (in :func:`iter_tensors` order), containers
+    rebuilt where something changed."""
+    return map_tree(state, lambda value, _: fn(value) if isinstance(value, torch.Tensor) else value)
 
 
 # ------------------------------------------------------------------------------ torch.save
@@ -207,11 +201,7 @@ def _single_process() -> Iterator[None]:
 
 
 def _string_keys(state: Any) -> Any:
-    if isinstance(state, Mapping):
-        return {str(k): _string_keys(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_string_keys(v) for v in state)
-    return state
+    return map_tree(state, lambda value, _: value, lambda key, _: str(key))
 
 
 class Dcp(Baseline):

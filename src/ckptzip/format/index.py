@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .. import strictjson
 from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
 from ..transforms import get_transform
 from .spec import DTYPES, FORMAT_NAME, KNOWN_MINORS, MAX_CHUNK_RAW, MAX_DIMS, PREAMBLE_SIZE, READABLE_MAJORS, VERSION
@@ -113,7 +114,7 @@ class Index:
     @classmethod
     def parse(cls, raw: bytes, data_end: int) -> Index:
         """Parse and validate index bytes of a file whose data section ends at ``data_end``."""
-        doc = _load_json(raw)
+        doc = strictjson.loads(raw, "the index")
         _expect(isinstance(doc, dict), "the index is not a JSON object")
         version = doc.get("version")
         _expect(_is_int_list(version, 2), f"index 'version' is {version!r:.40}, expected [major, minor]")
@@ -152,26 +153,6 @@ def _is_int(v: Any, lo: int = 0, hi: int = 1 << 63) -> bool:
 
 def _is_int_list(v: Any, length: int | None = None) -> bool:
     return isinstance(v, list) and (length is None or len(v) == length) and all(_is_int(x) for x in v)
-
-
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise CorruptCheckpointError("the index has a JSON object with duplicate keys; the file is damaged")
-    return out
-
-
-def _reject_constant(name: str) -> None:
-    raise CorruptCheckpointError(f"the index holds the non-JSON constant {name}; the file is damaged")
-
-
-def _load_json(raw: bytes) -> Any:
-    try:
-        return json.loads(
-            raw.decode("utf-8"), object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant
-        )
-    except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, integers past Python's digit limit
-        raise CorruptCheckpointError(f"the index is not valid UTF-8 JSON ({exc}); the file is damaged") from exc
 
 
 def _check_keys(obj: dict[str, Any], required: set[str], optional: set[str], what: str) -> None:
