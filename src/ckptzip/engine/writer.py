@@ -312,7 +312,7 @@ class _Stager:
 
 
 def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, stager: _Stager,
-                on_progress: Callable[[int], None], gpu_batch_bytes: int | None = None,
+                on_progress: Callable[[int], object], gpu_batch_bytes: int | None = None,
                 only: list[int] | None = None) -> None:
     """Encode every batch of the state (of tensors ``only``, where given) and hand it to
     ``stager``, in file order."""
