@@ -246,7 +246,7 @@ def _parse_stream(doc: Any, expected_nbytes: int, what: str) -> StreamEntry:
     return StreamEntry(codec, expected_nbytes, parsed)
 
 
-def _chunks_valid(chunks: list) -> bool:
+def _chunks_valid(chunks: list[Any]) -> bool:
     """Every chunk is [offset, length, raw_length, digest] within bounds (a few passes over the
     columns: indexes of large states list tens of thousands of chunks)."""
     if not all(type(c) is list and len(c) == 4 for c in chunks):
