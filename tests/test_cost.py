@@ -284,7 +284,7 @@ def test_from_bench_rejects_unreadable_files(capsys: pytest.CaptureFixture[str],
     broken.write_text("{not json", encoding="utf-8")
     status, _, err = _run(capsys, "--from-bench", str(broken))
     assert status == 2
-    assert err.startswith(f"ckptzip cost: error: benchmark file {str(broken)!r} is not valid JSON: ")
+    assert err.startswith(f"ckptzip cost: error: benchmark file {str(broken)!r} is not valid UTF-8 JSON (")
 
 
 def test_from_checkpoint_reads_a_saved_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -13,10 +13,10 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "ckptzip"
 
 # Floor of each top-level module or package of ckptzip, bottom up.
 FLOORS = {
-    "_version": 0, "errors": 0,
-    "checksum": 1, "codecs": 1, "transforms": 1,
+    "_version": 0, "errors": 0, "strictjson": 0,
+    "checksum": 1, "storage": 1, "codecs": 1, "transforms": 1,
     "kernels": 2, "format": 2,
-    "tree": 3, "storage": 3, "report": 3,
+    "tree": 3, "report": 3,
     "engine": 4,
     "api": 5,
     "convert": 6, "manager": 6, "dcp": 6,

@@ -23,7 +23,8 @@ from torch import nn
 
 import ckptzip
 from ckptzip.manager import CheckpointManager, capture_rng_state, restore_rng_state
-from ckptzip.storage import _TEMP, LOCK_NAME
+from ckptzip.storage import LOCK_NAME
+from ckptzip.storage.files import _TEMP
 
 
 def big_state(step: int) -> dict[str, Any]:

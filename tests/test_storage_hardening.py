@@ -24,11 +24,10 @@ import torch
 from helpers import assert_same
 
 import ckptzip
-from ckptzip import storage
-from ckptzip.dcp._storage import CheckpointDir
+from ckptzip.storage import files
 from ckptzip.errors import CheckpointNotFoundError, CheckpointWriteError, UnsupportedObjectError
 from ckptzip.manager import CheckpointManager
-from ckptzip.storage import LOCK_NAME, open_storage
+from ckptzip.storage import LOCK_NAME, open_directory, open_storage
 
 STATE = {"w": torch.arange(6, dtype=torch.float32), "step": 1}
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -114,7 +113,7 @@ def test_a_failed_directory_sync_after_the_rename_says_the_file_is_there(
     def fail(directory: Path) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(storage, "_fsync_dir", fail)
+    monkeypatch.setattr(files, "fsync_dir", fail)
     path = tmp_path / "x.ckz"
     with pytest.raises(CheckpointWriteError, match="was written and renamed into place, but syncing its directory failed"):
         ckptzip.save(STATE, path)
@@ -138,9 +137,9 @@ def test_save_removes_temporaries_a_killed_save_of_the_same_target_left(tmp_path
     _kill(proc)
     (leftover,) = os.listdir(tmp_path)
     assert leftover.startswith(".ckz-") and leftover.endswith(f"-{proc.pid}-{leftover[-12:-4]}.tmp")
-    other = tmp_path / leftover.replace(storage._hash8("model.ckz"), storage._hash8("other.ckz"))
+    other = tmp_path / leftover.replace(files._hash8("model.ckz"), files._hash8("other.ckz"))
     other.write_bytes(b"another target's")
-    mine = tmp_path / storage._temp_name("model.ckz")  # a live writer: this process
+    mine = tmp_path / files._temp_name("model.ckz")  # a live writer: this process
     mine.write_bytes(b"in flight")
     ckptzip.save(STATE, target)
     assert sorted(os.listdir(tmp_path)) == sorted(["model.ckz", other.name, mine.name])
@@ -181,7 +180,7 @@ def test_file_urls_name_absolute_paths(tmp_path: Path, prefix: str, monkeypatch:
         manager.save(1, STATE)
     assert os.listdir(run) == ["step_00000001.ckz"]
     assert sorted(os.listdir(tmp_path)) == ["abs"]  # nothing under the working directory
-    assert CheckpointDir(url).exists("step_00000001.ckz")
+    assert open_directory(url).exists("step_00000001.ckz")
 
 
 def test_a_file_url_of_another_host_is_refused() -> None:

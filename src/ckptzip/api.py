@@ -17,13 +17,13 @@ from .format import ContainerReader, TensorEntry
 from .storage import atomic_file, open_for_read
 from .tree import flatten, unflatten
 
-PathOrFile = Union[str, os.PathLike, BinaryIO]
+PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 Source = Union[PathOrFile, bytes, bytearray, memoryview]
 CodecArg = Union[str, Policy]
-MapLocation = Union[None, str, torch.device, dict]
+MapLocation = Union[None, str, torch.device, dict[str, Any]]
 
 
-def _progress(total: int, enabled: bool, desc: str) -> tqdm:
+def _progress(total: int, enabled: bool, desc: str) -> tqdm[Any]:
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not enabled, leave=False)
 
 
@@ -97,12 +97,11 @@ class CheckpointReader:
     """Lazy access to a checkpoint: the index is read and validated up front, tensors on demand."""
 
     def __init__(self, f: Source, *, map_location: MapLocation = None, max_bytes: int | None = None) -> None:
-        self._owned = isinstance(f, (str, os.PathLike))
-        if self._owned:
-            f = open_for_read(f)  # refuses FIFOs and devices instead of blocking on them
-        self._file: BinaryIO = f  # type: ignore[assignment]
+        self._owned: BinaryIO | None = None  # a file this reader opened, and closes
+        if isinstance(f, (str, os.PathLike)):
+            f = self._owned = open_for_read(f)  # refuses FIFOs and devices instead of blocking on them
         try:
-            self._reader = ContainerReader(self._file)
+            self._reader = ContainerReader(f)
         except BaseException:
             self.close()
             raise
@@ -172,8 +171,8 @@ class CheckpointReader:
     def close(self) -> None:
         if hasattr(self, "_reader"):
             self._reader.source.close()
-        if self._owned:
-            self._file.close()
+        if self._owned is not None:
+            self._owned.close()
 
     def __enter__(self) -> CheckpointReader:
         return self
@@ -182,8 +181,7 @@ class CheckpointReader:
         self.close()
 
 
-def open(path: Source, *, map_location: MapLocation = None, max_bytes: int | None = None  # noqa: A001
-         ) -> CheckpointReader:
+def open(path: Source, *, map_location: MapLocation = None, max_bytes: int | None = None) -> CheckpointReader:
     """Open a checkpoint (a path, a binary file, or its bytes) for lazy, per-tensor reads:
     ``ckptzip.open(p)["model.w"]``. ``max_bytes``: as for :func:`load`."""
     return CheckpointReader(path, map_location=map_location, max_bytes=max_bytes)

@@ -11,6 +11,7 @@ NumPy, which releases the GIL, so threads checksum in parallel.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import torch
 import xxhash
 
@@ -20,11 +21,11 @@ _BLOCK_WEIGHTS = np.arange(1, 2 * _BLOCK_WORDS, 2, dtype=np.uint64)
 _TORCH_BLOCK_WORDS = 1 << 26
 
 
-def xxh3_hex(data: torch.Tensor | bytes | bytearray | memoryview) -> str:
-    """XXH3-64 (seed 0) of bytes or a 1-D uint8 CPU tensor, as 16 lowercase hex digits."""
+def xxh3_hex(data: torch.Tensor | npt.NDArray[np.uint8] | bytes | bytearray | memoryview) -> str:
+    """XXH3-64 (seed 0) of bytes or a 1-D uint8 CPU tensor or array, as 16 lowercase hex digits."""
     if isinstance(data, torch.Tensor):
         data = data.numpy()
-    return f"{xxhash.xxh3_64_intdigest(data):016x}"
+    return f"{xxhash.xxh3_64_intdigest(data.data if isinstance(data, np.ndarray) else data):016x}"
 
 
 def wsum64_array(raw: np.ndarray) -> int:

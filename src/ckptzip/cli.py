@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TextIO
 
 from . import api
@@ -143,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _plugin_modules() -> list:
+def _plugin_modules() -> list[ModuleType]:
     """Subcommands that live with their subsystem: each has ``add_parser(sub)`` and ``run(args)``."""
     from . import cost, dcp
     from .bench import run as bench

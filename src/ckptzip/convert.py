@@ -13,11 +13,11 @@ from .errors import CkptzipError, UnsupportedObjectError
 from .storage import atomic_file, open_for_read
 
 
-def is_safetensors(path: str | os.PathLike) -> bool:
+def is_safetensors(path: str | os.PathLike[str]) -> bool:
     return Path(path).suffix == ".safetensors"
 
 
-def read_foreign(path: str | os.PathLike) -> Any:
+def read_foreign(path: str | os.PathLike[str]) -> Any:
     """Load a torch.save file (``weights_only=True``: no code runs) or a .safetensors file."""
     if is_safetensors(path):
         return _read_safetensors(path)
@@ -33,7 +33,7 @@ def read_foreign(path: str | os.PathLike) -> Any:
         ) from exc
 
 
-def _read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+def _read_safetensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     try:
@@ -57,7 +57,7 @@ def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_foreign(obj: Any, path: str | os.PathLike) -> None:
+def write_foreign(obj: Any, path: str | os.PathLike[str]) -> None:
     """Write ``obj`` as .safetensors (a flat dict of tensors; tied tensors become copies) or as a
     torch.save file, atomically."""
     if is_safetensors(path):
@@ -79,7 +79,7 @@ def write_foreign(obj: Any, path: str | os.PathLike) -> None:
             torch.save(obj, f)
 
 
-def convert(src: str | os.PathLike, dst: str | os.PathLike, *, codec: str, progress: bool = False) -> None:
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: str, progress: bool = False) -> None:
     """Re-encode a .ckz file with another codec; GPU-only codecs decode on a GPU when present."""
     location = "cuda" if torch.cuda.is_available() else "cpu"
     obj = api.load(src, map_location=location, progress=progress)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptzip.api import open as open_checkpoint
+from ckptzip import strictjson
 from ckptzip.errors import CkptzipError
 
 GIB = 2**30
@@ -213,12 +214,12 @@ def scenario(inputs: CostInputs, ratio: float | None) -> Scenario:
 def ratio_from_bench(path: str | os.PathLike[str], method: str = DEFAULT_BENCH_METHOD) -> float:
     """The ratio of ``method`` in a benchmark JSON: ``{"methods": [{"name": ..., "ratio": ...}, ...]}``."""
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as e:
         raise CostInputError(f"cannot read benchmark file {os.fspath(path)!r}: {e.strerror or e}") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CostInputError(f"benchmark file {os.fspath(path)!r} is not valid JSON: {e}") from e
+    doc = strictjson.loads(raw, f"benchmark file {os.fspath(path)!r}", error=CostInputError,
+                           advice="pass a file written by `ckptzip bench --out-json`")
     methods = doc.get("methods") if isinstance(doc, dict) else None
     if not isinstance(methods, list):
         raise CostInputError(f"benchmark file {os.fspath(path)!r} has no \"methods\" list; expected "

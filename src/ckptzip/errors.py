@@ -14,6 +14,9 @@ class CkptzipError(Exception):
 class CorruptCheckpointError(CkptzipError, ValueError):
     """A file or buffer is damaged: bad magic, bad checksum, bad structure, truncation."""
 
+    #: Where a codec knows it: the position of the damaged chunk among those of one decode call.
+    chunk: int | None = None
+
 
 class UnsupportedFormatError(CkptzipError, ValueError):
     """The file is a ckptzip file of a format version or feature this reader does not know."""

@@ -66,7 +66,7 @@ def capture_rng_state() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -191,11 +191,11 @@ class _SnapshotPool:
             current = torch.cuda.current_stream(device)
             side = self._side_streams.get(device)
             if side is None:
-                side = self._side_streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+                side = self._side_streams[device] = torch.cuda.Stream(device)
             side.wait_stream(current)  # the state is final once the caller's queued kernels ran
             with torch.cuda.stream(side):
                 _copy_batched([copies[i] for i in members], [sources[i] for i in members], non_blocking=True)
-            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done = torch.cuda.Event()
             done.record(side)
             current.wait_event(done)  # later kernels of the caller may overwrite the sources
             ready.append(done)
@@ -235,7 +235,7 @@ class _SnapshotPool:
     def _worker_stream(self, device: torch.device) -> torch.cuda.Stream:
         stream = self._worker_streams.get(device)
         if stream is None:
-            stream = self._worker_streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            stream = self._worker_streams[device] = torch.cuda.Stream(device)
         return stream
 
     def clear(self) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import collections
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,14 +45,69 @@ class Flattened:
     tensors: list[FlatTensor] = field(default_factory=list)
 
 
-def _join(path: str, key: object) -> str:
+def join_path(path: str, key: object) -> str:
+    """The dotted path of ``key`` inside the container at ``path`` (``"optimizer.state.3"``)."""
     return f"{path}.{key}" if path else str(key)
+
+
+def is_container(obj: Any) -> bool:
+    """Whether ckptzip stores ``obj`` as a container of values: a list, a tuple, a dict or an
+    OrderedDict (not their subclasses, whose state need not be in their items; a list
+    subclass is stored as a list)."""
+    return isinstance(obj, list) or type(obj) in (tuple, dict, collections.OrderedDict)
+
+
+def iter_leaves(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted path, value)`` for every value below the containers of ``obj``, in order."""
+    if isinstance(obj, (list, tuple)) and is_container(obj):
+        for index, value in enumerate(obj):
+            yield from iter_leaves(value, join_path(path, index))
+    elif is_container(obj):
+        for key, value in obj.items():
+            yield from iter_leaves(value, join_path(path, key))
+    else:
+        yield path, obj
+
+
+DROP: Any = object()
+"""What a function given to :func:`map_tree` returns to leave a value out: a dict entry (for a
+key or its value) is dropped, a list or tuple item becomes ``None`` so positions hold."""
+
+
+def map_tree(
+    obj: Any, value: Callable[[Any, str], Any], key: Callable[[Any, str], Any] | None = None, path: str = ""
+) -> Any:
+    """``obj`` with ``value(leaf, path)`` applied to every leaf below its containers (and
+    ``key(dict_key, path)`` to every dict key), the containers rebuilt with their types (and an
+    OrderedDict's ``_metadata``). A container in which nothing changed is returned itself, so
+    the common case copies nothing."""
+    if isinstance(obj, (list, tuple)) and is_container(obj):
+        values = [map_tree(v, value, key, join_path(path, i)) for i, v in enumerate(obj)]
+        if all(new is old for new, old in zip(values, obj)):
+            return obj
+        kept = (None if v is DROP else v for v in values)
+        return tuple(kept) if type(obj) is tuple else list(kept)
+    if not is_container(obj):
+        return value(obj, path)
+    items, changed = [], False
+    for k, v in obj.items():
+        new_key = k if key is None else key(k, join_path(path, f"<key {k!r}>"))
+        new_value = v if new_key is DROP else map_tree(v, value, key, join_path(path, k))
+        changed |= new_key is not k or new_value is not v
+        if new_key is not DROP and new_value is not DROP:
+            items.append((new_key, new_value))
+    if not changed:
+        return obj
+    out = type(obj)(items)
+    if hasattr(obj, "_metadata"):
+        setattr(out, "_metadata", obj._metadata)  # torch's state_dict metadata, an attribute of the OrderedDict
+    return out
 
 
 class _Flattener:
     def __init__(self) -> None:
         self.tensors: list[FlatTensor] = []
-        self._by_view: dict[tuple, int] = {}
+        self._by_view: dict[tuple[Any, ...], int] = {}
         self._names: set[str] = set()
         # Containers by id -> number in pre-order; ``_seen`` keeps them alive so ids stay unique.
         self._numbers: dict[int, int] = {}
@@ -128,19 +183,19 @@ class _Flattener:
 
     def encode_container(self, obj: Any, path: str, depth: int) -> Any:
         if isinstance(obj, list):
-            return [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(obj)]
+            return [self.encode(v, join_path(path, i), depth + 1) for i, v in enumerate(obj)]
         if type(obj) is tuple:
-            return {"tuple": [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(obj)]}
+            return {"tuple": [self.encode(v, join_path(path, i), depth + 1) for i, v in enumerate(obj)]}
         pairs = [
-            [self.encode(k, path, depth + 1), self.encode(v, _join(path, k), depth + 1)] for k, v in obj.items()
+            [self.encode(k, path, depth + 1), self.encode(v, join_path(path, k), depth + 1)] for k, v in obj.items()
         ]
         if isinstance(obj, collections.OrderedDict):
             meta = getattr(obj, "_metadata", None)
-            return {"odict": pairs, "meta": self.encode(meta, _join(path, "_metadata"), depth + 1)}
+            return {"odict": pairs, "meta": self.encode(meta, join_path(path, "_metadata"), depth + 1)}
         return {"dict": pairs}
 
 
-def _view_key(t: torch.Tensor) -> tuple | None:
+def _view_key(t: torch.Tensor) -> tuple[Any, ...] | None:
     """Identity of a tensor view, so the same view stored twice is stored once."""
     if t.numel() == 0:
         return None
@@ -260,7 +315,7 @@ class _Unflattener:
                 raise
             raise CorruptCheckpointError(f"tree holds a malformed {tag!r} value: {exc}") from exc
 
-    def _decode_tagged(self, tag: str, body: Any, node: dict, depth: int) -> Any:
+    def _decode_tagged(self, tag: str, body: Any, node: dict[str, Any], depth: int) -> Any:
         expected_keys = {"odict": {"odict", "meta"}}.get(tag, {tag})
         if set(node) != expected_keys:
             raise CorruptCheckpointError(f"tree value has keys {sorted(node)}, expected {sorted(expected_keys)}")
@@ -295,8 +350,8 @@ class _Unflattener:
         raise CorruptCheckpointError(f"tree holds unknown value tag {tag!r}")
 
 
-    def _decode_dict(self, tag: str, body: Any, node: dict, depth: int) -> dict:
-        out: dict = {} if tag == "dict" else collections.OrderedDict()
+    def _decode_dict(self, tag: str, body: Any, node: dict[str, Any], depth: int) -> dict[Any, Any]:
+        out: dict[Any, Any] = {} if tag == "dict" else collections.OrderedDict()
         for pair in _list(body):
             key, value = _pair(pair)
             key = self.decode(key, depth + 1)
@@ -307,7 +362,7 @@ class _Unflattener:
         if tag == "odict":
             meta = self.decode(node["meta"], depth + 1)
             if meta is not None:
-                out._metadata = meta  # type: ignore[attr-defined]
+                setattr(out, "_metadata", meta)  # torch's state_dict metadata, an attribute of the OrderedDict
         return out
 
 
@@ -317,13 +372,13 @@ def _str(v: Any) -> str:
     return v
 
 
-def _list(v: Any) -> list:
+def _list(v: Any) -> list[Any]:
     if not isinstance(v, list):
         raise TypeError(f"expected an array, found {type(v).__name__}")
     return v
 
 
-def _pair(v: Any) -> Sequence:
+def _pair(v: Any) -> list[Any]:
     if not isinstance(v, list) or len(v) != 2:
         raise TypeError(f"expected a pair, found {v!r:.80}")
     return v

@@ -162,7 +162,7 @@ def _planes_stored(codec: Any, planes: list[torch.Tensor], chunk_bytes: int) -> 
     """Bytes of ``planes`` (or a tensor's bytes as one stream) coded chunk by chunk, a plane kept raw
     where coding does not shrink it;
     ``None`` if a decoded chunk differs from its input."""
-    chunks = [c for plane in planes for c in plane.split(chunk_bytes)]  # type: ignore[no-untyped-call]
+    chunks = [c for plane in planes for c in plane.split(chunk_bytes)]
     encoded = codec.encode(chunks)
     decoded = codec.decode(encoded, [c.numel() for c in chunks])
     if not torch.equal(torch.cat(chunks), torch.cat(decoded)):

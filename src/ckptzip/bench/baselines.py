@@ -14,13 +14,14 @@ The GPU baselines also report codec throughput on the device (:meth:`NvcompZstd.
 from __future__ import annotations
 
 import abc
+import importlib
+import importlib.util
 import inspect
 import io
 import os
 import time
 import warnings
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from torch.utils.dlpack import from_dlpack
 
 from ckptzip.bench.measure import flat_tensors, iter_tensors, tensor_nbytes
 from ckptzip.errors import CheckpointWriteError, CodecUnavailableError, CorruptCheckpointError
+from ckptzip.tree import map_tree
 
 __all__ = [
     "BASELINES",
@@ -61,7 +63,7 @@ class SaveResult:
 
 
 def _synchronize() -> None:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
 
@@ -135,15 +137,9 @@ class Baseline(abc.ABC):
 
 
 def _map_tensors(state: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Copy the containers of ``state`` (dict, OrderedDict, list, tuple), applying ``fn`` to tensors."""
-    if isinstance(state, torch.Tensor):
-        return fn(state)
-    if isinstance(state, Mapping):
-        items = ((k, _map_tensors(v, fn)) for k, v in state.items())
-        return OrderedDict(items) if isinstance(state, OrderedDict) else dict(items)
-    if isinstance(state, (list, tuple)):
-        return type(state)(_map_tensors(v, fn) for v in state)
-    return state
+    """``state`` with ``fn`` applied to its tensors (in :func:`iter_tensors` order), containers
+    rebuilt where something changed."""
+    return map_tree(state, lambda value, _: fn(value) if isinstance(value, torch.Tensor) else value)
 
 
 # ------------------------------------------------------------------------------ torch.save
@@ -173,9 +169,7 @@ class Safetensors(Baseline):
     )
 
     def available(self) -> tuple[bool, str]:
-        try:
-            import safetensors.torch  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("safetensors") is None:
             return False, "needs the safetensors package: pip install safetensors"
         return True, ""
 
@@ -207,11 +201,7 @@ def _single_process() -> Iterator[None]:
 
 
 def _string_keys(state: Any) -> Any:
-    if isinstance(state, Mapping):
-        return {str(k): _string_keys(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_string_keys(v) for v in state)
-    return state
+    return map_tree(state, lambda value, _: value, lambda key, _: str(key))
 
 
 class Dcp(Baseline):
@@ -219,11 +209,8 @@ class Dcp(Baseline):
     summary = "torch.distributed.checkpoint FileSystemWriter, one process, no process group"
 
     def available(self) -> tuple[bool, str]:
-        try:
-            from torch.distributed.checkpoint.state_dict_loader import (  # noqa: F401
-                _load_state_dict_from_keys,
-            )
-        except ImportError:
+        loader = importlib.import_module("torch.distributed.checkpoint.state_dict_loader")
+        if not hasattr(loader, "_load_state_dict_from_keys"):
             return False, (
                 f"torch {torch.__version__} lacks torch.distributed.checkpoint's template-free "
                 "loader; use torch >= 2.5"
@@ -361,7 +348,7 @@ class _BlobBaseline(Baseline):
             filled = 0
             while filled < total:
                 filled += f.readinto(view[filled:]) or 0
-        return list(buffer.split(sizes))  # type: ignore[no-untyped-call]
+        return list(buffer.split(sizes))
 
 
 class CpuZstd(_BlobBaseline):
@@ -373,9 +360,7 @@ class CpuZstd(_BlobBaseline):
         self.threads = threads or os.cpu_count() or 1
 
     def available(self) -> tuple[bool, str]:
-        try:
-            import zstandard  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("zstandard") is None:
             return False, "needs zstandard: pip install zstandard"
         return True, ""
 
@@ -411,7 +396,7 @@ class CpuZstd(_BlobBaseline):
 
 def _zipnn_coder() -> Any:
     """The ``zipnn.ZipNN`` class; raises ``ImportError`` where ZipNN is not installed."""
-    from zipnn import ZipNN  # type: ignore[import-not-found]
+    from zipnn import ZipNN
 
     return ZipNN
 
@@ -493,8 +478,8 @@ class CodecThroughput:
 
 
 def _cuda_timed(fn: Callable[[], T]) -> tuple[T, float]:
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
     start.record()
     result = fn()
     end.record()
@@ -507,7 +492,7 @@ _NVCOMP_DATA_TYPES = {torch.float32: "<f4", torch.bfloat16: "<f2", torch.float16
 
 def _nvcomp() -> Any:
     """NVIDIA's ``nvidia.nvcomp`` module (call only where :meth:`_Nvcomp.available` holds)."""
-    from nvidia import nvcomp  # type: ignore[import-not-found]
+    from nvidia import nvcomp
 
     return nvcomp
 
@@ -570,7 +555,7 @@ class _Nvcomp(_BlobBaseline):
     def _encode(self, tensors: list[torch.Tensor]) -> list[Any]:
         encoded = self.encode_on_device([t.detach().to("cuda") for t in tensors])
         host = torch.empty(sum(b.numel() for b in encoded), dtype=torch.uint8, pin_memory=True)
-        parts = host.split([b.numel() for b in encoded])  # type: ignore[no-untyped-call]
+        parts = host.split([b.numel() for b in encoded])
         for part, blob in zip(parts, encoded, strict=True):
             part.copy_(blob, non_blocking=True)
         torch.cuda.current_stream().synchronize()

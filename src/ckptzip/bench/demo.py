@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -15,8 +17,10 @@ from ckptzip.bench.measure import assert_state_equal
 from ckptzip.bench.training import train
 from ckptzip.report import class_table, human_bytes, tensor_table
 
+T = TypeVar("T")
 
-def _timed(fn, *args, **kwargs) -> tuple[object, float]:  # noqa: ANN001
+
+def _timed(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, float]:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start = time.perf_counter()

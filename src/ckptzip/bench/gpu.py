@@ -91,13 +91,13 @@ def ceilings(nbytes: int = 1 << 31, directory: str | None = None) -> dict[str, f
         path = os.path.join(tmp, "ceiling.bin")
         start = time.perf_counter()
         with open(path, "wb") as f:
-            f.write(memoryview(data))
+            f.write(data.data)
             f.flush()
             os.fsync(f.fileno())
         write_s = time.perf_counter() - start
         start = time.perf_counter()
         with open(path, "rb") as f:
-            f.readinto(memoryview(data))
+            f.readinto(data.data)
         read_s = time.perf_counter() - start
     return {
         "d2d_copy_gbps": 2 * nbytes / d2d / 1e9,

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ckptzip.tree import iter_leaves, join_path
+
 if TYPE_CHECKING:
     from ckptzip.bench.baselines import Baseline
 
@@ -23,23 +25,12 @@ __all__ = [
 ]
 
 
-def _join(prefix: str, key: object) -> str:
-    return f"{prefix}.{key}" if prefix else str(key)
-
-
-def iter_tensors(state: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(dotted path, tensor)`` for every tensor in nested mappings, lists and tuples.
+def iter_tensors(state: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(dotted path, tensor)`` for every tensor in nested dicts, lists and tuples.
 
     Paths join keys and list indices with ``"."``, e.g. ``"optimizer.state.3.exp_avg"``.
     """
-    if isinstance(state, torch.Tensor):
-        yield prefix, state
-    elif isinstance(state, Mapping):
-        for key, value in state.items():
-            yield from iter_tensors(value, _join(prefix, key))
-    elif isinstance(state, (list, tuple)):
-        for index, value in enumerate(state):
-            yield from iter_tensors(value, _join(prefix, index))
+    return ((path, value) for path, value in iter_leaves(state) if isinstance(value, torch.Tensor))
 
 
 def flat_tensors(state: Any) -> dict[str, torch.Tensor]:
@@ -97,7 +88,7 @@ def assert_state_equal(expected: Any, actual: Any, path: str = "") -> None:
         if missing or extra:
             raise AssertionError(f"{where}: keys differ; missing {missing!r}, unexpected {extra!r}")
         for key, value in expected.items():
-            assert_state_equal(value, actual[key], _join(path, key))
+            assert_state_equal(value, actual[key], join_path(path, key))
     elif isinstance(expected, (list, tuple)):
         if type(actual) is not type(expected) or len(actual) != len(expected):
             raise AssertionError(
@@ -106,7 +97,7 @@ def assert_state_equal(expected: Any, actual: Any, path: str = "") -> None:
                 + (f" of length {len(actual)}" if isinstance(actual, (list, tuple)) else "")
             )
         for index, (a, b) in enumerate(zip(expected, actual, strict=True)):
-            assert_state_equal(a, b, _join(path, index))
+            assert_state_equal(a, b, join_path(path, index))
     elif type(actual) is not type(expected) or not _same_scalar(expected, actual):
         raise AssertionError(f"{where}: expected {expected!r}, found {actual!r}")
 

@@ -142,7 +142,7 @@ def _device_speed(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     end-to-end numbers stand on their own."""
     try:
         return measure()
-    except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+    except Exception as exc:  # reported, the run goes on
         traceback.print_exc()
         return {"error": first_line(exc)}
     finally:
@@ -193,7 +193,7 @@ def measure_method(method: Baseline, state: Any, ctx: RunContext) -> dict[str, A
         return _record(method, "skipped", "the time budget (--budget-s) was spent before it started")
     try:
         return _measure(method, state, ctx)
-    except Exception as exc:  # noqa: BLE001 - a failing method is reported, never aborts the run
+    except Exception as exc:  # a failing method is reported, never aborts the run
         traceback.print_exc()
         return _record(method, "failed", first_line(exc))
     finally:

@@ -11,7 +11,6 @@ for ``--plot`` and is imported then.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from typing import Any, cast
 
 from ckptzip.bench.analysis import CORE, GROUPS
 from ckptzip.bench.targets import evaluate
+from ckptzip import strictjson
 from ckptzip.errors import CkptzipError
 
 __all__ = [
@@ -44,11 +44,11 @@ class BenchResultsError(CkptzipError, ValueError):
 def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check one benchmark JSON file."""
     try:
-        doc: Any = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = Path(path).read_bytes()
     except OSError as e:
         raise BenchResultsError(f"cannot read benchmark file {os.fspath(path)!r}: {e.strerror or e}") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BenchResultsError(f"benchmark file {os.fspath(path)!r} is not valid JSON: {e}") from e
+    doc = strictjson.loads(raw, f"benchmark file {os.fspath(path)!r}", error=BenchResultsError,
+                           advice="write it with `ckptzip bench --out-json`")
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if schema != SCHEMA or not isinstance(doc.get("states"), list):
         raise BenchResultsError(

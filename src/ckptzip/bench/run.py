@@ -52,6 +52,8 @@ from ckptzip.bench.system import PageCache, disk_bandwidth, hardware, release_me
 from ckptzip.bench.targets import evaluate, format_targets
 from ckptzip.codecs import has_codec
 from ckptzip.errors import CkptzipError
+from ckptzip.storage import atomic_file
+from ckptzip.tree import map_tree
 from ckptzip.bench.training import count_parameters, get_preset, state_nbytes, train
 
 __all__ = ["add_parser", "run"]
@@ -172,7 +174,7 @@ def _guarded(what: str, fn: Callable[[], Any]) -> Any:
     """``fn()``, or ``{"error": ...}`` if it raises: one failed measurement never ends the run."""
     try:
         return fn()
-    except Exception as exc:  # noqa: BLE001 - reported in the results
+    except Exception as exc:  # reported in the results
         traceback.print_exc()
         print(f"  {what} failed: {first_line(exc)}", flush=True)
         return {"error": first_line(exc)}
@@ -188,15 +190,9 @@ def _ceilings(device: str, directory: str) -> dict[str, Any]:
     return dict(ceilings(directory=directory))
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with infinite and NaN floats (a zero-time measurement) as ``None``: strict JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+def _finite(doc: Any) -> Any:
+    """``doc`` with infinite and NaN floats (a zero-time measurement) as ``None``: strict JSON."""
+    return map_tree(doc, lambda value, _: None if isinstance(value, float) and not math.isfinite(value) else value)
 
 
 def _write_json(doc: dict[str, Any], path: str | None) -> None:
@@ -212,9 +208,8 @@ def _write_json(doc: dict[str, Any], path: str | None) -> None:
     ]
     if path is None:
         return
-    tmp = Path(f"{path}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_finite(doc), indent=1, allow_nan=False), encoding="utf-8")
-    os.replace(tmp, path)
+    with atomic_file(path, sync=False) as f:
+        f.write(json.dumps(_finite(doc), indent=1, allow_nan=False).encode("utf-8"))
 
 
 def _progress(m: dict[str, Any]) -> str:
@@ -303,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
                 record["methods"] = []
                 _bench_state(label, preset, settings, ctx, record, save)
                 record["status"] = "ok"
-            except Exception as exc:  # noqa: BLE001 - the next state may still run
+            except Exception as exc:  # the next state may still run
                 traceback.print_exc()
                 record.update(status="failed", reason=first_line(exc))
                 del record["methods"]

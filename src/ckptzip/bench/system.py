@@ -169,5 +169,5 @@ def disk_bandwidth(directory: str | Path, nbytes: int, cache: PageCache) -> dict
 def release_memory() -> None:
     """Free what the last method left behind: Python garbage and PyTorch's cached GPU blocks."""
     gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()

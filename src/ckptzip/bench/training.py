@@ -300,7 +300,7 @@ def training_state(
         state["grads"] = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
     state["step"] = step
     rng: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     state["rng"] = rng
     if scheduler is not None:

@@ -59,7 +59,7 @@ class Codec(abc.ABC):
         return cls(**options)
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self.get_config() == other.get_config()  # type: ignore[union-attr]
+        return type(self) is type(other) and self.get_config() == other.get_config()
 
     def __hash__(self) -> int:
         return hash((type(self), tuple(sorted(self.get_config().items()))))

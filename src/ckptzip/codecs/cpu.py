@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -32,6 +33,9 @@ def _check_size(codec_id: str, index: int, got: int, expected: int) -> None:
         )
 
 
+T = TypeVar("T")
+
+
 class _CpuCodec(Codec):
     """Shared batching for CPU codecs: one function per chunk, run on the codec thread pool."""
 
@@ -44,12 +48,12 @@ class _CpuCodec(Codec):
         raise NotImplementedError
 
     def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        views = [memoryview(c.numpy()) for c in chunks]
+        views = [c.numpy().data for c in chunks]
         encoded = parallel_map(self._encode_one, views, sum(c.numel() for c in chunks))
         return [_to_tensor(e) for e in encoded]
 
     def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
-        jobs = list(enumerate(zip((memoryview(c.numpy()) for c in chunks), raw_sizes)))
+        jobs = list(enumerate(zip((c.numpy().data for c in chunks), raw_sizes)))
 
         def run(job: tuple[int, tuple[memoryview, int]]) -> torch.Tensor:
             index, (data, raw_size) = job
@@ -64,7 +68,7 @@ class _CpuCodec(Codec):
 
     def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
                         ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        data = memoryview(base.numpy())
+        data = base.numpy().data
         views = [data[o : o + n] for o, n in zip(offsets.tolist(), lengths.tolist())]
         coded = parallel_map(self._encode_one, views, int(lengths.sum()))
         sizes = np.array([len(c) for c in coded], dtype=np.int64)
@@ -73,7 +77,7 @@ class _CpuCodec(Codec):
 
     def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
                         dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
-        source, target = memoryview(src.numpy()), dst.numpy()
+        source, target = src.numpy().data, dst.numpy()
 
         def run(i: int) -> None:
             o, n, d, raw = int(src_offsets[i]), int(src_lengths[i]), int(dst_offsets[i]), int(raw_lengths[i])
@@ -84,7 +88,7 @@ class _CpuCodec(Codec):
             except Exception as exc:  # each library has its own error type; name the chunk
                 error = exc if isinstance(exc, CorruptCheckpointError) else CorruptCheckpointError(
                     f"{self.codec_id} data does not decode: {exc}")
-                error.chunk = i  # type: ignore[attr-defined]
+                error.chunk = i
                 raise error from exc
             target[d : d + raw] = np.frombuffer(out, dtype=np.uint8)
 
@@ -114,15 +118,15 @@ class RawCodecCuda(RawCodec):
     backend = "cuda"
 
 
-class _ThreadLocalFactory:
+class _ThreadLocalFactory(Generic[T]):
     """zstandard contexts are not thread-safe: one per thread."""
 
-    def __init__(self, make: Callable[[], object]) -> None:
+    def __init__(self, make: Callable[[], T]) -> None:
         self._make = make
         self._local = threading.local()
 
-    def get(self):  # noqa: ANN201 - the type depends on the factory
-        obj = getattr(self._local, "obj", None)
+    def get(self) -> T:
+        obj: T | None = getattr(self._local, "obj", None)
         if obj is None:
             obj = self._local.obj = self._make()
         return obj
@@ -141,11 +145,11 @@ class ZstdCodec(_CpuCodec):
         self._cctx = _ThreadLocalFactory(lambda: zstandard.ZstdCompressor(level=level, write_content_size=True))
         self._dctx = _ThreadLocalFactory(zstandard.ZstdDecompressor)
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {"id": self.codec_id, "level": self.level}
 
     @classmethod
-    def from_config(cls, config: dict) -> ZstdCodec:
+    def from_config(cls, config: dict[str, Any]) -> ZstdCodec:
         return cls(level=config.get("level", 3))
 
     def _encode_one(self, data: memoryview) -> bytes:
@@ -172,7 +176,7 @@ class DeflateCodec(_CpuCodec):
         self.level = level
         self._informative = informative
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {"id": self.codec_id, "level": self.level, **self._informative}
 
     def _encode_one(self, data: memoryview) -> bytes:
@@ -196,10 +200,12 @@ if _lz4_block is not None:
         codec_id = "lz4"
 
         def _encode_one(self, data: memoryview) -> bytes:
-            return _lz4_block.compress(data, store_size=False)
+            out: bytes = _lz4_block.compress(data, store_size=False)
+            return out
 
         def _decode_one(self, data: memoryview, raw_size: int) -> bytes:
-            return _lz4_block.decompress(data, uncompressed_size=raw_size)
+            out: bytes = _lz4_block.decompress(data, uncompressed_size=raw_size)
+            return out
 
 else:  # pragma: no cover - depends on the environment
     mark_unavailable("lz4", "cpu", "the lz4 package is not installed (pip install ckptzip[lz4])")

@@ -78,7 +78,7 @@ def _load_nvcomp(import_it: bool) -> tuple[Any, str | None]:
     if not import_it:
         return None, None
     try:
-        from nvidia import nvcomp as module  # type: ignore[import-not-found]  # ships no stubs
+        from nvidia import nvcomp as module
     except Exception as exc:  # a broken wheel or missing libnvcomp raises more than ImportError
         why = f"{type(exc).__name__}: {exc}"
         return None, f"nvidia.nvcomp fails to import ({why}); reinstall it ({_INSTALL_HINT.format('')})"
@@ -358,7 +358,7 @@ class _NvcompCodec(Codec):
                 error = CorruptCheckpointError(
                     f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {expected}"
                 )
-                error.chunk = index  # type: ignore[attr-defined]
+                error.chunk = index
                 raise error
         return value
 
@@ -410,7 +410,7 @@ class _NvcompCodec(Codec):
                 error = CorruptCheckpointError(
                     f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {raw_size}"
                 )
-            error.chunk = index  # type: ignore[attr-defined]
+            error.chunk = index
             return error
         return None
 

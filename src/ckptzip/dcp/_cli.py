@@ -10,12 +10,12 @@ import time
 from typing import Any
 
 from ..errors import CheckpointNotFoundError
-from ._storage import CheckpointDir, local_path
+from ..storage import local_path, open_directory
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``dcp-convert`` subcommand to the ``ckptzip`` command line."""
-    parser = subparsers.add_parser(
+    parser: argparse.ArgumentParser = subparsers.add_parser(
         "dcp-convert",
         help="ckptzip DCP checkpoint directory <-> single .ckz file (direction from SRC)",
         description="Convert a DCP checkpoint written with ckptzip.dcp.CompressedStorageWriter to one "
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if is_dcp_checkpoint(args.src):
         dcp_to_ckz(args.src, args.dst, codec=args.codec, trusted_objects=args.trusted_objects)
         direction = "DCP directory -> .ckz"
-    elif CheckpointDir(args.src).is_dir():
+    elif open_directory(args.src).is_dir():
         raise CheckpointNotFoundError(
             f"{args.src!r} is a directory without ckptzip DCP metadata ({METADATA_FILE}); "
             "dcp-convert reads checkpoints written by ckptzip.dcp.CompressedStorageWriter"
@@ -58,5 +58,5 @@ def run(args: argparse.Namespace) -> int:
 
 def _exists(path: str) -> bool:
     """Whether a file or directory is at ``path`` (a local path or an fsspec URL)."""
-    return CheckpointDir(path).present()
+    return open_directory(path).present()
 

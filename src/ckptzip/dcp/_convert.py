@@ -12,16 +12,16 @@ import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from torch.distributed.checkpoint import save as dcp_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from .. import api
 from ..errors import CheckpointNotFoundError, CkptzipError
+from ..storage import is_url, local_path, open_directory
 from ._metadata import METADATA_FILE
 from ._reader import CompressedStorageReader
-from ._storage import CheckpointDir, is_url, local_path
 from ._writer import CompressedStorageWriter
 
 
@@ -103,4 +103,4 @@ def ckz_to_dcp(ckz_path: str | os.PathLike[str], dcp_dir: str | os.PathLike[str]
 
 def is_dcp_checkpoint(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a directory holding a ckptzip DCP checkpoint."""
-    return CheckpointDir(path).exists(METADATA_FILE)
+    return open_directory(path).exists(METADATA_FILE)

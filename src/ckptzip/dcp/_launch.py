@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import spawn
 
 from ..errors import DeviceUnavailableError
 
@@ -38,7 +38,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
             f"found {torch.cuda.device_count()}; use fewer ranks or the gloo backend"
         )
     port = free_port()
-    mp.spawn(_run_rank, args=(world_size, port, backend, fn, args), nprocs=world_size, join=True)
+    spawn(_run_rank, args=(world_size, port, backend, fn, args), nprocs=world_size, join=True)
 
 
 def _run_rank(

@@ -27,7 +27,6 @@ from torch.distributed.checkpoint.metadata import (
 
 from ..api import load, save
 from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
-from ._storage import check_name
 
 METADATA_FILE = ".metadata.ckz"
 FORMAT = "ckptzip-dcp"
@@ -63,6 +62,25 @@ class StoredItem:
     pipeline: dict[str, Any]
     checksum: str
     tensor: int | None = None
+
+
+def check_name(name: object, source: str) -> str:
+    """``name`` if it is a plain file name (one path component, not hidden, at most 255 bytes),
+    else corruption."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name.encode("utf-8", "surrogatepass")) > 255
+        or name.startswith(".")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+    ):
+        raise CorruptCheckpointError(
+            f"{source}: data file name {name!r} is not a plain file name inside the checkpoint directory; "
+            "the metadata is damaged or was not written by ckptzip"
+        )
+    return name
 
 
 def check_planner_data(planner_data: Any) -> None:
@@ -278,10 +296,10 @@ def _check_tensors(c: _Checker, entries: dict[str, Any], items: dict[MetadataInd
             raise c.fail(f"{where}.chunks", "chunks that do not overlap", clash)
 
 
-def _overlap(boxes: list[tuple[Sequence[int], Sequence[int]]]) -> tuple[list[int], list[int]] | None:
-    """Offsets of two overlapping non-empty boxes, or ``None``: a sweep along the dimension with
-    the most distinct offsets (the sharded one), comparing only boxes that meet along it."""
-    boxes = [(list(o), [a + n for a, n in zip(o, s)]) for o, s in boxes if math.prod(s) > 0]
+def _overlap(chunks: list[tuple[Sequence[int], Sequence[int]]]) -> tuple[list[int], list[int]] | None:
+    """Offsets of two overlapping non-empty chunks (offsets, sizes), or ``None``: a sweep along the
+    dimension with the most distinct offsets (the sharded one), comparing only boxes that meet along it."""
+    boxes = [(list(o), [a + n for a, n in zip(o, s)]) for o, s in chunks if math.prod(s) > 0]
     if len(boxes) < 2:
         return None
     ndim = len(boxes[0][0])
@@ -305,11 +323,12 @@ def _check_list_positions(c: _Checker, planner_data: dict[str, tuple[str | int, 
     keys: dict[tuple[str | int, ...], int] = {}
     for key, path in planner_data.items():
         for depth in range(1, len(path)):
-            if isinstance(path[depth], int):
+            position = path[depth]
+            if isinstance(position, int):
                 prefix = path[:depth]
                 keys[prefix] = keys.get(prefix, 0) + 1
-                if path[depth] >= highest.get(prefix, (-1, ""))[0]:
-                    highest[prefix] = (path[depth], key)
+                if position >= highest.get(prefix, (-1, ""))[0]:
+                    highest[prefix] = (position, key)
     for prefix, (position, key) in highest.items():
         if position >= keys[prefix] + _EMPTY_LIST_ELEMENTS:
             raise c.fail(

@@ -20,10 +20,10 @@ from ..codecs._threads import cpu_threads
 from ..engine.reader import read_tensors
 from ..errors import CheckpointNotFoundError, CkptzipError, CorruptCheckpointError
 from ..format import ContainerReader
+from ..storage import ByteSource, open_directory
 from ..engine.ahead import Task, read_ahead, run_ahead
 from ._items import check_safe_object, check_shape, decode_blob, describe, pipeline
 from ._metadata import StoredItem, decode_metadata, metadata_file
-from ._storage import CheckpointDir, read_exact
 
 _DCP_METADATA_FILE = ".metadata"
 
@@ -57,7 +57,7 @@ class CompressedStorageReader(StorageReader):
         self.trusted_objects = trusted_objects
         self.thread_count = thread_count or min(4, cpu_threads())
         self._storage_options = storage_options
-        self._dir = CheckpointDir(path, storage_options)
+        self._dir = open_directory(path, storage_options)
         self.load_id = uuid.uuid4().hex
         self._items: dict[MetadataIndex, StoredItem] = {}
         self._chunks: dict[MetadataIndex, tuple[torch.dtype, torch.Size]] = {}
@@ -65,19 +65,19 @@ class CompressedStorageReader(StorageReader):
     @property
     def checkpoint_id(self) -> str:
         """The checkpoint directory or URL."""
-        return self._dir.path
+        return self._dir.location
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         """Whether a ckptzip DCP checkpoint is at ``checkpoint_id``."""
         try:
-            return CheckpointDir(checkpoint_id).exists(metadata_file(None))
+            return open_directory(checkpoint_id).exists(metadata_file(None))
         except (CkptzipError, OSError, ValueError):
             return False
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
-            self._dir = CheckpointDir(checkpoint_id, self._storage_options)
+            self._dir = open_directory(checkpoint_id, self._storage_options)
         self._items = {}
         self._chunks = {}
         self.load_id = uuid.uuid4().hex
@@ -87,17 +87,17 @@ class CompressedStorageReader(StorageReader):
         asks for checkpoints saved with ``use_collectives=False``)."""
         name = metadata_file(kwargs.get("rank"))
         try:
-            data = self._dir.read(name)
+            data = self._dir.read_bytes(name)
         except FileNotFoundError:
             raise CheckpointNotFoundError(self._not_found_message(name)) from None
-        metadata = decode_metadata(data, repr(self._dir.location(name)))
+        metadata = decode_metadata(data, repr(self._dir.where(name)))
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
     def _not_found_message(self, name: str) -> str:
-        where = self._dir.location(name)
+        where = self._dir.where(name)
         if self._dir.exists(_DCP_METADATA_FILE):
             return (
                 f"no ckptzip checkpoint metadata at {where!r}: the directory holds a plain DCP checkpoint "
@@ -146,7 +146,7 @@ class CompressedStorageReader(StorageReader):
                         self._deliver(index, reqs, targets, value, planner)
             except FileNotFoundError:
                 raise CorruptCheckpointError(
-                    f"data file {self._dir.location(name)!r} of the checkpoint is missing; "
+                    f"data file {self._dir.where(name)!r} of the checkpoint is missing; "
                     "the checkpoint is incomplete or was partly deleted"
                 ) from None
         future: Future[None] = Future()
@@ -157,15 +157,16 @@ class CompressedStorageReader(StorageReader):
                         items: list[tuple[StoredItem, MetadataIndex, list[ReadItem]]], planner: LoadPlanner) -> None:
         """Items of a version-2 data file (one container of a rank's items): decoded together by the
         engine, each onto the device of the tensor it loads into."""
-        where = repr(self._dir.location(name))
+        where = repr(self._dir.where(name))
         try:
             container = ContainerReader(stream)
         except CkptzipError as exc:
             raise type(exc)(f"data file {where}: {exc}") from exc
-        positions, devices, targets = [], [], []
+        positions: list[int] = []
+        devices: list[torch.device] = []
+        targets: list[list[torch.Tensor]] = []
         for stored, index, reqs in items:
-            self._check_bound(container, stored, index, where)
-            positions.append(stored.tensor)
+            positions.append(self._position(container, stored, index, where))
             if reqs[0].type == LoadItemType.BYTE_IO:
                 devices.append(torch.device("cpu"))
                 targets.append([])
@@ -179,17 +180,19 @@ class CompressedStorageReader(StorageReader):
             raise type(exc)(f"data file {where}: {exc}") from exc
         for (stored, index, reqs), value, tensors in zip(items, values, targets):
             if reqs[0].type == LoadItemType.BYTE_IO:
-                value = self._bytes_of(value, f"{describe(index)} in {where}")
-            self._deliver(index, reqs, tensors, value, planner)
+                self._deliver(index, reqs, tensors, self._bytes_of(value, f"{describe(index)} in {where}"), planner)
+            else:
+                self._deliver(index, reqs, tensors, value, planner)
 
-    def _check_bound(self, container: ContainerReader, stored: StoredItem, index: MetadataIndex, where: str) -> None:
-        """Raise unless the container's tensor of an item is the one the metadata recorded."""
-        if not 0 <= stored.tensor < len(container.tensors):  # type: ignore[operator]
+    def _position(self, container: ContainerReader, stored: StoredItem, index: MetadataIndex, where: str) -> int:
+        """The container's tensor of an item; raise unless it is the one the metadata recorded."""
+        position = stored.tensor
+        if position is None or not 0 <= position < len(container.tensors):
             raise CorruptCheckpointError(
-                f"{describe(index)}: the checkpoint metadata places it at tensor {stored.tensor} of {where}, "
+                f"{describe(index)}: the checkpoint metadata places it at tensor {position} of {where}, "
                 f"which holds {len(container.tensors)}; the data file and the metadata do not belong together"
             )
-        entry = container.tensors[stored.tensor]  # type: ignore[index]
+        entry = container.tensors[position]
         found = (pipeline(entry), entry.checksum)
         if found != (stored.pipeline, stored.checksum):
             raise CorruptCheckpointError(
@@ -197,6 +200,7 @@ class CompressedStorageReader(StorageReader):
                 f"is not the one the checkpoint metadata recorded (codec pipeline {stored.pipeline}, checksum "
                 f"{stored.checksum}); the data file and the metadata do not belong together"
             )
+        return position
 
     def _bytes_of(self, decoded: torch.Tensor, where: str) -> bytes:
         """A non-tensor item's serialized bytes, checked as torch's weights_only loader would."""
@@ -220,8 +224,8 @@ class CompressedStorageReader(StorageReader):
 
     def _where(self, index: MetadataIndex, stored: StoredItem) -> str:
         if stored.tensor is not None:
-            return f"{describe(index)} in {self._dir.location(stored.file)!r}"
-        return f"{describe(index)} in {self._dir.location(stored.file)!r} at bytes {stored.offset}+{stored.length}"
+            return f"{describe(index)} in {self._dir.where(stored.file)!r}"
+        return f"{describe(index)} in {self._dir.where(stored.file)!r} at bytes {stored.offset}+{stored.length}"
 
     def _decode_tasks(
         self,
@@ -229,8 +233,9 @@ class CompressedStorageReader(StorageReader):
         group: Iterable[tuple[StoredItem, MetadataIndex, list[ReadItem]]],
         planner: LoadPlanner,
     ) -> Iterator[Task[tuple[MetadataIndex, list[ReadItem], list[torch.Tensor]], Any]]:
+        source = ByteSource(stream)
         blobs = read_ahead(
-            (stored, index, reqs, read_exact(stream, stored.offset, stored.length, self._where(index, stored)))
+            (stored, index, reqs, source.read(stored.offset, stored.length, self._where(index, stored)))
             for stored, index, reqs in group
         )
         for stored, index, reqs, blob in blobs:

@@ -15,13 +15,13 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ..codecs._threads import cpu_threads
-from ..errors import CheckpointWriteError, CkptzipError, UnsupportedObjectError
+from ..errors import CkptzipError, UnsupportedObjectError
 from ..engine.policy import Policy
 from ..engine.writer import write_state
+from ..storage import open_directory, write_error
 from ..tree import flatten
 from ._items import describe, pipeline, tensor_name
 from ._metadata import StoredItem, check_planner_data, encode_metadata, metadata_file
-from ._storage import CheckpointDir
 
 DATA_SUFFIX = ".ckzd"
 
@@ -73,7 +73,7 @@ class CompressedStorageWriter(StorageWriter):
         self.overwrite = overwrite
         self.thread_count = thread_count or min(4, cpu_threads())
         self._storage_options = storage_options
-        self._dir = CheckpointDir(path, storage_options)
+        self._dir = open_directory(path, storage_options)
         self.save_id = uuid.uuid4().hex
         self.rank: int | None = None
         self.use_collectives = True
@@ -81,7 +81,7 @@ class CompressedStorageWriter(StorageWriter):
     @property
     def checkpoint_id(self) -> str:
         """The checkpoint directory or URL."""
-        return self._dir.path
+        return self._dir.location
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -90,7 +90,7 @@ class CompressedStorageWriter(StorageWriter):
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
-            self._dir = CheckpointDir(checkpoint_id, self._storage_options)
+            self._dir = open_directory(checkpoint_id, self._storage_options)
         self.save_id = uuid.uuid4().hex
 
     def storage_meta(self) -> StorageMeta | None:
@@ -124,8 +124,8 @@ class CompressedStorageWriter(StorageWriter):
         if not self._dir.exists(name):
             return
         if not self.overwrite:
-            raise CheckpointWriteError(
-                f"a checkpoint already exists at {self._dir.path!r} ({name}) and overwrite=False; "
+            raise write_error(
+                f"a checkpoint already exists at {self._dir.location!r} ({name}) and overwrite=False; "
                 "save to a new directory, or pass overwrite=True to replace it"
             )
         self._dir.remove(name)
@@ -133,13 +133,7 @@ class CompressedStorageWriter(StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         results: list[WriteResult] = []
         if plan.items:
-            name = plan.storage_data.prefix + DATA_SUFFIX
-            try:
-                results = self._write_file(name, plan.items, planner)
-            except OSError as exc:
-                if isinstance(exc, CkptzipError):
-                    raise
-                raise CheckpointWriteError(f"writing {self._dir.location(name)!r} failed: {exc}") from exc
+            results = self._write_file(plan.storage_data.prefix + DATA_SUFFIX, plan.items, planner)
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
@@ -149,7 +143,7 @@ class CompressedStorageWriter(StorageWriter):
         a GPU on that GPU)."""
         tensors = [self._resolve(item, planner) for item in items]
         names = [tensor_name(item.index) for item in items]
-        with self._dir.open_write(name, sync=self.sync_files) as stream:
+        with self._dir.atomic_write(name, sync=self.sync_files) as stream:
             entries = write_state(stream, names, tensors, [{"tensor": k} for k in range(len(items))],
                                   self._policy, lambda _: None)
         return [
@@ -181,4 +175,4 @@ class CompressedStorageWriter(StorageWriter):
         metadata.storage_data = items
         metadata.storage_meta = self.storage_meta()
         name = metadata_file(self._metadata_rank())
-        self._dir.write_atomic(name, encode_metadata(metadata, items), sync=self.sync_files)
+        self._dir.write_bytes(name, encode_metadata(metadata, items), sync=self.sync_files)

@@ -58,7 +58,11 @@ def run_ahead(tasks: Iterable[Task[K, R]], workers: int) -> Iterator[tuple[K, R]
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-_DONE = object()
+class _Done:
+    """The end of an iterator read ahead."""
+
+
+_DONE = _Done()
 
 
 def read_ahead(items: Iterable[T]) -> Iterator[T]:
@@ -68,8 +72,8 @@ def read_ahead(items: Iterable[T]) -> Iterator[T]:
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-dcp-read") as pool:
         upcoming = pool.submit(next, iterator, _DONE)
         while True:
-            item = upcoming.result()
-            if item is _DONE:
+            item: T | _Done = upcoming.result()
+            if isinstance(item, _Done):
                 return
             upcoming = pool.submit(next, iterator, _DONE)
-            yield item  # type: ignore[misc]
+            yield item

@@ -11,8 +11,10 @@ pass. The caller verifies those checksums (one sync for a whole load).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ..errors import CkptzipError, CorruptCheckpointError
@@ -30,19 +32,19 @@ class Runs:
     """Where a batch's stored bytes lie in its region: the contiguous runs of the file that hold
     its chunks, back to back (a part of a large tensor takes a slice of each of its planes)."""
 
-    file: np.ndarray  # file offset of each run
-    region: np.ndarray  # where it starts in the region
-    length: np.ndarray
+    file: npt.NDArray[np.int64]  # file offset of each run
+    region: npt.NDArray[np.int64]  # where it starts in the region
+    length: npt.NDArray[np.int64]
 
     @classmethod
     def of(cls, entries: list[TensorEntry]) -> Runs:
         spans = sorted((c.offset, c.length) for e in entries for s in e.streams for c in s.chunks)
         merged: list[list[int]] = []
-        for offset, length in spans:
+        for offset, size in spans:
             if merged and merged[-1][0] + merged[-1][1] == offset:
-                merged[-1][1] += length
+                merged[-1][1] += size
             else:
-                merged.append([offset, length])
+                merged.append([offset, size])
         file = np.array([m[0] for m in merged], dtype=np.int64)
         length = np.array([m[1] for m in merged], dtype=np.int64)
         return cls(file, np.cumsum(length) - length, length)
@@ -51,7 +53,7 @@ class Runs:
     def total(self) -> int:
         return int(self.length.sum())
 
-    def locate(self, file_offsets: np.ndarray) -> np.ndarray:
+    def locate(self, file_offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Region offsets of bytes at these file offsets (each inside a run)."""
         k = np.searchsorted(self.file, file_offsets, side="right") - 1
         return self.region[k] + file_offsets - self.file[k]
@@ -148,7 +150,7 @@ def decode_batch(entries: list[TensorEntry], region: torch.Tensor, runs: Runs, b
     return _rebuild(entries, chunks, streams, coded, region, decoded, stream_at, outs or [None] * len(entries))
 
 
-def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[int, int]], codecs: list[dict],
+def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[int, int]], codecs: list[dict[str, Any]],
                   coded: np.ndarray, region: torch.Tensor, coded_src: torch.Tensor, c_sel: np.ndarray,
                   c_slot: np.ndarray, on_gpu: bool, backend: str) -> tuple[torch.Tensor, np.ndarray]:
     """Decode every coded stream into one buffer, each stream contiguous at an aligned offset.
@@ -206,7 +208,7 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
     outs = [torch.empty(e.nbytes, dtype=torch.uint8, device=device) if g is None else g
             for e, g in zip(entries, given)]
     checksums = torch.zeros(len(entries), dtype=torch.int64, device=device)
-    first_chunk = {}
+    first_chunk: dict[int, int] = {}
     for i, s in enumerate(chunks.stream.tolist()):
         first_chunk.setdefault(s, i)
     source_base = np.where(coded, 1, 0)  # 0: the region (raw streams in place), 1: the decoded buffer

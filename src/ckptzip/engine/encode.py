@@ -10,6 +10,7 @@ over the whole batch: no Python work per chunk.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ from .policy import RAW, RANDOM_ENTROPY_BITS, TRIAL_BYTES, TRIAL_MIN_GAIN, Polic
 class StreamRecord:
     """One stream of a tensor: its codec configuration, decoded size and number of chunks."""
 
-    codec: dict
+    codec: dict[str, Any]
     nbytes: int
     chunks: int
 
@@ -42,7 +43,7 @@ class EncodedBatch:
     raw_lengths: np.ndarray  # decoded bytes of each chunk
     digests: torch.Tensor  # wsum64 of each stored chunk (int64)
     checksums: torch.Tensor  # wsum64 of each tensor (int64)
-    transforms: list[list[dict]]
+    transforms: list[list[dict[str, Any]]]
     streams: list[list[StreamRecord]]
 
 
@@ -136,7 +137,7 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
 
 def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
                    plane_of: dict[int, int], hist: torch.Tensor, floating: np.ndarray,
-                   bases: list[torch.Tensor], policy: Policy, backend: str) -> list[dict]:
+                   bases: list[torch.Tensor], policy: Policy, backend: str) -> list[dict[str, Any]]:
     """The codec configuration each stream is tried with (``RAW``: stored as it is)."""
     plane_codec = policy.plane_codec(backend).get_config()
     if not s_tensor.size:
@@ -148,7 +149,7 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
         group_start = np.maximum.accumulate(np.where(first, np.arange(s_tensor.size), 0))
         plane_index = np.arange(s_tensor.size) - group_start
         plane_entropy = entropies[s_tensor, np.minimum(plane_index, 7)]
-    configs: list[dict] = []
+    configs: list[dict[str, Any]] = []
     for s in range(s_tensor.size):
         size = int(s_size[s])
         if size == 0:
@@ -164,7 +165,7 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
     return configs
 
 
-def _trial_gains(base: torch.Tensor, offset: int, size: int, config: dict, backend: str) -> bool:
+def _trial_gains(base: torch.Tensor, offset: int, size: int, config: dict[str, Any], backend: str) -> bool:
     """Whether coding a sample from the middle of a near-random plane shrinks it noticeably."""
     if size < 4 * TRIAL_BYTES or config["id"] == "raw":
         return False
@@ -176,7 +177,7 @@ def _trial_gains(base: torch.Tensor, offset: int, size: int, config: dict, backe
 
 def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[torch.Tensor],
               s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
-              configs: list[dict], plane_of: dict[int, int], backend: str) -> EncodedBatch:
+              configs: list[dict[str, Any]], plane_of: dict[int, int], backend: str) -> EncodedBatch:
     """Chunk every stream, code the coded ones (one call per codec and buffer), fall back to raw
     where coding did not shrink a stream, then gather all stored chunks in file order."""
     device = bases[0].device if bases else checksums.device
@@ -219,7 +220,7 @@ def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[
     stored = torch.empty(int(c_length.sum()), dtype=torch.uint8, device=device)
     digests = segment_sums(bases, c_base, c_offset, c_length, outs=[stored],
                            out_index=np.zeros(c_length.size, np.int64), out_offsets=out_offsets)
-    transforms: list[list[dict]] = [[] for _ in tensors]
+    transforms: list[list[dict[str, Any]]] = [[] for _ in tensors]
     streams: list[list[StreamRecord]] = [[] for _ in tensors]
     for s in range(s_size.size):
         t = int(s_tensor[s])
@@ -230,5 +231,5 @@ def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[
     return EncodedBatch(stored, out_offsets, c_length, c_raw, digests, checksums, transforms, streams)
 
 
-def _key(config: dict) -> str:
+def _key(config: dict[str, Any]) -> str:
     return repr(sorted(config.items()))

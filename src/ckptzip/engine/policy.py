@@ -44,7 +44,7 @@ CHUNK_BYTES = {
 }
 DEFAULT_CHUNK_BYTES = 256 << 10
 
-_PRESET_CODECS = {
+_PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
     ("auto", "cuda"): {"id": "ans", "data_type": "|u1"},
     ("fast", "cuda"): {"id": "ans", "data_type": "|u1"},
     ("portable", "cuda"): {"id": "zstd", "level": 3},

@@ -191,7 +191,7 @@ class _Uploader:
 
 
     def get(self) -> tuple[torch.Tensor, Runs, torch.cuda.Event]:
-        item = self._queue.get()
+        item: tuple[torch.Tensor, Runs, torch.cuda.Event] | BaseException = self._queue.get()
         if isinstance(item, BaseException):
             raise item
         return item
@@ -216,8 +216,9 @@ def _chunk_spans(chunks: list[tuple[TensorEntry, int, int, Any]], size: int) -> 
     return spans
 
 
-def _decode_gpu(uploader: _Uploader, entries: list[TensorEntry], device: torch.device, digests: bool,
+def _decode_gpu(uploader: _Uploader | None, entries: list[TensorEntry], device: torch.device, digests: bool,
                 outs: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    assert uploader is not None  # made for every plan with GPU batches
     region, runs, ready = uploader.get()
     with torch.cuda.device(device):
         torch.cuda.current_stream(device).wait_event(ready)
@@ -262,7 +263,7 @@ def _slices(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | N
 
 
 def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torch.device],
-                 on_progress: Callable[[int], None]) -> list[torch.Tensor]:
+                 on_progress: Callable[[int], object]) -> list[torch.Tensor]:
     """Decode and verify tensors ``indices`` of the container onto ``devices`` (one each).
 
     Tensors larger than a batch decode in parts straight into their output, so decoding needs
@@ -292,8 +293,7 @@ def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torc
             item_entry.append(i)
 
     def outputs(idx: list[int]) -> list[torch.Tensor | None]:
-        return [None if into[j] is None else
-                whole[into[j][0]][into[j][1] : into[j][1] + items[j].nbytes] for j in idx]  # type: ignore[index]
+        return [None if (at := into[j]) is None else whole[at[0]][at[1] : at[1] + items[j].nbytes] for j in idx]
 
     plan = plan_batches(items, item_devices)
     gpu = [(work, [items[j] for j in idx]) for backend, work, idx in plan if backend == "cuda"]

@@ -183,7 +183,7 @@ class _Sink:
         if job.first:
             self._batch_start = self._writer.offset
         buffer, n = job.piece
-        self._writer.append(memoryview(buffer.numpy())[:n])
+        self._writer.append(buffer.numpy().data[:n])
         if job.record is not None:
             self._record(job.record, self._batch_start)
         self._writeback()
@@ -312,7 +312,7 @@ class _Stager:
 
 
 def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, stager: _Stager,
-                on_progress: Callable[[int], None], gpu_batch_bytes: int | None = None,
+                on_progress: Callable[[int], object], gpu_batch_bytes: int | None = None,
                 only: list[int] | None = None) -> None:
     """Encode every batch of the state (of tensors ``only``, where given) and hand it to
     ``stager``, in file order."""
@@ -357,7 +357,7 @@ def _finish(writer: ContainerWriter, sink: _Sink, tree: Any) -> list[TensorEntry
 
 
 def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree: Any, policy: Policy,
-                on_progress: Callable[[int], None]) -> list[TensorEntry]:
+                on_progress: Callable[[int], object]) -> list[TensorEntry]:
     """Write a whole container to ``f``: every tensor, then the index and trailer. Returns the
     tensor table."""
     writer = ContainerWriter(f)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .. import strictjson
 from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
 from ..transforms import get_transform
 from .spec import DTYPES, FORMAT_NAME, KNOWN_MINORS, MAX_CHUNK_RAW, MAX_DIMS, PREAMBLE_SIZE, READABLE_MAJORS, VERSION
@@ -30,7 +31,7 @@ class Chunk:
     raw_length: int
     digest: str
 
-    def to_json(self) -> list:
+    def to_json(self) -> list[int | str]:
         return [self.offset, self.length, self.raw_length, self.digest]
 
 
@@ -46,7 +47,7 @@ class StreamEntry:
     def compressed_nbytes(self) -> int:
         return sum(c.length for c in self.chunks)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"codec": self.codec, "nbytes": self.nbytes, "chunks": [c.to_json() for c in self.chunks]}
 
 
@@ -72,7 +73,7 @@ class TensorEntry:
         """Codec id of each stream, in order."""
         return [s.codec["id"] for s in self.streams]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = {
             "name": self.name,
             "dtype": self.dtype,
@@ -113,7 +114,7 @@ class Index:
     @classmethod
     def parse(cls, raw: bytes, data_end: int) -> Index:
         """Parse and validate index bytes of a file whose data section ends at ``data_end``."""
-        doc = _load_json(raw)
+        doc = strictjson.loads(raw, "the index")
         _expect(isinstance(doc, dict), "the index is not a JSON object")
         version = doc.get("version")
         _expect(_is_int_list(version, 2), f"index 'version' is {version!r:.40}, expected [major, minor]")
@@ -154,27 +155,7 @@ def _is_int_list(v: Any, length: int | None = None) -> bool:
     return isinstance(v, list) and (length is None or len(v) == length) and all(_is_int(x) for x in v)
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise CorruptCheckpointError("the index has a JSON object with duplicate keys; the file is damaged")
-    return out
-
-
-def _reject_constant(name: str) -> None:
-    raise CorruptCheckpointError(f"the index holds the non-JSON constant {name}; the file is damaged")
-
-
-def _load_json(raw: bytes) -> Any:
-    try:
-        return json.loads(
-            raw.decode("utf-8"), object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant
-        )
-    except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, integers past Python's digit limit
-        raise CorruptCheckpointError(f"the index is not valid UTF-8 JSON ({exc}); the file is damaged") from exc
-
-
-def _check_keys(obj: dict, required: set[str], optional: set[str], what: str) -> None:
+def _check_keys(obj: dict[str, Any], required: set[str], optional: set[str], what: str) -> None:
     keys = set(obj)
     _expect(required <= keys, f"{what} lacks keys {sorted(required - keys)}")
     _expect(keys <= required | optional, f"{what} has unknown keys {sorted(keys - required - optional)}")
@@ -265,7 +246,7 @@ def _parse_stream(doc: Any, expected_nbytes: int, what: str) -> StreamEntry:
     return StreamEntry(codec, expected_nbytes, parsed)
 
 
-def _chunks_valid(chunks: list) -> bool:
+def _chunks_valid(chunks: list[Any]) -> bool:
     """Every chunk is [offset, length, raw_length, digest] within bounds (a few passes over the
     columns: indexes of large states list tens of thousands of chunks)."""
     if not all(type(c) is list and len(c) == 4 for c in chunks):

@@ -14,7 +14,6 @@ derives from one package's ``CheckpointIO`` and is registered as a virtual subcl
 
 from __future__ import annotations
 
-import collections
 import os
 import warnings
 from typing import Any, Literal, get_args
@@ -22,7 +21,7 @@ from typing import Any, Literal, get_args
 import ckptzip
 from ckptzip.errors import CorruptCheckpointError, UnsupportedObjectError
 from ckptzip.format.spec import MAGIC
-from ckptzip.tree import flatten
+from ckptzip.tree import DROP, flatten, map_tree
 
 try:
     from lightning.fabric.plugins import TorchCheckpointIO
@@ -40,8 +39,6 @@ except ImportError:  # standalone pytorch_lightning only
 __all__ = ["CkptzipCheckpointIO", "OnUnsupported"]
 
 OnUnsupported = Literal["error", "repr", "drop"]
-
-_DROP = object()
 
 
 class CkptzipCheckpointIO(TorchCheckpointIO):
@@ -110,8 +107,17 @@ class CkptzipCheckpointIO(TorchCheckpointIO):
         return checkpoint
 
     def _replace_unsupported(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """``checkpoint`` with every value (or dict key) ckptzip cannot store replaced as
+        ``on_unsupported`` says; copies only the containers on the way to such a value."""
         paths: list[str] = []
-        replaced: dict[str, Any] = _replace(checkpoint, "", self.on_unsupported, paths)
+
+        def replace(value: Any, path: str) -> Any:
+            if _storable(value):
+                return value
+            paths.append(f"{path or '<root>'} ({type(value).__module__}.{type(value).__qualname__})")
+            return repr(value) if self.on_unsupported == "repr" else DROP
+
+        replaced: dict[str, Any] = map_tree(checkpoint, replace, replace)
         if paths:
             action = "stored as repr() strings" if self.on_unsupported == "repr" else "left out"
             warnings.warn(
@@ -133,41 +139,6 @@ def _storable(value: Any) -> bool:
     except UnsupportedObjectError:
         return False
     return True
-
-
-def _join(path: str, key: object) -> str:
-    return f"{path}.{key}" if path else str(key)
-
-
-def _replace(obj: Any, path: str, policy: str, paths: list[str]) -> Any:
-    """``obj`` with every value ckptzip cannot store replaced per ``policy`` (``_DROP`` to drop it).
-
-    Recurses into exactly the containers ckptzip recurses into and returns ``obj`` itself when
-    nothing inside it changed, so the common case copies nothing.
-    """
-    if type(obj) in (dict, collections.OrderedDict):
-        items, changed = [], False
-        for key, value in obj.items():
-            new_key = _replace(key, _join(path, f"<key {key!r}>"), policy, paths)
-            new_value = value if new_key is _DROP else _replace(value, _join(path, key), policy, paths)
-            changed |= new_key is not key or new_value is not value
-            if new_key is not _DROP and new_value is not _DROP:
-                items.append((new_key, new_value))
-        if not changed:
-            return obj
-        out = type(obj)(items)
-        if hasattr(obj, "_metadata"):
-            out._metadata = obj._metadata
-        return out
-    if type(obj) in (list, tuple):
-        values = [_replace(v, _join(path, i), policy, paths) for i, v in enumerate(obj)]
-        if all(new is old for new, old in zip(values, obj)):
-            return obj
-        return type(obj)(None if v is _DROP else v for v in values)
-    if _storable(obj):
-        return obj
-    paths.append(f"{path or '<root>'} ({type(obj).__module__}.{type(obj).__qualname__})")
-    return repr(obj) if policy == "repr" else _DROP
 
 
 def _register_with_other_lightning_package() -> None:

@@ -16,6 +16,8 @@ import threading
 import numpy as np
 import torch
 
+__all__ = ["INTERPRET", "THREAD_SAFE", "to_device", "triton", "use_triton"]
+
 try:
     import triton
 except ImportError:  # pragma: no cover - depends on the environment

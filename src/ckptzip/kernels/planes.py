@@ -13,10 +13,11 @@ The checksum is linear in the data words: element ``e`` of ``k`` bytes contribut
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ..checksum import wsum64_array
@@ -103,7 +104,7 @@ if triton is not None:
         tl.store(partial + pid, total)
 
 
-def plane_layout(nbytes: Sequence[int], itemsize: int) -> tuple[np.ndarray, np.ndarray, int]:
+def plane_layout(nbytes: Sequence[int] | npt.NDArray[np.int64], itemsize: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Where planes go in a planes buffer: each tensor's first plane offset and plane stride (both
     multiples of PLANE_ALIGN), and the buffer size."""
     n = np.asarray(nbytes, dtype=np.int64) // itemsize
@@ -173,14 +174,24 @@ def merge_planes(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[to
     return _launch(_merge_kernel, device, rows, owner, len(outs), K=itemsize)
 
 
+def _each_element_row(tensors: Sequence[torch.Tensor], itemsize: int,
+                      visit: Callable[[int, np.ndarray], None]) -> torch.Tensor:
+    """Call ``visit(t, elements)`` with each tensor's bytes as rows of ``itemsize`` bytes (a view,
+    which ``visit`` may fill); return each tensor's wsum64, taken after the visit."""
+    sums = np.empty(len(tensors), dtype=np.uint64)
+    for t, tensor in enumerate(tensors):
+        raw = tensor.numpy()
+        visit(t, raw.reshape(-1, itemsize))
+        sums[t] = wsum64_array(raw)
+    return torch.from_numpy(sums.view(np.int64))
+
+
 def _split_numpy(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Tensor, starts: np.ndarray,
                  strides: np.ndarray, hist: torch.Tensor, hist_rows: np.ndarray) -> torch.Tensor:
     buffer = planes.numpy()
     counts = hist.numpy().reshape(-1, 8, 256)
-    sums = np.empty(len(datas), dtype=np.uint64)
-    for t, data in enumerate(datas):
-        raw = data.numpy()
-        elements = raw.reshape(-1, itemsize)
+
+    def split(t: int, elements: np.ndarray) -> None:
         n = elements.shape[0]
         for j in range(itemsize):
             start = int(starts[t] + j * strides[t])
@@ -188,20 +199,18 @@ def _split_numpy(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Ten
         sample = elements[:: max(1, n // _SAMPLE_ELEMENTS)]
         for j in range(itemsize):
             counts[hist_rows[t], j] += np.bincount(sample[:, j], minlength=256).astype(np.int32)
-        sums[t] = wsum64_array(raw)
-    return torch.from_numpy(sums.view(np.int64))
+
+    return _each_element_row(datas, itemsize, split)
 
 
 def _merge_numpy(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[torch.Tensor],
                  plane_base: np.ndarray, plane_offset: np.ndarray) -> torch.Tensor:
     arrays = [b.numpy() for b in bases]
-    sums = np.empty(len(outs), dtype=np.uint64)
-    for t, out in enumerate(outs):
-        raw = out.numpy()
-        elements = raw.reshape(-1, itemsize)
+
+    def merge(t: int, elements: np.ndarray) -> None:
         n = elements.shape[0]
         for j in range(itemsize):
             start = int(plane_offset[t, j])
             elements[:, j] = arrays[plane_base[t, j]][start : start + n]
-        sums[t] = wsum64_array(raw)
-    return torch.from_numpy(sums.view(np.int64))
+
+    return _each_element_row(outs, itemsize, merge)

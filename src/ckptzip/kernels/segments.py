@@ -102,6 +102,7 @@ def segment_sums(
     base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
     src = base_ptrs[base_index.astype(np.int64)] + offsets.astype(np.int64)
     if outs:
+        assert out_index is not None and out_offsets is not None  # given with outs
         out_ptrs = np.array([o.data_ptr() for o in outs], dtype=np.int64)
         dst = out_ptrs[out_index.astype(np.int64)] + out_offsets.astype(np.int64)
     else:
@@ -138,6 +139,7 @@ def _segment_sums_numpy(
     for i, (b, o, n) in enumerate(zip(base_index.tolist(), offsets.tolist(), lengths.tolist())):
         segment = arrays[b][o : o + n]
         if targets:
+            assert out_index is not None and out_offsets is not None  # given with outs
             d = int(out_offsets[i])
             targets[int(out_index[i])][d : d + n] = segment
         sums[i] = wsum64_array(segment)

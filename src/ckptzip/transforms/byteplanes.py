@@ -7,6 +7,7 @@ others are near-random mantissa. Split apart, each plane goes to the codec that 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -26,7 +27,7 @@ class BytePlanes(Transform):
             raise ValueError(f"byteplanes itemsize must be one of {ITEMSIZES}, got {itemsize!r}")
         self.itemsize = itemsize
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {"id": self.transform_id, "itemsize": self.itemsize}
 
     def stream_sizes(self, nbytes: int) -> list[int]:
