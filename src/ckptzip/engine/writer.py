@@ -17,7 +17,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from .staging import PinnedPool, copy_stream, pinned_pool
 
 BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
 WRITEBACK_BYTES = 64 << 20
+T = TypeVar("T")
 _MASK64 = (1 << 64) - 1
 
 
@@ -151,8 +152,50 @@ def _stage(positions: list[int], names: list[str], tensors: list[_Meta], batch: 
         yield _Job((buffer, n), k == 0, record, ready)
 
 
-class _Sink:
-    """Writes staged batches on its own thread, in submission order, and records their entries."""
+class _InOrder(Generic[T]):
+    """A thread that handles items in the order they are put. Its first error is raised in the
+    putting thread (by ``put``, ``check`` or ``close``); items after it are only finished."""
+
+    def __init__(self, name: str, maxsize: int) -> None:
+        self._queue: queue.Queue[T | None] = queue.Queue(maxsize=maxsize)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                if self._error is None:
+                    self._handle(item)
+            except BaseException as exc:  # surfaced to the putting thread
+                self._error = exc
+            finally:
+                self._finish(item)
+
+    def _handle(self, item: T) -> None:
+        raise NotImplementedError
+
+    def _finish(self, item: T) -> None:
+        """After each item, handled or not."""
+
+    def put(self, item: T) -> None:
+        self.check()
+        self._queue.put(item)
+
+    def check(self) -> None:
+        """Raise the thread's error, if it had one."""
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Wait for every item; raise the first error."""
+        self._queue.put(None)
+        self._thread.join()
+        self.check()
+
+
+class _Sink(_InOrder[_Job]):
+    """Writes staged batches on its own thread, in order, and records their entries."""
 
     def __init__(self, writer: ContainerWriter, pool: PinnedPool | None, f: BinaryIO, count: int) -> None:
         self._writer = writer
@@ -161,21 +204,14 @@ class _Sink:
         self._pool = pool
         self._fd = _file_descriptor(f)
         self._flushed_to = 0
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(8, pool.count if pool else 0))
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="ckptzip-writer", daemon=True)
-        self._thread.start()
+        super().__init__("ckptzip-writer", max(8, pool.count if pool else 0))
 
-    def _run(self) -> None:
-        while (job := self._queue.get()) is not None:
-            try:
-                if self._error is None:
-                    self._write(job)
-            except BaseException as exc:  # surfaced to the submitting thread
-                self._error = exc
-            finally:
-                if self._pool is not None:
-                    self._pool.release(job.piece[0])
+    def _handle(self, job: _Job) -> None:
+        self._write(job)
+
+    def _finish(self, job: _Job) -> None:
+        if self._pool is not None:
+            self._pool.release(job.piece[0])
 
     def _write(self, job: _Job) -> None:
         if job.ready is not None:
@@ -222,21 +258,6 @@ class _Sink:
         os.posix_fadvise(self._fd, self._flushed_to, end - self._flushed_to, os.POSIX_FADV_DONTNEED)
         self._flushed_to = end
 
-    def submit(self, job: _Job) -> None:
-        self.check()
-        self._queue.put(job)
-
-    def check(self) -> None:
-        """Raise the writer thread's error, if it had one."""
-        if self._error is not None:
-            raise self._error
-
-    def close(self) -> None:
-        """Wait for every job; raise the first error."""
-        self._queue.put(None)
-        self._thread.join()
-        self.check()
-
 
 def _file_descriptor(f: BinaryIO) -> int | None:
     """The OS file descriptor behind ``f`` when early writeback can use it, else None."""
@@ -267,7 +288,10 @@ def _side_streams(devices: set[torch.device]) -> Iterator[None]:
             caller.wait_stream(stream)
 
 
-class _Stager:
+_Batch = tuple[list[int], list[str], list[_Meta], EncodedBatch, "torch.cuda.Event | None"]
+
+
+class _Stager(_InOrder[_Batch]):
     """Moves encoded batches to host memory (:func:`_stage`) on a thread of its own, handing each
     piece to ``deliver`` in order, so the encoding thread goes on to the next batch at once. At
     most one batch waits in line (device memory stays bounded)."""
@@ -275,40 +299,20 @@ class _Stager:
     def __init__(self, pool: PinnedPool | None, deliver: Callable[[_Job], None]) -> None:
         self._pool = pool
         self._deliver = deliver
-        self._queue: queue.Queue[tuple[list[int], list[str], list[_Meta], EncodedBatch, torch.cuda.Event | None] | None] = (
-            queue.Queue(maxsize=1))
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="ckptzip-stage", daemon=True)
-        self._thread.start()
+        super().__init__("ckptzip-stage", 1)
 
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            if self._error is not None:
-                continue  # drain, so that put never blocks
-            try:
-                positions, names, metas, batch, encoded = item
-                for job in _stage(positions, names, metas, batch, self._pool, encoded):
-                    self._deliver(job)
-            except BaseException as exc:  # surfaced to the encoding thread
-                self._error = exc
+    def _handle(self, item: _Batch) -> None:
+        positions, names, metas, batch, encoded = item
+        for job in _stage(positions, names, metas, batch, self._pool, encoded):
+            self._deliver(job)
 
-    def put(self, positions: list[int], names: list[str], metas: list[_Meta], batch: EncodedBatch) -> None:
-        self.check()
+    def stage(self, positions: list[int], names: list[str], metas: list[_Meta], batch: EncodedBatch) -> None:
+        """Queue a batch whose encoding was queued on the current stream."""
         encoded = None
         if batch.stored.is_cuda:
             encoded = torch.cuda.Event()
             encoded.record(torch.cuda.current_stream(batch.stored.device))
-        self._queue.put((positions, names, metas, batch, encoded))
-
-    def check(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def close(self) -> None:
-        """Wait for every batch; raise the first error."""
-        self._queue.put(None)
-        self._thread.join()
-        self.check()
+        self.put((positions, names, metas, batch, encoded))
 
 
 def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, stager: _Stager,
@@ -329,7 +333,7 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     with _side_streams(cuda):
         for (_, idx), batch in run_ahead(tasks, workers):
             metas = [_Meta.of(tensors[i]) for i in idx]
-            stager.put(idx, [names[i] for i in idx], metas, batch)
+            stager.stage(idx, [names[i] for i in idx], metas, batch)
             on_progress(sum(m.nbytes for m in metas))
 
 
@@ -350,8 +354,10 @@ def _run_pipeline(encode: Callable[[_Stager], None], stager: _Stager, sink: _Sin
 
 
 def _finish(writer: ContainerWriter, sink: _Sink, tree: Any) -> list[TensorEntry]:
-    for entry in sink.entries:
-        writer.add_tensor(entry)  # type: ignore[arg-type]  # every position was written
+    for position, entry in enumerate(sink.entries):
+        if entry is None:
+            raise AssertionError(f"tensor {position} of the table was never written")
+        writer.add_tensor(entry)
     writer.finish(tree)
     return writer.tensors
 
@@ -364,7 +370,7 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
     pool = pinned_pool() if any(t.is_cuda for t in tensors) else None
     sink = _Sink(writer, pool, f, len(tensors))
     _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress),
-                  _Stager(pool, sink.submit), sink)
+                  _Stager(pool, sink.put), sink)
     return _finish(writer, sink, tree)
 
 
@@ -419,9 +425,9 @@ def write_staged(f: BinaryIO, staged: StagedState, names: list[str], tensors: li
 
     def encode(stager: _Stager) -> None:
         for job in jobs:
-            sink.submit(job)
+            sink.put(job)
         if staged.rest:
             _encode_all(names, tensors, policy, stager, lambda _: None, only=staged.rest)
 
-    _run_pipeline(encode, _Stager(None, sink.submit), sink)
+    _run_pipeline(encode, _Stager(None, sink.put), sink)
     return _finish(writer, sink, tree)
