@@ -163,3 +163,17 @@ def test_load_returns_tf_tensors(tmp_path: pathlib.Path) -> None:
     loaded = ckz.load(tmp_path / "t.ckz")
     assert loaded["n"] == 3 and loaded["w"].dtype == tf.bfloat16 and loaded["w"].shape == (2, 3)
     np.testing.assert_array_equal(tf.cast(loaded["w"], tf.float32).numpy(), np.arange(6.0).reshape(2, 3))
+
+
+@pytest.mark.gpu
+def test_gpu_variables_leave_as_cuda_views_and_restore_on_the_gpu(tmp_path: pathlib.Path) -> None:
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("needs TensorFlow with CUDA (pip install 'tensorflow[and-cuda]')")
+    with tf.device("/GPU:0"):
+        saved, fresh = variable_tree(fill=True), variable_tree(fill=False)
+    view = ckz.to_torch(saved["f32"])
+    assert view.is_cuda
+    ckz.save(saved, tmp_path / "g.ckz")
+    ckz.restore(fresh, tmp_path / "g.ckz")
+    assert "GPU" in fresh["f32"].device
+    assert_same_variables(tf.nest.flatten(fresh), tf.nest.flatten(saved))

@@ -148,7 +148,7 @@ def _restore_leaf(value: Any, leaf: Any, where: str, device: Device) -> Any:
 def _from_torch(obj: Any, path: str, device: Device) -> Any:
     if isinstance(obj, torch.Tensor):
         return _tensor_to_jax(obj, path, device)
-    if isinstance(obj, dict):
+    if type(obj) in (dict, collections.OrderedDict):
         return type(obj)((k, _from_torch(v, _join(path, k), device)) for k, v in obj.items())
     if type(obj) in (list, tuple):
         return type(obj)(_from_torch(v, _join(path, i), device) for i, v in enumerate(obj))

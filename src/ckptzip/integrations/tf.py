@@ -18,6 +18,7 @@ saved ones while its order does not.
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import Any
 
@@ -82,7 +83,7 @@ def _to_torch(obj: Any, path: str) -> Any:
         return _tensor_to_torch(obj)
     if isinstance(obj, _OWNER_TYPES):
         return {name: _tensor_to_torch(v) for name, v in _by_path(_variables(obj)).items()}
-    if isinstance(obj, dict):
+    if type(obj) in (dict, collections.OrderedDict):
         return type(obj)((k, _to_torch(v, _join(path, k))) for k, v in obj.items())
     if type(obj) in (list, tuple):
         return type(obj)(_to_torch(v, _join(path, i)) for i, v in enumerate(obj))
@@ -109,7 +110,7 @@ def from_torch(obj: Any) -> Any:
     """``obj`` (anything ckptzip loaded) with every torch tensor a ``tf.Tensor`` on its device."""
     if isinstance(obj, torch.Tensor):
         return _tensor_to_tf(obj)
-    if isinstance(obj, dict):
+    if type(obj) in (dict, collections.OrderedDict):
         return type(obj)((k, from_torch(v)) for k, v in obj.items())
     if type(obj) in (list, tuple):
         return type(obj)(from_torch(v) for v in obj)
