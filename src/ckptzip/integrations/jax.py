@@ -100,7 +100,7 @@ def to_torch(tree: Any) -> Any:
     by field (or key) name. A fully addressable sharded array is taken from one device (replicated)
     or gathered onto one; an array spread over processes is refused.
     """
-    jax.block_until_ready(tree)  # torch reads the buffers with no stream of JAX's to wait on
+    jax.block_until_ready(tree)  # every array computed before torch reads its buffer
     return _to_torch(tree, "")
 
 

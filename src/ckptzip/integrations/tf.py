@@ -78,22 +78,18 @@ def _tensor_to_torch(x: Any) -> torch.Tensor:
     return torch.from_dlpack(tf.experimental.dlpack.to_dlpack(tf.convert_to_tensor(x)))
 
 
-def _to_torch(obj: Any, path: str) -> Any:
-    if isinstance(obj, _VARIABLE_TYPES) or tf.is_tensor(obj):
-        return _tensor_to_torch(obj)
-    if isinstance(obj, _OWNER_TYPES):
-        return {name: _tensor_to_torch(v) for name, v in _by_path(_variables(obj)).items()}
-    if type(obj) in (dict, collections.OrderedDict):
-        return type(obj)((k, _to_torch(v, _join(path, k))) for k, v in obj.items())
-    if type(obj) in (list, tuple):
-        return type(obj)(_to_torch(v, _join(path, i)) for i, v in enumerate(obj))
-    return obj  # plain values and NumPy arrays as they are; ckptzip refuses the rest
-
-
 def to_torch(tree: Any) -> Any:
     """``tree`` as ckptzip stores it: tensors and variables as torch views (DLPack, no copy),
     each model, layer, optimizer or module as ``{variable path: tensor}``."""
-    return _to_torch(tree, "")
+    if isinstance(tree, _VARIABLE_TYPES) or tf.is_tensor(tree):
+        return _tensor_to_torch(tree)
+    if isinstance(tree, _OWNER_TYPES):
+        return {name: _tensor_to_torch(v) for name, v in _by_path(_variables(tree)).items()}
+    if type(tree) in (dict, collections.OrderedDict):
+        return type(tree)((k, to_torch(v)) for k, v in tree.items())
+    if type(tree) in (list, tuple):
+        return type(tree)(to_torch(v) for v in tree)
+    return tree  # plain values and NumPy arrays as they are; ckptzip refuses the rest
 
 
 def _device_of(x: Any) -> str:
