@@ -3,11 +3,13 @@
 #   docker run --rm --gpus all ckptzip                      # ckptzip demo on the GPU
 #   docker run --rm --gpus all -v "$PWD:/work" ckptzip ckptzip compress /work/model.pt /work/model.ckz
 # For CUDA 12: --build-arg CUDA_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04 --build-arg CKPTZIP_EXTRAS=gpu
-# plus a TORCH_SPEC of a CUDA 12 build. The install steps are docker/install.sh (tested in CI).
+# plus a TORCH_SPEC naming a CUDA 12 build of torch (pip arguments, e.g. "--index-url URL torch==X").
+# The install steps are docker/install.sh (tested in CI).
 ARG CUDA_IMAGE=nvidia/cuda:13.0.1-runtime-ubuntu24.04
 FROM ${CUDA_IMAGE}
 
 # Triton (the fused byte-plane kernels) compiles its launcher with gcc against Python's headers.
+ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
