@@ -49,3 +49,7 @@ class StorageUnavailableError(CkptzipError, ImportError):
 class DecodeBudgetError(CkptzipError, MemoryError):
     """A checkpoint declares more decoded bytes than the caller's ``max_bytes`` allows; nothing
     was allocated for its tensors."""
+
+
+class TargetMismatchError(CkptzipError, ValueError):
+    """A checkpoint does not fit the object it is restored into (a missing entry, a shape or dtype)."""

@@ -4,6 +4,10 @@
   ``CheckpointIO`` plugin (``pip install 'ckptzip[lightning]'``).
 - :mod:`ckptzip.integrations.hf`: ``CkptzipTrainer`` / ``CkptzipTrainerMixin`` for Hugging Face
   ``transformers.Trainer`` (``pip install 'ckptzip[hf]'``).
+- :mod:`ckptzip.integrations.jax`: pytrees of ``jax.Array`` to ``.ckz`` and back through DLPack
+  (``pip install 'ckptzip[jax]'``).
+- :mod:`ckptzip.integrations.tf`: TensorFlow variables, Keras models and optimizers, and a Keras
+  callback saving every N steps (``pip install 'ckptzip[tf]'``).
 
-docs/INTEGRATIONS.md describes both.
+docs/INTEGRATIONS.md describes each.
 """
