@@ -23,6 +23,7 @@ import os
 from typing import Any, Union
 
 import torch
+from torch.utils.dlpack import from_dlpack
 
 import ckptzip
 from ckptzip.errors import TargetMismatchError, UnsupportedObjectError
@@ -74,7 +75,7 @@ def _array_to_torch(a: jax.Array, path: str) -> torch.Tensor:
         first = a.addressable_shards[0]
         a = first.data if a.is_fully_replicated else jax.device_put(a, first.device)
     try:
-        return torch.from_dlpack(a)
+        return from_dlpack(a)
     except (BufferError, RuntimeError, TypeError, jax.errors.JaxRuntimeError) as exc:
         raise UnsupportedObjectError(
             f"the jax.Array at {path or '<root>'!r} ({a.dtype}) cannot be handed to ckptzip through DLPack: {exc}"

@@ -23,6 +23,7 @@ import os
 from typing import Any
 
 import torch
+from torch.utils.dlpack import from_dlpack
 
 import ckptzip
 from ckptzip.errors import TargetMismatchError
@@ -75,7 +76,7 @@ def _by_path(variables: list[Any]) -> dict[str, Any]:
 def _tensor_to_torch(x: Any) -> torch.Tensor:
     """A torch view of a variable's or tensor's buffer; later assignments to the variable do not
     change it (TensorFlow copies a buffer on write while a view of it is alive)."""
-    return torch.from_dlpack(tf.experimental.dlpack.to_dlpack(tf.convert_to_tensor(x)))
+    return from_dlpack(tf.experimental.dlpack.to_dlpack(tf.convert_to_tensor(x)))
 
 
 def to_torch(tree: Any) -> Any:
@@ -99,7 +100,7 @@ def _device_of(x: Any) -> str:
 def _tensor_to_tf(t: torch.Tensor) -> tf.Tensor:
     if t.is_cuda:
         torch.cuda.current_stream(t.device).synchronize()  # TensorFlow reads the buffer on its own stream
-    return tf.experimental.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(t.contiguous()))
+    return tf.experimental.dlpack.from_dlpack(t.contiguous().__dlpack__())
 
 
 def from_torch(obj: Any) -> Any:
