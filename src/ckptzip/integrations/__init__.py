@@ -4,6 +4,10 @@
   ``CheckpointIO`` plugin (``pip install 'ckptzip[lightning]'``).
 - :mod:`ckptzip.integrations.hf`: ``CkptzipTrainer`` / ``CkptzipTrainerMixin`` for Hugging Face
   ``transformers.Trainer`` (``pip install 'ckptzip[hf]'``).
+- :mod:`ckptzip.integrations.deepspeed`: ``CkptzipCheckpointEngine``, a DeepSpeed checkpoint
+  engine (``pip install 'ckptzip[deepspeed]'``).
+- :mod:`ckptzip.integrations.megatron`: the ``"ckptzip"`` backend of Megatron-Core's
+  ``dist_checkpointing`` (``pip install 'ckptzip[megatron]'``).
 
-docs/INTEGRATIONS.md describes both.
+docs/INTEGRATIONS.md describes each.
 """
