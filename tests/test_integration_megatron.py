@@ -1,6 +1,7 @@
-"""Megatron-Core integration: ``dist_checkpointing`` sharded state dicts (tensor shards, a
-replicated tensor, optimizer moments, bf16, sharded objects, common state) saved on 2 gloo ranks
-with the ckptzip backend and loaded back bit-exactly on 2 ranks and, resharded, on 1."""
+"""Megatron-Core integration: ``dist_checkpointing`` sharded state dicts saved on 2 gloo ranks with
+the ckptzip backend and loaded back bit-exactly on 2 ranks and, resharded, on 1: a hand-made one
+(tensor shards, a replicated tensor, optimizer moments, bf16, sharded objects, common state) and a
+tensor-parallel GPTModel's (Megatron builds one on the CPU; its forward pass needs CUDA)."""
 
 from __future__ import annotations
 
@@ -97,3 +98,35 @@ def test_save_on_2_ranks_load_on_2_and_on_1(tmp_path: Path) -> None:
     metadata = CompressedStorageReader(tmp_path).read_metadata()
     assert list(metadata.state_dict_metadata["decoder.weight"].size) == [ROWS, 8]
     launch(_load_on_one_rank_worker, 1, tmp_path)
+
+
+def _gpt(tensor_parallel: int, seed: int) -> Any:
+    """A 2-layer GPTModel split over ``tensor_parallel`` ranks; the same seed gives the same full weights
+    at every tensor-parallel size (Megatron initialises the full weight on the CPU, then splits it)."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_parallel, 1)
+    torch.manual_seed(seed)
+    config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, use_cpu_initialization=True,
+                               tensor_model_parallel_size=tensor_parallel)
+    return GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=64,
+                    max_sequence_length=16)
+
+
+def _gpt_worker(rank: int, world: int, root: Path, save: bool) -> None:
+    warnings.simplefilter("ignore", UserWarning)
+    if save:
+        dist_checkpointing.save(_gpt(world, seed=0).sharded_state_dict(), str(root), sharded_strategy=(BACKEND, 1))
+    model = _gpt(world, seed=1)
+    model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), str(root)))
+    assert_same(model.state_dict(), _gpt(world, seed=0).state_dict(), f"GPTModel, tensor-parallel rank {rank} of {world}")
+
+
+def test_gpt_model_tensor_parallel_2_then_1(tmp_path: Path) -> None:
+    launch(_gpt_worker, 2, tmp_path, True)
+    assert sorted(p.name for p in tmp_path.glob("__*.ckzd")) == ["__0.ckzd", "__1.ckzd"]
+    launch(_gpt_worker, 1, tmp_path, False)
