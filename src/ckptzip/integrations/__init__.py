@@ -8,6 +8,10 @@
   (``pip install 'ckptzip[jax]'``).
 - :mod:`ckptzip.integrations.tf`: TensorFlow variables, Keras models and optimizers, and a Keras
   callback saving every N steps (``pip install 'ckptzip[tf]'``).
+- :mod:`ckptzip.integrations.deepspeed`: ``CkptzipCheckpointEngine``, a DeepSpeed checkpoint
+  engine (``pip install 'ckptzip[deepspeed]'``).
+- :mod:`ckptzip.integrations.megatron`: the ``"ckptzip"`` backend of Megatron-Core's
+  ``dist_checkpointing`` (``pip install 'ckptzip[megatron]'``).
 
 docs/INTEGRATIONS.md describes each.
 """
