@@ -173,3 +173,21 @@ def test_restore_of_no_intact_chain_raises(tmp_path: Path) -> None:
     os.remove(tmp_path / name(1))
     with pytest.warns(CheckpointSkippedWarning), pytest.raises(CheckpointNotFoundError, match="no valid checkpoint"):
         CheckpointManager(tmp_path).restore()
+
+
+def test_inspect_shows_casts_duplicates_deltas_and_the_base(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ckptzip.cli import main
+
+    with CheckpointManager(tmp_path, keep_last=None, incremental=3) as manager:
+        manager.save(1, run_state(1))
+        manager.save(2, {**run_state(2), "copy": run_state(2)["exp_avg"].clone()})
+    assert main(["inspect", str(tmp_path / name(2))]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("model.w", "master.w", "copy"))}
+    assert "cast of master.w" in rows["model.w"] and " - " in rows["model.w"]
+    assert "xor+planes[" in rows["master.w"]
+    assert "copy of exp_avg" in rows["copy"]
+    assert "stored as casts of fp32 tensors: 1 tensors, 128.0 KiB (128.0 KiB not stored)" in out
+    assert "duplicates stored once: 1 tensors, 256.0 KiB (256.0 KiB not stored)" in out
+    assert "stored as XOR deltas: 1 tensors, 256.0 KiB" in out
+    assert "needs base checkpoint step 1, 'step_00000001.ckz', content hash " in out
