@@ -8,11 +8,12 @@ choice is made per tensor, from the estimated coded size of a sample of both.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .policy import RANDOM_ENTROPY_BITS
 
-SAMPLE_BYTES = 1 << 20  # bytes of each tensor the estimate looks at (from its middle)
+SAMPLE_BYTES = 1 << 16  # bytes of each tensor the estimate looks at (from its middle)
 MIN_GAIN = 0.03  # a delta is kept when its estimated size is this much smaller
 
 
@@ -26,10 +27,18 @@ def xor_bytes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_xor(a, b)
 
 
+def _plane_counts(data: torch.Tensor, itemsize: int) -> torch.Tensor:
+    """Byte counts of each byte plane of a 1-D uint8 tensor (``[itemsize, 256]``, on the host)."""
+    if data.is_cuda:
+        planes = data.view(-1, itemsize).to(torch.int32) + 256 * torch.arange(itemsize, device=data.device, dtype=torch.int32)
+        return torch.bincount(planes.reshape(-1), minlength=256 * itemsize).view(itemsize, 256).cpu()
+    rows = data.numpy().reshape(-1, itemsize)
+    return torch.from_numpy(np.stack([np.bincount(rows[:, j], minlength=256) for j in range(itemsize)]))
+
+
 def _estimated_bits(data: torch.Tensor, itemsize: int) -> float:
     """Estimated coded bits per element: order-0 entropy of each byte plane, near-random planes raw."""
-    planes = data.view(-1, itemsize).to(torch.int64) + 256 * torch.arange(itemsize, device=data.device)
-    counts = torch.bincount(planes.reshape(-1), minlength=256 * itemsize).view(itemsize, 256).double()
+    counts = _plane_counts(data, itemsize).double()
     p = counts / counts.sum(dim=1, keepdim=True)
     entropy = -(p * torch.log2(p.clamp_min(1e-300))).sum(dim=1)
     return float(torch.where(entropy > RANDOM_ENTROPY_BITS, 8.0, entropy).sum())
