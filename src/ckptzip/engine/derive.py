@@ -92,24 +92,32 @@ def find_duplicates(tensors: list[torch.Tensor]) -> dict[int, int]:
 
 def find_casts(tensors: list[torch.Tensor], skip: set[int]) -> dict[int, int]:
     """Position of a bf16/fp16 tensor -> position of the fp32 tensor it is the exact cast of
-    (positions in ``skip`` are neither)."""
-    sources: dict[tuple, list[int]] = collections.defaultdict(list)
+    (positions in ``skip`` are neither). Per shape and device: one batched sample comparison of
+    every candidate pair, then a full comparison of the pairs whose samples matched."""
+    groups: dict[tuple, tuple[list[int], list[int]]] = collections.defaultdict(lambda: ([], []))
     for i, t in enumerate(tensors):
-        if i not in skip and t.dtype == torch.float32 and _eligible(t):
-            sources[t.device, tuple(t.shape)].append(i)
+        if i in skip or not _eligible(t):
+            continue
+        if t.dtype == torch.float32:
+            groups[t.device, tuple(t.shape)][0].append(i)
+        elif t.dtype in CAST_DTYPES:
+            groups[t.device, tuple(t.shape)][1].append(i)
     out: dict[int, int] = {}
-    for i, t in enumerate(tensors):
-        if i in skip or t.dtype not in CAST_DTYPES or not _eligible(t):
+    for (device, shape), (sources, targets) in groups.items():
+        if not sources or not targets:
             continue
-        candidates = sources.get((t.device, tuple(t.shape)), [])
-        if not candidates:
-            continue
-        at = _sample_at(t.numel(), t.device)
-        want = t.detach().reshape(-1)[at].view(torch.int16)
-        got = torch.stack([cast(tensors[j].detach().reshape(-1)[at], t.dtype).view(torch.int16) for j in candidates])
-        passed = (got == want).all(dim=1).cpu().tolist()  # one sync per candidate tensor
-        for j, ok in zip(candidates, passed):
-            if ok and torch.equal(cast(tensors[j], t.dtype).view(torch.int16), t.detach().view(torch.int16)):
-                out[i] = j
-                break
+        at = _sample_at(tensors[sources[0]].numel(), device)
+        source_samples = torch.stack([tensors[j].detach().reshape(-1)[at] for j in sources])
+        for dtype in CAST_DTYPES:
+            members = [i for i in targets if tensors[i].dtype == dtype]
+            if not members:
+                continue
+            want = torch.stack([tensors[i].detach().reshape(-1)[at].view(torch.int16) for i in members])
+            got = cast(source_samples, dtype).view(torch.int16)
+            matches = (want[:, None, :] == got[None, :, :]).all(dim=2).cpu().tolist()  # one sync per group
+            for i, row in zip(members, matches):
+                for j, ok in zip(sources, row):
+                    if ok and torch.equal(cast(tensors[j], dtype).view(torch.int16), tensors[i].detach().view(torch.int16)):
+                        out[i] = j
+                        break
     return out
