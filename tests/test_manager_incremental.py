@@ -191,3 +191,10 @@ def test_inspect_shows_casts_duplicates_deltas_and_the_base(tmp_path: Path, caps
     assert "duplicates stored once: 1 tensors, 256.0 KiB (256.0 KiB not stored)" in out
     assert "stored as XOR deltas: 1 tensors, 256.0 KiB" in out
     assert "needs base checkpoint step 1, 'step_00000001.ckz', content hash " in out
+
+
+def test_host_snapshots_of_host_tensors_store_deltas_too(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, keep_last=None, incremental=3, snapshot="host") as manager:
+        save_steps(manager, range(1, 4))
+        assert bases_of(tmp_path) == {1: [], 2: [1], 3: [2]}
+        assert_same(manager.restore(3), run_state(3))

@@ -232,7 +232,7 @@ class _SnapshotPool:
         staged = snapshot.staged
 
         def write(f: BinaryIO, base: DeltaBase | None) -> _Written:
-            if staged is not None:  # encoded before the worker ran: stored whole
+            if staged is not None and len(staged.rest) < len(snapshot.tensors):  # encoded already: stored whole
                 return _Written(write_staged(f, staged, snapshot.names, snapshot.tensors, snapshot.tree, self._policy),
                                 None)
             state = unflatten(snapshot.tree, snapshot.tensors.__getitem__, len(snapshot.tensors))
