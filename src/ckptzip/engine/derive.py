@@ -66,7 +66,7 @@ def _sample_at(n: int, device: torch.device) -> torch.Tensor:
 
 def find_duplicates(tensors: list[torch.Tensor]) -> dict[int, int]:
     """Position -> earlier position holding the same bytes, for every later duplicate."""
-    groups: dict[tuple, list[int]] = collections.defaultdict(list)
+    groups: dict[tuple[torch.device, int], list[int]] = collections.defaultdict(list)
     for i, t in enumerate(tensors):
         if _eligible(t):
             groups[t.device, t.numel() * t.element_size()].append(i)
@@ -94,7 +94,8 @@ def find_casts(tensors: list[torch.Tensor], skip: set[int]) -> dict[int, int]:
     """Position of a bf16/fp16 tensor -> position of the fp32 tensor it is the exact cast of
     (positions in ``skip`` are neither). Per shape and device: one batched sample comparison of
     every candidate pair, then a full comparison of the pairs whose samples matched."""
-    groups: dict[tuple, tuple[list[int], list[int]]] = collections.defaultdict(lambda: ([], []))
+    groups: dict[tuple[torch.device, tuple[int, ...]], tuple[list[int], list[int]]] = collections.defaultdict(
+        lambda: ([], []))
     for i, t in enumerate(tensors):
         if i in skip or not _eligible(t):
             continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ class Table:
     tensors: list[torch.Tensor]
     all_names: list[str]
     originals: list[torch.Tensor]
-    sources: dict[int, dict] = field(default_factory=dict)
+    sources: dict[int, dict[str, Any]] = field(default_factory=dict)
     checksums: dict[int, torch.Tensor] = field(default_factory=dict)  # own checksum where the engine's is not
     bases: list[BaseRef] = field(default_factory=list)
 
@@ -64,7 +65,7 @@ class Table:
                 if kind not in source:
                     continue
                 t = self.originals[position]
-                checksum = entries[source[kind]].checksum if kind == "copy" else self._checksum(position)  # type: ignore[union-attr]
+                checksum = entries[source[kind]].checksum if kind == "copy" else self._checksum(position)
                 entries[position] = TensorEntry(
                     self.all_names[position], DTYPE_NAMES[t.dtype], tuple(t.shape), t.numel() * t.element_size(),
                     checksum, [], [], str(t.device), source)
@@ -77,7 +78,7 @@ class Table:
 def rewrite_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase | None = None) -> Table:
     """Find duplicates and casts among ``tensors``, and XOR deltas against ``base`` that pay; the
     engine then encodes only what the returned table lists."""
-    sources: dict[int, dict] = {}
+    sources: dict[int, dict[str, Any]] = {}
     for i, j in find_duplicates(tensors).items():
         sources[i] = {"copy": j}
     for i, j in find_casts(tensors, skip=set(sources)).items():

@@ -116,7 +116,7 @@ class BaseRef:
     name: str
     content_hash: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "name": self.name, "content_hash": self.content_hash}
 
     def describe(self) -> str:
@@ -307,7 +307,7 @@ def _parse_source(doc: Any, what: str) -> dict[str, Any]:
         _expect(ok, f"{what} has source {doc!r:.80}, expected {{'xor': {{'base', 'tensor', 'checksum'}}}}")
     else:
         raise UnsupportedFormatError(f"{what} has source kind {kind!r:.40}, which this ckptzip does not know; upgrade ckptzip")
-    return doc
+    return {kind: body}
 
 
 def _check_sources(tensors: list[TensorEntry], nbases: int) -> None:
