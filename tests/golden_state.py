@@ -59,3 +59,25 @@ def golden_state() -> dict:
         "step": 100,
         "note": "golden",
     }
+
+
+def golden_state_2_1() -> dict:
+    """The state of the format-2.1 golden files: the golden state (its bf16 embedding is the cast of
+    the fp32 one) plus an fp32 master of the fp16 head, and a duplicate of a moment."""
+    state = golden_state()
+    state["head_master"] = state["model"]["head.weight"].float()  # fp16 -> fp32 is exact: head.weight is its cast
+    state["exp_avg_copy"] = state["optimizer"]["state"][0]["exp_avg"].clone()
+    return state
+
+
+def golden_delta_state() -> dict:
+    """``golden_state_2_1`` some steps later: the low mantissa byte of the weights changed; the
+    golden delta file stores it as XOR deltas against cpu_zstd_v2_1_base.ckz."""
+    state = golden_state_2_1()
+    w = state["model"]["embed.weight"]
+    bits = w.reshape(-1).view(torch.int32).numpy() ^ (_lcg(w.numel(), 7) & np.uint32(0xFF)).view(np.int32)
+    later = torch.from_numpy(bits.copy()).view(torch.float32).reshape(w.shape)
+    state["model"]["embed.weight"] = later
+    state["model"]["embed.weight_bf16"] = later.to(torch.bfloat16)
+    state["optimizer"]["state"][0]["step"] = torch.tensor(150.0)
+    return state

@@ -77,3 +77,31 @@ def test_dcp_checkpoint_of_ckptzip_0_1_loads() -> None:
     want = {"w": torch.arange(2000, dtype=torch.float32).reshape(40, 50) / 7, "ids": torch.arange(11),
             "bf": torch.linspace(-2, 2, 3000).bfloat16(), "opt": {"step": torch.tensor(7.0), "lr": 0.5, "name": "adamw"}}
     assert_same(target, want)
+
+
+def test_format_2_1_golden_file_with_casts_and_a_duplicate_decodes() -> None:
+    """cpu_zstd_v2_1_refs.ckz: the bf16 embedding and the fp16 head are casts, a moment is a copy."""
+    from golden_state import golden_state_2_1
+
+    with ckptzip.open(GOLDEN / "cpu_zstd_v2_1_refs.ckz") as reader:
+        assert reader._reader.index.version == (2, 1)
+        sources = {e.name: e.source for e in reader.entries() if e.source}
+        assert_same(reader.load(), golden_state_2_1())
+    assert sources == {"model.embed.weight_bf16": {"cast": 0}, "model.head.weight": {"cast": 11},
+                       "exp_avg_copy": {"copy": 5}}
+
+
+def test_format_2_1_golden_delta_file_decodes_against_its_base() -> None:
+    """cpu_zstd_v2_1_delta.ckz stores XOR deltas against cpu_zstd_v2_1_refs.ckz."""
+    from golden_state import golden_delta_state
+
+    with ckptzip.open(GOLDEN / "cpu_zstd_v2_1_refs.ckz") as base:
+        base_hash, base_tensors = base.content_hash, base.named_tensors()
+    with ckptzip.open(GOLDEN / "cpu_zstd_v2_1_delta.ckz") as reader:
+        (ref,) = reader.bases
+        assert (ref.step, ref.name, ref.content_hash) == (100, "cpu_zstd_v2_1_refs.ckz", base_hash)
+        assert {e.name for e in reader.entries() if e.source_kind == "xor"} >= {"model.embed.weight"}
+        reader.base_tensors = [base_tensors]
+        assert_same(reader.load(), golden_delta_state())
+    with pytest.raises(ckptzip.CkptzipError, match="XOR delta against the base checkpoint step 100"):
+        ckptzip.load(GOLDEN / "cpu_zstd_v2_1_delta.ckz")

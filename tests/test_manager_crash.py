@@ -33,6 +33,15 @@ def big_state(step: int) -> dict[str, Any]:
     return {"step": step, "w": torch.randn(1 << 21, generator=g), "b": torch.randint(0, 100, (1000,), generator=g)}
 
 
+def drifting_state(step: int) -> dict[str, Any]:
+    """~8 MB of weights that drift slowly between steps (so incremental saves store XOR deltas)."""
+    w = torch.randn(1 << 21, generator=torch.Generator().manual_seed(0))
+    return {"step": step, "w": w * (1 + 1e-4 * step), "b": torch.arange(1000) + step}
+
+
+STATES = {"save-forever": big_state, "save-forever-incremental": drifting_state}
+
+
 def child(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -47,22 +56,26 @@ def kill(proc: subprocess.Popen[str]) -> None:
 # ------------------------------------------------------------------------------ kill -9 while saving
 
 
-def save_forever(directory: str) -> None:
-    """Child: save ``big_state`` for consecutive steps until killed, printing each returned save."""
-    manager = CheckpointManager(directory, keep_last=2)
+def save_forever(directory: str, mode: str) -> None:
+    """Child: save the mode's state for consecutive steps until killed, printing each returned save
+    (incremental: chains of at most 3 checkpoints, so kills land in deltas, whole ones and retention)."""
+    manager = CheckpointManager(directory, keep_last=2, incremental=3 if mode.endswith("incremental") else None)
     step = (manager.latest_step() or 0) + 1
     while True:
-        manager.save(step, big_state(step))
+        manager.save(step, STATES[mode](step))
         print(step, flush=True)
         step += 1
 
 
 @pytest.mark.slow
-def test_sigkill_at_any_moment_leaves_the_last_commit_loadable(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", list(STATES))
+def test_sigkill_at_any_moment_leaves_the_last_commit_loadable(tmp_path: Path, mode: str) -> None:
     chance = random.Random(1234)
     killed_mid_write = 0
+    deltas = 0
+    state = STATES[mode]
     for trial in range(10):
-        proc = child("save-forever", str(tmp_path))
+        proc = child(mode, str(tmp_path))
         for _ in range(chance.randint(1, 3)):
             assert proc.stdout is not None and proc.stdout.readline()
         time.sleep(chance.uniform(0.0, 0.3))
@@ -75,16 +88,19 @@ def test_sigkill_at_any_moment_leaves_the_last_commit_loadable(tmp_path: Path) -
         assert names - {LOCK_NAME} == {f"step_{s:08d}.ckz" for s in steps} | leftovers  # a killed writer's lock file stays
         killed_mid_write += bool(leftovers)
         for step in steps:  # every listed checkpoint is whole; restore() never needs to skip one
-            assert_same(manager.restore(step), big_state(step))
+            assert_same(manager.restore(step), state(step))
+            with ckptzip.open(tmp_path / f"step_{step:08d}.ckz") as reader:
+                deltas += bool(reader.bases)
         if steps:
-            assert_same(manager.restore(), big_state(steps[-1]))
-        if trial >= 2 and killed_mid_write:
+            assert_same(manager.restore(), state(steps[-1]))
+        if trial >= 2 and killed_mid_write and (deltas or mode == "save-forever"):
             break
     assert killed_mid_write, "no kill landed inside a write; the test did not test anything"
+    assert deltas or mode == "save-forever", "no delta checkpoint was committed; the test did not test chains"
 
     with CheckpointManager(tmp_path) as manager:
         step = (manager.latest_step() or 0) + 1
-        manager.save(step, big_state(step))
+        manager.save(step, state(step))
     assert os.listdir(tmp_path) and all(n.startswith("step_") for n in os.listdir(tmp_path))  # leftovers gone
     assert manager.latest_step() == step
 
@@ -156,7 +172,7 @@ def test_resume_after_kill_is_bit_identical_to_an_uninterrupted_run(tmp_path: Pa
 
 if __name__ == "__main__":
     mode, *rest = sys.argv[1:]
-    if mode == "save-forever":
-        save_forever(rest[0])
+    if mode in STATES:
+        save_forever(rest[0], mode)
     else:
         train(rest[0], int(rest[1]), int(rest[2]), int(rest[3]), rest[4])

@@ -119,3 +119,22 @@ def test_concurrent_reader_sees_only_committed_checkpoints(s3_options: dict[str,
     writer = CheckpointManager(url, keep_last=1, storage_options=s3_options)
     restored = restore_while_saving(reader, writer, 8, 200_000)
     assert len(set(restored)) >= 2 and restored == sorted(restored)
+
+
+def test_incremental_chains_retention_and_a_missing_base(s3: Any, s3_options: dict[str, Any], url: str) -> None:
+    from test_manager_incremental import run_state
+
+    from ckptzip.errors import MissingBaseError
+
+    with CheckpointManager(url, keep_last=2, incremental=3, storage_options=s3_options) as manager:
+        for step in range(1, 5):
+            manager.save(step, run_state(step))
+        manager.wait()
+        assert manager.all_steps() == [1, 2, 3, 4]  # the retained 3 needs 2 and 1
+        for step in range(1, 5):
+            assert_same(manager.restore(step), run_state(step))
+    s3.rm_file(f"{url}/step_00000002.ckz.commit")  # un-commit a base
+    reader = CheckpointManager(url, storage_options=s3_options)
+    with pytest.raises(MissingBaseError, match=r"against step 2, 'step_00000002.ckz'.* which is missing"):
+        reader.restore(3)
+    assert_same(reader.restore(), run_state(4))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO, Union
 
 import torch
@@ -11,9 +12,10 @@ from tqdm.auto import tqdm
 
 from .engine.policy import Policy
 from .engine.reader import read_tensors
+from .engine.sources import DeltaBase
 from .engine.writer import write_state
 from .errors import CheckpointWriteError, CkptzipError, DecodeBudgetError, DeviceUnavailableError
-from .format import ContainerReader, TensorEntry
+from .format import BaseRef, ContainerReader, TensorEntry, content_hash
 from .storage import atomic_file, open_for_read
 from .tree import flatten, unflatten
 
@@ -27,12 +29,19 @@ def _progress(total: int, enabled: bool, desc: str) -> tqdm[Any]:
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not enabled, leave=False)
 
 
-def _write(f: BinaryIO, obj: Any, policy: Policy, progress: bool) -> None:
+def write_checkpoint(f: BinaryIO, obj: Any, policy: Policy, *, progress: bool = False,
+                     base: DeltaBase | None = None) -> list[TensorEntry]:
+    """Write ``obj`` to the binary file ``f``, tensors that pay stored as XOR deltas against
+    ``base``; return the tensor table (what :func:`~ckptzip.format.content_hash` hashes)."""
     flat = flatten(obj)
     tensors = [item.tensor for item in flat.tensors]
     total = sum(t.numel() * t.element_size() for t in tensors)
     with _progress(total, progress, "compress") as bar:
-        write_state(f, [item.name for item in flat.tensors], tensors, flat.tree, policy, bar.update)
+        return write_state(f, [item.name for item in flat.tensors], tensors, flat.tree, policy, bar.update, base)
+
+
+def _write(f: BinaryIO, obj: Any, policy: Policy, progress: bool) -> None:
+    write_checkpoint(f, obj, policy, progress=progress)
 
 
 def save(obj: Any, f: PathOrFile, *, codec: CodecArg = "auto", progress: bool = False) -> None:
@@ -106,6 +115,7 @@ class CheckpointReader:
             self.close()
             raise
         self.map_location = map_location
+        self.base_tensors: Sequence[Mapping[str, torch.Tensor]] | None = None
         self._by_name = {t.name: i for i, t in enumerate(self._reader.tensors)}
         if max_bytes is not None and self.nbytes > max_bytes:
             self.close()
@@ -139,15 +149,33 @@ class CheckpointReader:
     def _tensor(self, index: int) -> torch.Tensor:
         entry = self._reader.tensors[index]
         device = resolve_device(entry.device, self.map_location)
-        return read_tensors(self._reader, [index], [device], lambda _: None)[0]
+        return read_tensors(self._reader, [index], [device], lambda _: None, self.base_tensors)[0]
 
-    def load(self, *, progress: bool = False) -> Any:
-        """The whole saved object, every tensor decoded and verified (read in file order)."""
+    def _all_tensors(self, progress: bool) -> list[torch.Tensor]:
         entries = self._reader.tensors
         devices = [resolve_device(e.device, self.map_location) for e in entries]
         with _progress(self.nbytes, progress, "decompress") as bar:
-            tensors = read_tensors(self._reader, list(range(len(entries))), devices, bar.update)
+            return read_tensors(self._reader, list(range(len(entries))), devices, bar.update, self.base_tensors)
+
+    def load(self, *, progress: bool = False) -> Any:
+        """The whole saved object, every tensor decoded and verified (read in file order)."""
+        tensors = self._all_tensors(progress)
         return unflatten(self._reader.index.tree, tensors.__getitem__, len(tensors))
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor, decoded and verified, by name."""
+        return dict(zip(self.keys(), self._all_tensors(False)))
+
+    @property
+    def bases(self) -> list[BaseRef]:
+        """The checkpoints this one stores XOR deltas against (format 2.1); set ``base_tensors``
+        (their tensors by name, one mapping per base) before reading tensors stored as deltas."""
+        return list(self._reader.index.bases)
+
+    @property
+    def content_hash(self) -> str:
+        """The hash a checkpoint stored relative to this one records for it (FORMAT.md, 2.1)."""
+        return content_hash(self._reader.tensors)
 
     @property
     def nbytes(self) -> int:

@@ -17,7 +17,7 @@ from .convert import convert, read_foreign, write_foreign
 from .errors import CkptzipError
 from .codecs import codec_ids
 from .engine.policy import PRESETS
-from .report import class_table, human_bytes, portability_note, tensor_table
+from .report import class_table, human_bytes, portability_note, sources_note, tensor_table
 
 
 def emit(text: str, stream: TextIO | None = None) -> None:
@@ -105,6 +105,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         emit(class_table(entries))
         emit(f"\nfile {human_bytes(reader.file_size)}; tensors {human_bytes(reader.nbytes)} -> "
              f"{human_bytes(reader.compressed_nbytes)} ({reader.ratio:.3f}x)")
+        emit(sources_note(entries, reader.bases))
         emit(portability_note(entries))
     return 0
 

@@ -53,3 +53,8 @@ class DecodeBudgetError(CkptzipError, MemoryError):
 
 class TargetMismatchError(CkptzipError, ValueError):
     """A checkpoint does not fit the object it is restored into (a missing entry, a shape or dtype)."""
+
+
+class MissingBaseError(CkptzipError, LookupError):
+    """A checkpoint stores tensors as XOR deltas against a base checkpoint that was not given, is
+    missing, is damaged, or is not the one it was written against; the message names the base."""

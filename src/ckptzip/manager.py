@@ -27,10 +27,12 @@ import numpy as np
 import torch
 
 from . import api
-from .errors import CheckpointNotFoundError, CorruptCheckpointError
+from .errors import CheckpointNotFoundError, CorruptCheckpointError, MissingBaseError
 from .engine.policy import Policy
+from .engine.sources import DeltaBase
 from .engine.staging import PinnedPool
 from .engine.writer import StagedState, stage_state, write_staged
+from .format import BaseRef, TensorEntry, content_hash
 from .storage import WriterLock, open_storage
 from .tree import flatten, unflatten
 
@@ -91,6 +93,26 @@ class _Snapshot:
     buffers: list[tuple[_BufferKey, torch.Tensor]]
     ready: list[torch.cuda.Event]  # recorded after the GPU copies; empty when all copies were synchronous
     staged: StagedState | None  # CUDA tensors already encoded, their stored bytes in pinned memory
+
+
+@dataclass
+class _Written:
+    """What a save wrote: its tensor table, and its tensors by name (None where they were staged)."""
+
+    entries: list[TensorEntry]
+    tensors: dict[str, torch.Tensor] | None
+
+
+_Write = Callable[[BinaryIO, "DeltaBase | None"], _Written]
+
+
+@dataclass
+class _Kept:
+    """The last committed state of an incremental manager: the base of its next save."""
+
+    ref: BaseRef
+    tensors: dict[str, torch.Tensor]  # copies, by name
+    chain: int  # checkpoints in its chain, the whole one included
 
 
 def _copy_batched(dst: list[torch.Tensor], src: list[torch.Tensor], *, non_blocking: bool) -> None:
@@ -202,19 +224,20 @@ class _SnapshotPool:
         return ready
 
     @contextlib.contextmanager
-    def use(self, snapshot: _Snapshot) -> Iterator[Callable[[BinaryIO], None]]:
+    def use(self, snapshot: _Snapshot) -> Iterator[_Write]:
         """In the worker: wait for the copies, then give the body a function that writes the
         snapshot as a container (on private CUDA streams); recycle the buffers afterwards."""
         devices = {key[0] for key, _ in snapshot.buffers if key[0].type == "cuda"}
         streams = [self._worker_stream(d) for d in devices]
         staged = snapshot.staged
 
-        def write(f: BinaryIO) -> None:
-            if staged is not None:
-                write_staged(f, staged, snapshot.names, snapshot.tensors, snapshot.tree, self._policy)
-            else:
-                state = unflatten(snapshot.tree, snapshot.tensors.__getitem__, len(snapshot.tensors))
-                api.save(state, f, codec=self._policy)
+        def write(f: BinaryIO, base: DeltaBase | None) -> _Written:
+            if staged is not None and len(staged.rest) < len(snapshot.tensors):  # encoded already: stored whole
+                return _Written(write_staged(f, staged, snapshot.names, snapshot.tensors, snapshot.tree, self._policy),
+                                None)
+            state = unflatten(snapshot.tree, snapshot.tensors.__getitem__, len(snapshot.tensors))
+            entries = api.write_checkpoint(f, state, self._policy, base=base)
+            return _Written(entries, dict(zip(snapshot.names, snapshot.tensors)))
 
         try:
             for event in snapshot.ready:
@@ -272,6 +295,11 @@ class CheckpointManager:
             ``save`` returns once they are queued to the host); ``"auto"`` (default) picks
             ``"device"`` when the GPU has room for the copy, else ``"host"``.
         storage_options: passed to the fsspec filesystem (credentials, ``endpoint_url``, ...).
+        incremental: ``None`` (every checkpoint whole) or K >= 1: a save may store each tensor as
+            an XOR delta against the same tensor of the previous save, where that is estimated to
+            be smaller; a chain of deltas holds at most K checkpoints, the first one whole. Costs
+            one copy of the state (on its device) kept as the next base; a save whose snapshot
+            was compressed on the spot (``snapshot="host"``) is whole. docs/MANAGER.md.
 
     One manager writes to a directory at a time: the first ``save`` takes the directory's writer
     lock (held until ``close``), and a ``save`` of a second manager while it is held raises
@@ -291,7 +319,10 @@ class CheckpointManager:
         max_pending: int = 1,
         snapshot: SnapshotMode = "auto",
         storage_options: dict[str, Any] | None = None,
+        incremental: int | None = None,
     ) -> None:
+        if incremental is not None and (type(incremental) is not int or incremental < 1):
+            raise ValueError(f"incremental must be None (every checkpoint whole) or an int >= 1, got {incremental!r}")
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be None (keep all) or >= 1, got {keep_last}")
         if max_pending < 1:
@@ -301,6 +332,9 @@ class CheckpointManager:
         self._policy = Policy.parse(codec)
         self._storage = open_storage(directory, storage_options)
         self._keep_last = keep_last
+        self._incremental = incremental
+        self._kept: _Kept | None = None  # the worker's (or, saving synchronously, the caller's)
+        self._base_of: dict[int, int | None] = {}  # step -> step of its base, as far as known
         self._max_pending = max_pending
         self._lock: WriterLock | None = None  # taken by the first save
         self._leftovers: list[str] = []  # found when the lock was taken; discarded after the first commit
@@ -365,7 +399,8 @@ class CheckpointManager:
                 "separate run"
             )
         if self._executor is None:
-            self._write(step, lambda f: api.save(state, f, codec=self._policy))
+            self._write(step, lambda f, base: _Written(api.write_checkpoint(f, state, self._policy, base=base),
+                                                       {item.name: item.tensor for item in flatten(state).tensors}))
             self._after_commit(step)
             future: concurrent.futures.Future[None] = concurrent.futures.Future()
             future.set_result(None)
@@ -390,18 +425,40 @@ class CheckpointManager:
             self._write(step, write)
         self._after_commit(step)
 
-    def _write(self, step: int, write: Callable[[BinaryIO], None]) -> None:
+    def _write(self, step: int, write: _Write) -> None:
         assert self._lock is not None
         self._lock.heartbeat()  # raises if the lock was lost, before anything is written
-        self._storage.write(_STEP_NAME.format(step), write)
+        name = _STEP_NAME.format(step)
+        kept = self._kept
+        base = None
+        if kept is not None and self._incremental is not None and kept.chain < self._incremental:
+            base = DeltaBase(kept.ref, kept.tensors)
+        written: list[_Written] = []
+        self._storage.write(name, lambda f: written.append(write(f, base)))
+        entries, tensors = written[0].entries, written[0].tensors
+        delta = kept is not None and base is not None and any(e.source_kind == "xor" for e in entries)
+        self._base_of[step] = kept.ref.step if delta and kept is not None else None
+        if self._incremental is not None:
+            self._kept = None if tensors is None else _Kept(
+                BaseRef(step, name, content_hash(entries)), {k: t.clone() for k, t in tensors.items()},
+                kept.chain + 1 if delta and kept is not None else 1)
 
     def _after_commit(self, step: int) -> None:
         """Record the commit, retire old checkpoints, discard leftovers found at start."""
         self._newest_committed = step
         if self._keep_last is not None:
-            committed = sorted(self._storage.list(_STEP_PATTERN).committed, key=_step_of)
-            for name in committed[: -self._keep_last]:
-                self._storage.delete(name)
+            committed = sorted(map(_step_of, self._storage.list(_STEP_PATTERN).committed))
+            needed = set(committed[-self._keep_last :])
+            frontier = list(needed)
+            while frontier:  # every base of a retained checkpoint, down its chain
+                base = self._base_step(frontier.pop())
+                if base is not None and base not in needed:
+                    needed.add(base)
+                    frontier.append(base)
+            for old in reversed(committed):  # newest first: a delta goes before its base
+                if old not in needed:
+                    self._storage.delete(_STEP_NAME.format(old))
+                    self._base_of.pop(old, None)
         for name in self._leftovers:
             self._storage.discard_partial(name)
         self._leftovers = []
@@ -449,9 +506,44 @@ class CheckpointManager:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
+    def _base_step(self, step: int) -> int | None:
+        """The step of the checkpoint ``step`` is stored relative to (read once from its index)."""
+        if step not in self._base_of:
+            try:
+                with self._storage.open(_STEP_NAME.format(step)) as f, api.open(f) as reader:
+                    bases = reader.bases
+            except (CorruptCheckpointError, FileNotFoundError):
+                bases = []  # unreadable: it needs nothing, and nothing can be restored from it
+            self._base_of[step] = bases[0].step if bases else None
+        return self._base_of[step]
+
     def _load(self, step: int, map_location: api.MapLocation) -> Any:
-        with self._storage.open(_STEP_NAME.format(step)) as f:
-            return api.load(f, map_location=map_location)
+        with self._storage.open(_STEP_NAME.format(step)) as f, api.open(f, map_location=map_location) as reader:
+            reader.base_tensors = self._base_tensors(step, reader.bases, map_location)
+            return reader.load()
+
+    def _base_tensors(self, step: int, bases: list[BaseRef], map_location: api.MapLocation
+                      ) -> list[dict[str, torch.Tensor]] | None:
+        """The tensors of each base of checkpoint ``step``, each base rebuilt from its own chain."""
+        return [self._chain_tensors(step, ref, map_location) for ref in bases] if bases else None
+
+    def _chain_tensors(self, step: int, ref: BaseRef, map_location: api.MapLocation) -> dict[str, torch.Tensor]:
+        what = f"checkpoint step {step} in {self.directory} is stored as XOR deltas against {ref.describe()}"
+        if ref.step is None or ref.step >= step or ref.name != _STEP_NAME.format(ref.step):
+            raise MissingBaseError(f"{what}, which is not an earlier checkpoint of this directory")
+        try:
+            with self._storage.open(ref.name) as f, api.open(f, map_location=map_location) as reader:
+                if reader.content_hash != ref.content_hash:
+                    raise MissingBaseError(
+                        f"{what}, but {ref.name} holds other tensors now (content hash {reader.content_hash}); "
+                        "the base was replaced"
+                    )
+                reader.base_tensors = self._base_tensors(ref.step, reader.bases, map_location)
+                return reader.named_tensors()
+        except FileNotFoundError as exc:
+            raise MissingBaseError(f"{what}, which is missing") from exc
+        except CorruptCheckpointError as exc:
+            raise MissingBaseError(f"{what}, which is damaged: {exc}") from exc
 
     def restore(self, step: int | None = None, *, map_location: api.MapLocation = None) -> Any:
         """Load checkpoint ``step``, or the newest valid one when ``step`` is ``None``.
@@ -473,7 +565,7 @@ class CheckpointManager:
             newest = candidates[-1]
             try:
                 return self._load(newest, map_location)
-            except (CorruptCheckpointError, FileNotFoundError) as exc:
+            except (CorruptCheckpointError, FileNotFoundError, MissingBaseError) as exc:
                 if isinstance(exc, FileNotFoundError) and newest not in self.all_steps():
                     continue  # retired by the writer after we listed it, so a newer one exists
                 warnings.warn(

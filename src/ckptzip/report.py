@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .codecs import gpu_only_ids
-from .format import DTYPES, TensorEntry
+from .format import DTYPES, BaseRef, TensorEntry
 
 
 TENSOR_CLASSES = ("weights", "exp_avg", "exp_avg_sq", "gradients", "other")
@@ -47,18 +47,25 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def pipeline_label(entry: TensorEntry) -> str:
-    """Short description of how a tensor is stored, e.g. 'planes[raw×3,ans]' or 'zstd'."""
+def pipeline_label(entry: TensorEntry, table: list[TensorEntry] | None = None) -> str:
+    """Short description of how a tensor is stored, e.g. 'planes[raw×3,ans]', 'zstd',
+    'cast of master.w', 'copy of w', or 'xor+planes[…]' for an XOR delta (``table``: the whole
+    tensor table, to name the entries references point at)."""
+    kind = entry.source_kind
+    if kind in ("copy", "cast"):
+        target = entry.source[kind]  # type: ignore[index]
+        return f"{kind} of {table[target].name if table else f'#{target}'}"
     ids = entry.codecs
+    prefix = "xor+" if kind == "xor" else ""
     if not entry.transforms:
-        return ids[0] if ids else "raw"
+        return prefix + (ids[0] if ids else "raw")
     runs: list[tuple[str, int]] = []
     for codec_id in ids:
         if runs and runs[-1][0] == codec_id:
             runs[-1] = (codec_id, runs[-1][1] + 1)
         else:
             runs.append((codec_id, 1))
-    return "planes[" + ",".join(c if n == 1 else f"{c}×{n}" for c, n in runs) + "]"
+    return prefix + "planes[" + ",".join(c if n == 1 else f"{c}×{n}" for c, n in runs) + "]"
 
 
 def classify(entry: TensorEntry) -> str:
@@ -107,7 +114,7 @@ def tensor_table(entries: list[TensorEntry], limit: int | None = None) -> str:
         ratio = e.nbytes / e.compressed_nbytes if e.compressed_nbytes else 1.0
         rows.append([
             e.name, e.dtype, "×".join(map(str, e.shape)) or "()", human_bytes(e.nbytes),
-            human_bytes(e.compressed_nbytes), f"{ratio:.3f}", pipeline_label(e), classify(e),
+            human_bytes(e.compressed_nbytes), "-" if e.is_reference and e.nbytes else f"{ratio:.3f}", pipeline_label(e, entries), classify(e),
         ])
     return _table(rows, right={3, 4, 5})
 
@@ -118,6 +125,21 @@ def class_table(entries: list[TensorEntry]) -> str:
     for name, t in class_totals(entries).items():
         rows.append([name, str(t.tensors), human_bytes(t.nbytes), human_bytes(t.compressed), f"{t.ratio:.3f}"])
     return _table(rows, right={1, 2, 3, 4})
+
+
+def sources_note(entries: list[TensorEntry], bases: list[BaseRef]) -> str:
+    """What the file stores by reference: casts, duplicates, XOR deltas and the bases they need."""
+    lines = []
+    for kind, what in (("cast", "stored as casts of fp32 tensors"), ("copy", "duplicates stored once"),
+                       ("xor", "stored as XOR deltas")):
+        chosen = [e for e in entries if e.source_kind == kind]
+        if chosen:
+            saved = sum(e.nbytes - e.compressed_nbytes for e in chosen)
+            lines.append(f"{what}: {len(chosen)} tensors, {human_bytes(sum(e.nbytes for e in chosen))} "
+                         f"({human_bytes(saved)} not stored)")
+    for ref in bases:
+        lines.append(f"needs base checkpoint {ref.describe()} (restore through its CheckpointManager)")
+    return "\n".join(lines) or "every tensor is stored as itself (no references, duplicates or deltas)"
 
 
 def portability_note(entries: list[TensorEntry]) -> str:

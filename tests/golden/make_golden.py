@@ -2,8 +2,10 @@
 
     PYTHONPATH=src:tests python tests/golden/make_golden.py tests/golden
 
-Files of the current format (2.0): cpu_zstd_v2_0.ckz (CPU, portable), gpu_zstd_v2_0.ckz (GPU
-nvCOMP zstd, portable), gpu_ans_v2_0.ckz (GPU nvCOMP ans, default preset). The *_v1_0 files were
+Files of format 2.0: cpu_zstd_v2_0.ckz (CPU, portable), gpu_zstd_v2_0.ckz (GPU nvCOMP zstd,
+portable), gpu_ans_v2_0.ckz (GPU nvCOMP ans, default preset). Format 2.1: cpu_zstd_v2_1_refs.ckz
+(casts and a duplicate, golden_state_2_1) and cpu_zstd_v2_1_delta.ckz (golden_delta_state, XOR
+deltas against cpu_zstd_v2_1_refs.ckz as its base, "step" 100). The *_v1_0 files were
 written by ckptzip 0.1.0 in format 1.0. Never regenerate a committed golden file of an earlier
 format version: old files must keep reading. Files that exist are not overwritten.
 """
@@ -16,7 +18,12 @@ from pathlib import Path
 import torch
 
 import ckptzip
-from golden_state import golden_state
+from ckptzip.api import write_checkpoint
+from ckptzip.engine.policy import Policy
+from ckptzip.engine.sources import DeltaBase
+from ckptzip.format import BaseRef, content_hash
+from ckptzip.tree import flatten
+from golden_state import golden_delta_state, golden_state, golden_state_2_1
 
 
 def _to(obj, device):  # noqa: ANN001, ANN202
@@ -39,9 +46,17 @@ def main(out_dir: str) -> None:
     if torch.cuda.is_available():
         gpu = _to(state, "cuda")
         targets += [("gpu_zstd_v2_0.ckz", gpu, "portable"), ("gpu_ans_v2_0.ckz", gpu, "auto")]
+    targets += [("cpu_zstd_v2_1_refs.ckz", golden_state_2_1(), "portable")]
     for name, obj, codec in targets:
         if not (out / name).exists():
             ckptzip.save(obj, out / name, codec=codec)
+    delta = out / "cpu_zstd_v2_1_delta.ckz"
+    if not delta.exists():
+        with ckptzip.open(out / "cpu_zstd_v2_1_refs.ckz") as base:
+            ref = BaseRef(100, "cpu_zstd_v2_1_refs.ckz", content_hash(base.entries()))
+        tensors = {item.name: item.tensor for item in flatten(golden_state_2_1()).tensors}
+        with open(delta, "xb") as f:
+            write_checkpoint(f, golden_delta_state(), Policy.parse("portable"), base=DeltaBase(ref, tensors))
     for path in sorted(out.glob("*.ckz")):
         with ckptzip.open(path) as r:
             codecs = sorted({c for e in r.entries() for c in e.codecs})

@@ -14,7 +14,7 @@ import functools
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,6 +30,7 @@ from ..format.reader import verify_xxh3
 from ..kernels.segments import segment_sums
 from .ahead import Task, run_ahead
 from .decode import Runs, decode_batch
+from .sources import LoadPlan
 from .staging import copy_stream, pinned_pool
 
 BATCH_BYTES = {"cuda": 512 << 20, "cpu": 8 << 20}
@@ -263,12 +264,22 @@ def _slices(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | N
 
 
 def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torch.device],
-                 on_progress: Callable[[int], object]) -> list[torch.Tensor]:
+                 on_progress: Callable[[int], object],
+                 base_tensors: Sequence[Mapping[str, torch.Tensor]] | None = None) -> list[torch.Tensor]:
     """Decode and verify tensors ``indices`` of the container onto ``devices`` (one each).
+    Copies and casts are rebuilt from the entries they refer to, XOR deltas from ``base_tensors``
+    (by base, the base's tensors by name)."""
+    plan = LoadPlan(reader.tensors, reader.index.bases, indices, devices, base_tensors)
+    decoded = _read_stored(reader, plan.entries, plan.devices, on_progress)
+    return plan.finish(decoded, indices)
+
+
+def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
+                 on_progress: Callable[[int], object]) -> list[torch.Tensor]:
+    """Decode and verify stored entries onto ``devices``.
 
     Tensors larger than a batch decode in parts straight into their output, so decoding needs
     about the decoded size plus one batch, not twice the largest tensor."""
-    entries = [reader.tensors[i] for i in indices]
     items: list[TensorEntry] = []
     item_devices: list[torch.device] = []
     into: list[tuple[int, int] | None] = []  # (tensor, byte offset) where an item decodes into a part

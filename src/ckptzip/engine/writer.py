@@ -28,6 +28,7 @@ from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEnt
 from .ahead import Task, run_ahead
 from .encode import EncodedBatch, encode_batch
 from .policy import Policy
+from .sources import DeltaBase, Table, rewrite_table
 from .staging import PinnedPool, copy_stream, pinned_pool
 
 BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
@@ -353,25 +354,30 @@ def _run_pipeline(encode: Callable[[_Stager], None], stager: _Stager, sink: _Sin
         sink.close()
 
 
-def _finish(writer: ContainerWriter, sink: _Sink, tree: Any) -> list[TensorEntry]:
+def _finish(writer: ContainerWriter, sink: _Sink, tree: Any, table: Table | None = None) -> list[TensorEntry]:
     for position, entry in enumerate(sink.entries):
         if entry is None:
             raise AssertionError(f"tensor {position} of the table was never written")
-        writer.add_tensor(entry)
-    writer.finish(tree)
+    entries = sink.entries if table is None else table.complete(sink.entries)
+    for entry in entries:
+        writer.add_tensor(entry)  # type: ignore[arg-type]  # every position was checked above
+    writer.finish(tree, None if table is None else table.bases)
     return writer.tensors
 
 
 def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree: Any, policy: Policy,
-                on_progress: Callable[[int], object]) -> list[TensorEntry]:
+                on_progress: Callable[[int], object], base: DeltaBase | None = None) -> list[TensorEntry]:
     """Write a whole container to ``f``: every tensor, then the index and trailer. Returns the
-    tensor table."""
-    writer = ContainerWriter(f)
+    tensor table. Duplicates and casts are stored as references; with ``base``, tensors may be
+    stored as XOR deltas against it (:mod:`.sources`)."""
+    table = rewrite_table(names, tensors, base)
+    names, tensors = table.names, table.tensors
+    writer = ContainerWriter(f, table.version)
     pool = pinned_pool() if any(t.is_cuda for t in tensors) else None
     sink = _Sink(writer, pool, f, len(tensors))
     _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress),
                   _Stager(pool, sink.put), sink)
-    return _finish(writer, sink, tree)
+    return _finish(writer, sink, tree, table)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The .ckz container: spec constants, index, writer and reader (docs/FORMAT.md)."""
 
-from .index import Chunk, Index, StreamEntry, TensorEntry
+from .index import BaseRef, Chunk, Index, StreamEntry, TensorEntry, content_hash
 from .reader import ContainerReader
 from .spec import DTYPE_NAMES, DTYPES, VERSION
 from .writer import ContainerWriter
@@ -9,10 +9,12 @@ __all__ = [
     "DTYPES",
     "DTYPE_NAMES",
     "VERSION",
+    "BaseRef",
     "Chunk",
     "ContainerReader",
     "ContainerWriter",
     "Index",
     "StreamEntry",
     "TensorEntry",
+    "content_hash",
 ]

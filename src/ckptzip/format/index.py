@@ -9,16 +9,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import xxhash
 
 from .. import strictjson
 from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
 from ..transforms import get_transform
-from .spec import DTYPES, FORMAT_NAME, KNOWN_MINORS, MAX_CHUNK_RAW, MAX_DIMS, PREAMBLE_SIZE, READABLE_MAJORS, VERSION
+from .spec import (
+    DTYPES, FORMAT_NAME, KNOWN_MINORS, MAX_CHUNK_RAW, MAX_DIMS, PREAMBLE_SIZE, READABLE_MAJORS, VERSION,
+    VERSION_SOURCES,
+)
 
 _TOP_KEYS = {"format", "version", "writer", "tree", "tensors", "bases"}
 _TENSOR_KEYS = {"name", "dtype", "shape", "nbytes", "checksum", "transforms", "streams"}
 _TENSOR_OPTIONAL = {"device"}
+_TENSOR_OPTIONAL_2_1 = {"device", "source"}
 _STREAM_KEYS = {"codec", "nbytes", "chunks"}
+_BASE_KEYS = {"step", "name", "content_hash"}
+CAST_DTYPES = ("bfloat16", "float16")  # what a "cast" source may produce, from float32
 
 
 @dataclass(frozen=True)
@@ -63,10 +70,21 @@ class TensorEntry:
     transforms: list[dict[str, Any]]
     streams: list[StreamEntry]
     device: str | None = None
+    source: dict[str, Any] | None = None  # format 2.1: {"copy": i}, {"cast": i} or {"xor": {...}}
 
     @property
     def compressed_nbytes(self) -> int:
         return sum(s.compressed_nbytes for s in self.streams)
+
+    @property
+    def source_kind(self) -> str | None:
+        """``"copy"``, ``"cast"``, ``"xor"``, or None for a tensor stored as itself."""
+        return next(iter(self.source)) if self.source else None
+
+    @property
+    def is_reference(self) -> bool:
+        """Whether the tensor has no stored bytes of its own (a copy or a cast of another entry)."""
+        return self.source_kind in ("copy", "cast")
 
     @property
     def codecs(self) -> list[str]:
@@ -85,7 +103,34 @@ class TensorEntry:
         }
         if self.device is not None:
             out["device"] = self.device
+        if self.source is not None:
+            out["source"] = self.source
         return out
+
+
+@dataclass(frozen=True)
+class BaseRef:
+    """A checkpoint that tensors of this one are stored relative to (format 2.1, ``bases``)."""
+
+    step: int | None
+    name: str
+    content_hash: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "name": self.name, "content_hash": self.content_hash}
+
+    def describe(self) -> str:
+        step = "" if self.step is None else f"step {self.step}, "
+        return f"{step}{self.name!r}, content hash {self.content_hash}"
+
+
+def content_hash(tensors: list[TensorEntry]) -> str:
+    """XXH3-64 of a checkpoint's tensor content: names, dtypes, shapes, checksums (FORMAT.md, 2.1)."""
+    h = xxhash.xxh3_64()
+    for t in tensors:
+        h.update(json.dumps([t.name, t.dtype, list(t.shape), t.checksum], separators=(",", ":")).encode("ascii"))
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 @dataclass
@@ -96,6 +141,7 @@ class Index:
     tensors: list[TensorEntry]
     writer: str
     version: tuple[int, int] = VERSION
+    bases: list[BaseRef] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         doc = {
@@ -104,7 +150,7 @@ class Index:
             "writer": self.writer,
             "tree": self.tree,
             "tensors": [t.to_json() for t in self.tensors],
-            "bases": [],
+            "bases": [b.to_json() for b in self.bases],
         }
         try:
             return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
@@ -128,18 +174,23 @@ class Index:
         else:
             _expect(_TOP_KEYS <= set(doc), f"index lacks keys {sorted(_TOP_KEYS - set(doc))}")
         _expect(doc["format"] == FORMAT_NAME, f"index 'format' is {doc['format']!r:.40}, expected {FORMAT_NAME!r}")
-        if doc["bases"] != []:
+        sources = tuple(version) >= VERSION_SOURCES
+        if doc["bases"] != [] and not sources:
             raise UnsupportedFormatError(
                 "this checkpoint is stored relative to other checkpoints ('bases'), which this ckptzip "
                 "cannot read; upgrade ckptzip"
             )
+        _expect(isinstance(doc["bases"], list), "index 'bases' is not an array")
+        bases = [_parse_base(b, i) for i, b in enumerate(doc["bases"])]
         _expect(isinstance(doc["writer"], str), "index 'writer' is not a string")
         _expect(isinstance(doc["tensors"], list), "index 'tensors' is not an array")
-        tensors = [_parse_tensor(t, i) for i, t in enumerate(doc["tensors"])]
+        later = version[1] > KNOWN_MINORS[version[0]]
+        tensors = [_parse_tensor(t, i, sources, later) for i, t in enumerate(doc["tensors"])]
         _check_tiling(tensors, data_end, table_order=version[0] == 1)
         names = [t.name for t in tensors]
         _expect(len(set(names)) == len(names), "tensor names in the index are not unique")
-        return cls(doc["tree"], tensors, doc["writer"], (version[0], version[1]))
+        _check_sources(tensors, len(bases))
+        return cls(doc["tree"], tensors, doc["writer"], (version[0], version[1]), bases)
 
 
 def _expect(condition: bool, message: str) -> None:
@@ -178,9 +229,26 @@ def _is_device(v: Any) -> bool:
     return True
 
 
-def _parse_tensor(doc: Any, i: int) -> TensorEntry:
+def _parse_base(doc: Any, i: int) -> BaseRef:
+    what = f"base {i}"
+    _expect(isinstance(doc, dict), f"{what} is not an object")
+    _check_keys(doc, _BASE_KEYS, set(), what)
+    step, name = doc["step"], doc["name"]
+    _expect(step is None or _is_int(step), f"{what} has step {step!r:.40}, expected an integer or null")
+    _expect(isinstance(name, str) and name != "", f"{what} has name {name!r:.80}, expected a file name")
+    _expect(_is_hex(doc["content_hash"], 16), f"{what} has content_hash {doc['content_hash']!r:.40}")
+    return BaseRef(step, name, doc["content_hash"])
+
+
+def _parse_tensor(doc: Any, i: int, sources: bool = False, later: bool = False) -> TensorEntry:
     _expect(isinstance(doc, dict), f"tensor table entry {i} is not an object")
-    _check_keys(doc, _TENSOR_KEYS, _TENSOR_OPTIONAL, f"tensor table entry {i}")
+    optional = _TENSOR_OPTIONAL_2_1 if sources else _TENSOR_OPTIONAL
+    if later and not set(doc) <= _TENSOR_KEYS | optional:
+        raise UnsupportedFormatError(
+            f"tensor table entry {i} has keys {sorted(set(doc) - _TENSOR_KEYS - optional)!r:.80} of a later "
+            "format version than this ckptzip reads; upgrade ckptzip"
+        )
+    _check_keys(doc, _TENSOR_KEYS, optional, f"tensor table entry {i}")
     name = doc["name"]
     _expect(isinstance(name, str) and name != "", f"tensor table entry {i} has no name")
     what = f"tensor {name!r}"
@@ -204,7 +272,12 @@ def _parse_tensor(doc: Any, i: int) -> TensorEntry:
     )
     device = doc.get("device")
     _expect(device is None or _is_device(device), f"{what} has device {device!r:.40}, expected a torch device string")
+    source = _parse_source(doc["source"], what) if "source" in doc else None
     transforms = doc["transforms"]
+    if source is not None and next(iter(source)) != "xor":
+        _expect(transforms == [] and doc["streams"] == [],
+                f"{what} is a {next(iter(source))} of another tensor but has transforms or streams")
+        return TensorEntry(name, dtype, tuple(shape), nbytes, checksum, [], [], device, source)
     _expect(isinstance(transforms, list) and len(transforms) <= 1, f"{what} has transforms {transforms!r:.80}")
     sizes = [nbytes]
     for config in transforms:
@@ -216,7 +289,51 @@ def _parse_tensor(doc: Any, i: int) -> TensorEntry:
     _expect(isinstance(streams, list), f"{what} has no stream list")
     _expect(len(streams) == len(sizes), f"{what} has {len(streams)} streams, its transforms make {len(sizes)}")
     parsed = [_parse_stream(s, size, f"{what} stream {j}") for j, (s, size) in enumerate(zip(streams, sizes))]
-    return TensorEntry(name, dtype, tuple(shape), nbytes, checksum, transforms, parsed, device)
+    return TensorEntry(name, dtype, tuple(shape), nbytes, checksum, transforms, parsed, device, source)
+
+
+def _is_checksum(v: Any) -> bool:
+    return isinstance(v, str) and v.startswith("wsum64:") and _is_hex(v[7:], 16)
+
+
+def _parse_source(doc: Any, what: str) -> dict[str, Any]:
+    _expect(isinstance(doc, dict) and len(doc) == 1, f"{what} has source {doc!r:.80}, expected an object of one kind")
+    kind, body = next(iter(doc.items()))
+    if kind in ("copy", "cast"):
+        _expect(_is_int(body), f"{what} has source {doc!r:.80}, expected a table position")
+    elif kind == "xor":
+        ok = (isinstance(body, dict) and set(body) == {"base", "tensor", "checksum"} and _is_int(body["base"])
+              and isinstance(body["tensor"], str) and _is_checksum(body["checksum"]))
+        _expect(ok, f"{what} has source {doc!r:.80}, expected {{'xor': {{'base', 'tensor', 'checksum'}}}}")
+    else:
+        raise UnsupportedFormatError(f"{what} has source kind {kind!r:.40}, which this ckptzip does not know; upgrade ckptzip")
+    return {kind: body}
+
+
+def _check_sources(tensors: list[TensorEntry], nbases: int) -> None:
+    """References point at entries that can be rebuilt first, with matching sizes (FORMAT.md, 2.1)."""
+    for t in tensors:
+        kind = t.source_kind
+        if kind is None:
+            continue
+        what = f"tensor {t.name!r}"
+        if kind == "xor":
+            base = t.source["xor"]["base"]  # type: ignore[index]
+            _expect(base < nbases, f"{what} is a delta against base {base}, but the file lists {nbases} bases")
+            continue
+        i = t.source[kind]  # type: ignore[index]
+        _expect(i < len(tensors), f"{what} is a {kind} of table entry {i}, which does not exist")
+        target = tensors[i]
+        _expect(target is not t, f"{what} is a {kind} of itself")
+        allowed = (None, "xor", "cast") if kind == "copy" else (None, "xor")
+        _expect(target.source_kind in allowed, f"{what} is a {kind} of {target.name!r}, which is a {target.source_kind}")
+        if kind == "copy":
+            _expect(target.nbytes == t.nbytes and target.checksum == t.checksum,
+                    f"{what} is a copy of {target.name!r}, whose size or checksum differs")
+        else:
+            _expect(target.dtype == "float32" and target.shape == t.shape and t.dtype in CAST_DTYPES,
+                    f"{what} ({t.dtype}) is a cast of {target.name!r} ({target.dtype}), expected a float32 "
+                    f"tensor of the same shape cast to one of {CAST_DTYPES}")
 
 
 def _parse_stream(doc: Any, expected_nbytes: int, what: str) -> StreamEntry:

@@ -11,9 +11,10 @@ from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
 MAGIC = b"\x89CKZ\r\n\x1a\n"
 END_MAGIC = b"CKZINDEX"
-VERSION = (2, 0)
+VERSION = (2, 0)  # what a file without 2.1 features is written as
+VERSION_SOURCES = (2, 1)  # tensors stored as references (copy, cast) or XOR deltas against bases
 READABLE_MAJORS = (1, 2)  # format 1: chunk digests are XXH3-64; format 2: wsum64
-KNOWN_MINORS = {1: 0, 2: 0}  # newest minor version of each major this reader knows
+KNOWN_MINORS = {1: 0, 2: 1}  # newest minor version of each major this reader knows
 PREAMBLE_SIZE = 16
 TRAILER_SIZE = 32
 MIN_FILE_SIZE = PREAMBLE_SIZE + TRAILER_SIZE

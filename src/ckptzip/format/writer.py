@@ -7,16 +7,17 @@ from typing import Any, BinaryIO
 import xxhash
 
 from .._version import __version__
-from .index import Index, TensorEntry
-from .spec import PREAMBLE_SIZE, TRAILER_SIZE, Trailer, preamble
+from .index import BaseRef, Index, TensorEntry
+from .spec import PREAMBLE_SIZE, TRAILER_SIZE, VERSION, Trailer, preamble
 
 
 class ContainerWriter:
     """Writes one .ckz container to a binary file object, front to back."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, version: tuple[int, int] = VERSION) -> None:
         self._f = f
-        self._preamble = preamble()
+        self._version = version
+        self._preamble = preamble(version)
         self._f.write(self._preamble)
         self.offset = PREAMBLE_SIZE
         self.tensors: list[TensorEntry] = []
@@ -36,9 +37,9 @@ class ContainerWriter:
         """Record a tensor whose chunks were appended (table order is the caller's)."""
         self.tensors.append(entry)
 
-    def finish(self, tree: Any) -> int:
+    def finish(self, tree: Any, bases: list[BaseRef] | None = None) -> int:
         """Write index and trailer; return the file size. The caller flushes and syncs."""
-        index = Index(tree, self.tensors, f"ckptzip {__version__}").to_json()
+        index = Index(tree, self.tensors, f"ckptzip {__version__}", self._version, bases or []).to_json()
         digest = xxhash.xxh3_64_intdigest(self._preamble + index)
         self._f.write(index)
         self._f.write(Trailer(self.offset, len(index), digest).pack())

@@ -1,0 +1,199 @@
+"""Tensors not stored as themselves (docs/FORMAT.md, "Version 2.1"): copies and casts of other
+entries (zero bytes), and XOR deltas against a base checkpoint.
+
+Saving: :func:`rewrite_table` decides, before batching, which tensors the engine encodes and in
+what form; :meth:`Table.complete` turns the encoded entries into the whole table. Loading:
+:class:`LoadPlan` names the stored entries to decode, then rebuilds the others from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..checksum import format_wsum64, wsum64_tensor
+from ..errors import CorruptCheckpointError, MissingBaseError
+from ..format import DTYPE_NAMES, DTYPES, BaseRef, TensorEntry
+from ..format.spec import VERSION, VERSION_SOURCES
+from .delta import delta_pays, xor_bytes
+from .derive import cast, find_casts, find_duplicates
+from .encode import tensor_bytes
+
+
+@dataclass
+class DeltaBase:
+    """The checkpoint a save may store XOR deltas against: its reference and its tensors by name."""
+
+    ref: BaseRef
+    tensors: Mapping[str, torch.Tensor]
+
+
+@dataclass
+class Table:
+    """The tensor table of a save: what the engine encodes (``names``/``tensors``, at table
+    ``positions``) and how every other entry is derived."""
+
+    count: int
+    positions: list[int]
+    names: list[str]
+    tensors: list[torch.Tensor]
+    all_names: list[str]
+    originals: list[torch.Tensor]
+    sources: dict[int, dict[str, Any]] = field(default_factory=dict)
+    checksums: dict[int, torch.Tensor] = field(default_factory=dict)  # own checksum where the engine's is not
+    bases: list[BaseRef] = field(default_factory=list)
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return VERSION_SOURCES if self.sources else VERSION
+
+    def complete(self, stored: Sequence[TensorEntry | None]) -> list[TensorEntry]:
+        """The whole table, in position order, from the entries of the encoded tensors."""
+        entries: list[TensorEntry | None] = [None] * self.count
+        for position, entry in zip(self.positions, stored):
+            assert entry is not None
+            if position in self.sources:  # an XOR delta: the engine checksummed the residue
+                xor = dict(self.sources[position]["xor"], checksum=entry.checksum)
+                entry = dataclasses.replace(entry, checksum=self._checksum(position), source={"xor": xor})
+            entries[position] = entry
+        for kind in ("cast", "copy"):  # a copy may refer to a cast
+            for position, source in self.sources.items():
+                if kind not in source:
+                    continue
+                t = self.originals[position]
+                checksum = entries[source[kind]].checksum if kind == "copy" else self._checksum(position)
+                entries[position] = TensorEntry(
+                    self.all_names[position], DTYPE_NAMES[t.dtype], tuple(t.shape), t.numel() * t.element_size(),
+                    checksum, [], [], str(t.device), source)
+        return entries  # type: ignore[return-value]
+
+    def _checksum(self, position: int) -> str:
+        return format_wsum64(int(self.checksums[position]))
+
+
+def rewrite_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase | None = None) -> Table:
+    """Find duplicates and casts among ``tensors``, and XOR deltas against ``base`` that pay; the
+    engine then encodes only what the returned table lists."""
+    sources: dict[int, dict[str, Any]] = {}
+    for i, j in find_duplicates(tensors).items():
+        sources[i] = {"copy": j}
+    for i, j in find_casts(tensors, skip=set(sources)).items():
+        sources[i] = {"cast": j}
+    checksums = {i: wsum64_tensor(tensor_bytes(tensors[i])) for i, s in sources.items() if "cast" in s}
+    positions = [i for i in range(len(tensors)) if i not in sources]
+    encoded = {i: tensors[i] for i in positions}
+    bases = []
+    if base is not None:
+        for i in positions:
+            residue = _residue(tensors[i], base.tensors.get(names[i]))
+            if residue is not None:
+                checksums[i] = wsum64_tensor(tensor_bytes(tensors[i]))
+                sources[i] = {"xor": {"base": 0, "tensor": names[i]}}
+                encoded[i] = residue
+        bases = [base.ref] if any("xor" in s for s in sources.values()) else []
+    return Table(len(tensors), positions, [names[i] for i in positions], [encoded[i] for i in positions],
+                 names, tensors, sources, checksums, bases)
+
+
+def _residue(t: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` XOR ``b`` as a tensor of ``t``'s dtype and shape, when that is estimated to code smaller."""
+    if b is None or b.dtype != t.dtype or b.shape != t.shape or t.numel() == 0:
+        return None
+    data = tensor_bytes(t)
+    residue = xor_bytes(data, tensor_bytes(b.to(t.device)))
+    if not delta_pays(data, residue, t.element_size()):
+        return None
+    return residue.view(t.dtype).view(t.shape)
+
+
+# ----------------------------------------------------------------------------------------- load
+
+
+class LoadPlan:
+    """Which stored entries a read decodes (the wanted ones and what they are rebuilt from), and
+    how the others are rebuilt from them once decoded."""
+
+    def __init__(self, tensors: list[TensorEntry], bases: Sequence[BaseRef], indices: list[int],
+                 devices: list[torch.device], base_tensors: Sequence[Mapping[str, torch.Tensor]] | None) -> None:
+        self._tensors = tensors
+        self._bases = bases
+        self._base_tensors = base_tensors
+        self._device: dict[int, torch.device] = {}
+        for i, device in zip(indices, devices):
+            self._need(i, device)
+        self.stored = [i for i in self._device if not tensors[i].is_reference]
+        for i in self.stored:
+            if tensors[i].source_kind == "xor" and base_tensors is None:
+                ref = bases[tensors[i].source["xor"]["base"]]  # type: ignore[index]
+                raise MissingBaseError(
+                    f"tensor {tensors[i].name!r} is stored as an XOR delta against the base checkpoint "
+                    f"{ref.describe()}, which was not given: restore it through the CheckpointManager of its "
+                    "directory (restore(step) loads the base chain)"
+                )
+
+    def _need(self, i: int, device: torch.device) -> None:
+        self._device.setdefault(i, device)
+        source = self._tensors[i].source or {}
+        for kind in ("copy", "cast"):
+            if kind in source:
+                self._need(source[kind], device)
+
+    @property
+    def entries(self) -> list[TensorEntry]:
+        """The stored entries to decode; an XOR entry checks the residue's checksum."""
+        out = []
+        for i in self.stored:
+            entry = self._tensors[i]
+            if entry.source_kind == "xor":
+                entry = dataclasses.replace(entry, checksum=entry.source["xor"]["checksum"])  # type: ignore[index]
+            out.append(entry)
+        return out
+
+    @property
+    def devices(self) -> list[torch.device]:
+        return [self._device[i] for i in self.stored]
+
+    def finish(self, decoded: list[torch.Tensor], indices: list[int]) -> list[torch.Tensor]:
+        """Rebuild XOR entries, then casts, then copies, verify them, and return ``indices``'s tensors."""
+        done = dict(zip(self.stored, decoded))
+        for i in self.stored:
+            if self._tensors[i].source_kind == "xor":
+                done[i] = self._verified(i, self._apply_xor(i, done[i]))
+        for kind in ("cast", "copy"):
+            for i in self._device:
+                entry = self._tensors[i]
+                if entry.source_kind != kind:
+                    continue
+                target = done[entry.source[kind]].to(self._device[i])  # type: ignore[index]
+                if kind == "cast":
+                    done[i] = self._verified(i, cast(target, DTYPES[entry.dtype]))
+                else:
+                    done[i] = target.reshape(-1).view(torch.uint8).clone().view(DTYPES[entry.dtype]).reshape(entry.shape)
+        return [done[i] for i in indices]
+
+    def _apply_xor(self, i: int, residue: torch.Tensor) -> torch.Tensor:
+        entry = self._tensors[i]
+        source = entry.source["xor"]  # type: ignore[index]
+        ref = self._bases[source["base"]]
+        base = self._base_tensors[source["base"]].get(source["tensor"])  # type: ignore[index]
+        if base is None or base.numel() * base.element_size() != entry.nbytes:
+            raise CorruptCheckpointError(
+                f"tensor {entry.name!r} is a delta against tensor {source['tensor']!r} of base {ref.describe()}, "
+                "which that base does not hold with the same size"
+            )
+        data = xor_bytes(tensor_bytes(residue), tensor_bytes(base.to(residue.device)))
+        return data.view(residue.dtype).view(residue.shape)
+
+    def _verified(self, i: int, tensor: torch.Tensor) -> torch.Tensor:
+        entry = self._tensors[i]
+        got = format_wsum64(int(wsum64_tensor(tensor_bytes(tensor))))
+        if got != entry.checksum:
+            raise CorruptCheckpointError(
+                f"tensor {entry.name!r} ({entry.source_kind} of another tensor) rebuilt with checksum {got}, "
+                f"expected {entry.checksum}; the file or its base is damaged"
+            )
+        return tensor

@@ -1,0 +1,200 @@
+"""CheckpointManager(incremental=K): XOR deltas against the previous save, chains of at most K
+checkpoints, retention that keeps bases, damaged and missing bases, restarts, fsspec stores."""
+
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import assert_same
+
+import ckptzip
+from ckptzip.errors import CheckpointNotFoundError, MissingBaseError
+from ckptzip.manager import CheckpointManager, CheckpointSkippedWarning
+
+
+def run_state(step: int) -> dict[str, Any]:
+    """A training-like state at ``step``: weights that drift slowly (deltas pay), their bf16 copy
+    (a cast), and moments that are new noise every step (deltas do not pay)."""
+    w0 = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    w = w0 * (1 + 1e-4 * step)
+    noise = torch.randn(256, 256, generator=torch.Generator().manual_seed(1000 + step))
+    return {"model": {"w": w.bfloat16()}, "master": {"w": w}, "exp_avg": noise, "step": step}
+
+
+def name(step: int) -> str:
+    return f"step_{step:08d}.ckz"
+
+
+def bases_of(directory: Path) -> dict[int, list[int | None]]:
+    out = {}
+    for n in sorted(os.listdir(directory)):
+        if n.startswith("step_"):
+            with ckptzip.open(directory / n) as reader:
+                out[int(n[5:13])] = [b.step for b in reader.bases]
+    return out
+
+
+def save_steps(manager: CheckpointManager, steps: range) -> None:
+    for step in steps:
+        manager.save(step, run_state(step))
+    manager.wait()
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_chains_hold_at_most_k_checkpoints_and_every_step_restores(tmp_path: Path, async_save: bool) -> None:
+    with CheckpointManager(tmp_path, keep_last=None, incremental=3, async_save=async_save) as manager:
+        save_steps(manager, range(1, 8))
+        assert bases_of(tmp_path) == {1: [], 2: [1], 3: [2], 4: [], 5: [4], 6: [5], 7: []}
+        for step in range(1, 8):
+            assert_same(manager.restore(step), run_state(step))
+        assert_same(manager.restore(), run_state(7))
+    with ckptzip.open(tmp_path / name(2)) as reader:
+        kinds = {e.name: e.source_kind for e in reader.entries()}
+        base = reader.bases[0]
+    assert kinds == {"model.w": "cast", "master.w": "xor", "exp_avg": None}
+    with ckptzip.open(tmp_path / name(1)) as reader:
+        assert (base.step, base.name, base.content_hash) == (1, name(1), reader.content_hash)
+
+
+def test_deltas_make_checkpoints_smaller(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path / "full", keep_last=None) as full, \
+            CheckpointManager(tmp_path / "incr", keep_last=None, incremental=5) as incr:
+        save_steps(full, range(1, 4))
+        save_steps(incr, range(1, 4))
+    assert (tmp_path / "incr" / name(3)).stat().st_size < 0.9 * (tmp_path / "full" / name(3)).stat().st_size
+
+
+def test_retention_keeps_every_base_a_retained_step_needs(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, keep_last=2, incremental=3) as manager:
+        save_steps(manager, range(1, 4))
+        assert manager.all_steps() == [1, 2, 3]  # 3 needs 2 needs 1
+        save_steps(manager, range(4, 5))
+        assert manager.all_steps() == [1, 2, 3, 4]  # 4 is whole; the retained 3 still needs 2 and 1
+        assert bases_of(tmp_path) == {1: [], 2: [1], 3: [2], 4: []}
+
+
+def test_retention_deletes_a_chain_once_no_retained_step_needs_it(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, keep_last=2, incremental=3) as manager:
+        save_steps(manager, range(1, 4))
+        assert manager.all_steps() == [1, 2, 3]
+        save_steps(manager, range(4, 6))
+        assert manager.all_steps() == [4, 5]
+        for step in (4, 5):
+            assert_same(manager.restore(step), run_state(step))
+
+
+def test_a_missing_base_is_named_and_restore_falls_back_to_an_intact_chain(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, keep_last=None, incremental=5) as manager:
+        save_steps(manager, range(1, 4))
+    os.remove(tmp_path / name(2))
+    manager = CheckpointManager(tmp_path)
+    with pytest.raises(MissingBaseError, match=r"step 3 .* stored as XOR deltas against step 2, 'step_00000002.ckz', "
+                                               r"content hash [0-9a-f]{16}, which is missing"):
+        manager.restore(3)
+    with pytest.warns(CheckpointSkippedWarning, match="step 3"):
+        assert_same(manager.restore(), run_state(1))
+
+
+def test_a_damaged_base_is_named_and_restore_falls_back(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, keep_last=None, incremental=2) as manager:
+        save_steps(manager, range(1, 5))  # chains [1, 2], [3, 4]
+    data = bytearray((tmp_path / name(3)).read_bytes())
+    data[100] ^= 0xFF
+    (tmp_path / name(3)).write_bytes(bytes(data))
+    manager = CheckpointManager(tmp_path)
+    with pytest.raises(MissingBaseError, match=r"against step 3, .* which is damaged: .*tensor"):
+        manager.restore(4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_same(manager.restore(), run_state(2))
+    assert [str(w.message).split(":")[0] for w in caught] == [
+        f"skipping damaged checkpoint of step {s} in {tmp_path}" for s in (4, 3)]
+
+
+def test_a_replaced_base_is_refused_by_its_content_hash(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, keep_last=None, incremental=3) as manager:
+        save_steps(manager, range(1, 3))
+    ckptzip.save(run_state(7), tmp_path / name(1))  # another state under the base's name
+    with pytest.raises(MissingBaseError, match=r"step_00000001.ckz holds other tensors now .* the base was replaced"):
+        CheckpointManager(tmp_path).restore(2)
+
+
+def test_a_delta_file_loaded_on_its_own_says_which_base_it_needs(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, keep_last=None, incremental=3) as manager:
+        save_steps(manager, range(1, 3))
+    with pytest.raises(MissingBaseError, match=r"'master.w' is stored as an XOR delta against the base checkpoint "
+                                               r"step 1, 'step_00000001.ckz'"):
+        ckptzip.load(tmp_path / name(2))
+    with ckptzip.open(tmp_path / name(2)) as reader:  # what does not need the base still reads
+        assert_same(reader["exp_avg"], run_state(2)["exp_avg"])
+
+
+def test_a_restarted_manager_starts_a_new_chain_and_keeps_the_old_bases(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, keep_last=None, incremental=5) as manager:
+        save_steps(manager, range(1, 4))
+    with CheckpointManager(tmp_path, keep_last=2, incremental=5) as manager:
+        save_steps(manager, range(4, 5))
+        assert manager.all_steps() == [1, 2, 3, 4]  # 3 is retained and needs 2 and 1 (read from the files)
+        save_steps(manager, range(5, 6))
+        assert manager.all_steps() == [4, 5]
+        assert bases_of(tmp_path) == {4: [], 5: [4]}
+        assert_same(manager.restore(4), run_state(4))
+        assert_same(manager.restore(5), run_state(5))
+
+
+def test_incremental_checkpoints_on_an_fsspec_store() -> None:
+    url = f"memory://runs/{uuid.uuid4().hex}"
+    with CheckpointManager(url, keep_last=2, incremental=3) as manager:
+        save_steps(manager, range(1, 6))
+        assert manager.all_steps() == [4, 5]
+        assert_same(manager.restore(5), run_state(5))
+        assert_same(manager.restore(), run_state(5))
+    with CheckpointManager(url, keep_last=2, incremental=3) as manager:
+        save_steps(manager, range(6, 8))  # 6 is whole (a new chain), 7 a delta; 4 and 5 go
+        assert manager.all_steps() == [6, 7]
+        assert_same(manager.restore(7), run_state(7))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, "3", True])
+def test_incremental_must_be_a_positive_int(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match="incremental must be None"):
+        CheckpointManager(tmp_path, incremental=bad)
+
+
+def test_restore_of_no_intact_chain_raises(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, keep_last=None, incremental=3) as manager:
+        save_steps(manager, range(1, 3))
+    os.remove(tmp_path / name(1))
+    with pytest.warns(CheckpointSkippedWarning), pytest.raises(CheckpointNotFoundError, match="no valid checkpoint"):
+        CheckpointManager(tmp_path).restore()
+
+
+def test_inspect_shows_casts_duplicates_deltas_and_the_base(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ckptzip.cli import main
+
+    with CheckpointManager(tmp_path, keep_last=None, incremental=3) as manager:
+        manager.save(1, run_state(1))
+        manager.save(2, {**run_state(2), "copy": run_state(2)["exp_avg"].clone()})
+    assert main(["inspect", str(tmp_path / name(2))]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("model.w", "master.w", "copy"))}
+    assert "cast of master.w" in rows["model.w"] and " - " in rows["model.w"]
+    assert "xor+planes[" in rows["master.w"]
+    assert "copy of exp_avg" in rows["copy"]
+    assert "stored as casts of fp32 tensors: 1 tensors, 128.0 KiB (128.0 KiB not stored)" in out
+    assert "duplicates stored once: 1 tensors, 256.0 KiB (256.0 KiB not stored)" in out
+    assert "stored as XOR deltas: 1 tensors, 256.0 KiB" in out
+    assert "needs base checkpoint step 1, 'step_00000001.ckz', content hash " in out
+
+
+def test_host_snapshots_of_host_tensors_store_deltas_too(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, keep_last=None, incremental=3, snapshot="host") as manager:
+        save_steps(manager, range(1, 4))
+        assert bases_of(tmp_path) == {1: [], 2: [1], 3: [2]}
+        assert_same(manager.restore(3), run_state(3))

@@ -1,0 +1,267 @@
+"""Format 2.1 sources (docs/FORMAT.md): bf16/fp16 tensors stored as casts of fp32 tensors,
+duplicates stored once, and the index checks that guard them."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+import torch
+from helpers import assert_same, load_bytes, rewrite_index, save_bytes, tensor_bits, with_preamble
+
+import ckptzip
+from ckptzip.engine.derive import SAMPLES, cast
+from ckptzip.errors import CorruptCheckpointError, MissingBaseError, UnsupportedFormatError
+
+
+def _entries(blob: bytes) -> dict[str, Any]:
+    with ckptzip.open(blob) as reader:
+        return {e.name: e for e in reader.entries()}
+
+
+def _version(blob: bytes) -> tuple[int, int]:
+    with ckptzip.open(blob) as reader:
+        return reader._reader.index.version
+
+
+def _master(seed: int = 0, shape: tuple[int, ...] = (300, 257)) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 0.02
+
+
+def _unsampled(n: int) -> int:
+    """An element index that the sampled check does not look at."""
+    sampled = set(torch.linspace(0, n - 1, min(n, SAMPLES)).long().tolist())
+    return next(i for i in range(n // 3, n) if i not in sampled)
+
+
+# ------------------------------------------------------------------------------------------ casts
+
+
+EDGE_VALUES = [0.0, -0.0, 1.0, -1.5, 65504.0, 65519.99, 65520.0, 1e30, -1e30, 1e-8, 2**-25, 2**-24, 3 * 2**-26,
+               1.5 * 2**-24, 2**-14, 2**-14 - 2**-25, 1e-40, -1e-45, float("inf"), float("-inf")]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cast_is_round_to_nearest_even_as_torch_casts(dtype: torch.dtype) -> None:
+    bits = torch.randint(-(2**31), 2**31 - 1, (1 << 18,), generator=torch.Generator().manual_seed(3), dtype=torch.int64)
+    x = torch.cat([bits.to(torch.int32).view(torch.float32), torch.tensor(EDGE_VALUES)])
+    x = x[~torch.isnan(x)]
+    assert torch.equal(tensor_bits(cast(x, dtype)), tensor_bits(x.to(dtype)))
+
+
+def test_cast_of_a_nan_keeps_sign_and_top_payload_and_is_quiet() -> None:
+    nans = torch.tensor([0x7F800001, 0xFFC12345, 0x7FFFFFFF], dtype=torch.int64).to(torch.int32).view(torch.float32)
+    assert cast(nans, torch.bfloat16).view(torch.int16).tolist() == [0x7FC0, 0xFFC1 - 0x10000, 0x7FFF]
+    assert cast(nans, torch.float16).view(torch.int16).tolist() == [0x7E00, 0xFE09 - 0x10000, 0x7FFF]
+
+
+def test_bf16_and_fp16_copies_of_fp32_masters_are_stored_as_casts() -> None:
+    master = _master()
+    state = {"model": {"w": master.bfloat16(), "h": master.half()}, "master": {"w": master},
+             "exp_avg": torch.randn(300, 257)}
+    blob = save_bytes(state)
+    entries = _entries(blob)
+    assert entries["model.w"].source == {"cast": 2} and entries["model.w"].compressed_nbytes == 0
+    assert entries["model.h"].source == {"cast": 2} and entries["model.h"].streams == []
+    assert entries["master.w"].source is None and entries["exp_avg"].source is None
+    assert _version(blob) == (2, 1)
+    assert_same(load_bytes(blob), state)
+
+
+def test_a_bf16_tensor_that_is_not_a_cast_is_stored() -> None:
+    master = _master()
+    other = _master(seed=1).bfloat16()  # same shape, other values
+    truncated = (master.view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)  # rounds toward zero
+    state = {"master": master, "other": other, "truncated": truncated}
+    blob = save_bytes(state)
+    entries = _entries(blob)
+    assert entries["other"].source is None and entries["truncated"].source is None
+    assert _version(blob) == (2, 0)  # nothing of 2.1 used: readers of 2.0 read it
+    assert_same(load_bytes(blob), state)
+
+
+@pytest.mark.parametrize("where", ["first", "unsampled", "last"])
+def test_a_bf16_tensor_differing_from_the_cast_in_one_element_is_stored(where: str) -> None:
+    master = _master()
+    near = master.bfloat16()
+    n = near.numel()
+    k = {"first": 0, "unsampled": _unsampled(n), "last": n - 1}[where]
+    near.view(-1).view(torch.int16)[k] ^= 1  # one ulp off
+    blob = save_bytes({"master": master, "near": near})
+    assert _entries(blob)["near"].source is None
+    assert_same(load_bytes(blob), {"master": master, "near": near})
+
+
+def test_casts_are_only_of_tensors_of_the_same_shape() -> None:
+    master = _master()
+    state = {"master": master, "flat": master.reshape(-1).bfloat16()}
+    assert _entries(save_bytes(state))["flat"].source is None
+
+
+def test_a_cast_loads_lazily_and_onto_its_target_device() -> None:
+    master = _master()
+    blob = save_bytes({"master": master, "w": master.bfloat16()})
+    with ckptzip.open(blob) as reader:
+        assert torch.equal(tensor_bits(reader["w"]), tensor_bits(master.bfloat16()))
+
+
+def test_a_damaged_cast_checksum_is_caught() -> None:
+    master = _master()
+    blob = save_bytes({"master": master, "w": master.bfloat16()})
+
+    def edit(index: dict) -> None:
+        index["tensors"][1]["checksum"] = "wsum64:" + "0" * 16
+
+    with pytest.raises(CorruptCheckpointError, match=r"tensor 'w' \(cast of another tensor\) rebuilt with checksum"):
+        load_bytes(rewrite_index(blob, edit))
+
+
+def test_a_cast_whose_source_was_damaged_names_the_source() -> None:
+    master = _master()
+    blob = bytearray(save_bytes({"master": master, "w": master.bfloat16()}))
+    blob[16 + 100] ^= 0xFF  # a stored byte of master
+    with pytest.raises(CorruptCheckpointError, match="'master'"):
+        load_bytes(bytes(blob))
+
+
+# ------------------------------------------------------------------------------------- duplicates
+
+
+def test_identical_tensors_are_stored_once_and_load_as_separate_tensors() -> None:
+    a = _master()
+    state = {"a": a, "b": a.clone(), "c": a.clone().view(torch.int32), "tied": [a, a]}
+    blob = save_bytes(state)
+    entries = _entries(blob)
+    assert entries["b"].source == {"copy": 0} and entries["b"].compressed_nbytes == 0
+    assert entries["c"].source == {"copy": 0} and entries["c"].dtype == "int32"
+    got = load_bytes(blob)
+    assert_same(got, state)
+    assert got["tied"][0] is got["tied"][1] is got["a"]  # tensors that were one stay one
+    assert got["b"].data_ptr() != got["a"].data_ptr()
+    got["b"].zero_()
+    assert torch.equal(tensor_bits(got["a"]), tensor_bits(a))
+
+
+def test_a_copy_of_a_cast_refers_to_the_cast() -> None:
+    master = _master()
+    state = {"master": master, "w": master.bfloat16(), "w2": master.bfloat16()}
+    blob = save_bytes(state)
+    entries = _entries(blob)
+    assert entries["w"].source == {"cast": 0} and entries["w2"].source == {"copy": 1}
+    assert_same(load_bytes(blob), state)
+
+
+def test_tensors_differing_in_one_unsampled_byte_are_both_stored() -> None:
+    a = _master()
+    b = a.clone()
+    b.view(-1).view(torch.uint8)[4 * _unsampled(b.numel())] ^= 1
+    blob = save_bytes({"a": a, "b": b})
+    assert _entries(blob)["b"].source is None
+    assert_same(load_bytes(blob), {"a": a, "b": b})
+
+
+def test_empty_and_non_contiguous_tensors_are_left_alone() -> None:
+    a = _master()
+    state = {"e1": torch.empty(0), "e2": torch.empty(0), "t": a.t(), "t2": a.t()}
+    blob = save_bytes(state)
+    assert all(e.source is None for e in _entries(blob).values())
+    assert_same(load_bytes(blob), state)
+
+
+# ---------------------------------------------------------------------------- index validation
+
+
+def _refs_blob() -> bytes:
+    master = _master(shape=(64, 64))
+    return save_bytes({"master": master, "w": master.bfloat16(), "dup": master.clone()})
+
+
+def _set_source(position: int, source: Any):  # noqa: ANN202
+    def edit(index: dict) -> None:
+        index["tensors"][position]["source"] = source
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "error", "message"),
+    [
+        (_set_source(1, {"blend": 0}), UnsupportedFormatError, "source kind 'blend'"),
+        (_set_source(1, {"cast": 1}), CorruptCheckpointError, "is a cast of itself"),
+        (_set_source(1, {"cast": 9}), CorruptCheckpointError, "table entry 9, which does not exist"),
+        (_set_source(1, {"cast": 2}), CorruptCheckpointError, "which is a copy"),
+        (_set_source(2, {"copy": 1}), CorruptCheckpointError, "whose size or checksum differs"),
+        (_set_source(1, {"cast": "0"}), CorruptCheckpointError, "expected a table position"),
+        (_set_source(1, {"cast": 0, "copy": 0}), CorruptCheckpointError, "expected an object of one kind"),
+        (_set_source(0, {"xor": {"base": 0, "tensor": "w", "checksum": "wsum64:" + "0" * 16}}),
+         CorruptCheckpointError, "delta against base 0, but the file lists 0 bases"),
+    ],
+)
+def test_malformed_sources_are_refused(edit: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        load_bytes(rewrite_index(_refs_blob(), edit))
+
+
+def test_a_cast_to_a_dtype_that_is_not_half_precision_is_refused() -> None:
+    def edit(index: dict) -> None:
+        index["tensors"][1]["dtype"] = "int16"
+
+    with pytest.raises(CorruptCheckpointError, match=r"\(int16\) is a cast of 'master' \(float32\)"):
+        load_bytes(rewrite_index(_refs_blob(), edit))
+
+
+def test_a_source_in_a_2_0_file_is_an_unknown_key() -> None:
+    blob = with_preamble(rewrite_index(_refs_blob(), lambda i: i.__setitem__("version", [2, 0])), minor=0)
+    with pytest.raises(CorruptCheckpointError, match=r"unknown keys \['source'\]"):
+        load_bytes(blob)
+
+
+def test_a_later_minor_with_an_unknown_tensor_key_is_refused_as_unsupported() -> None:
+    def edit(index: dict) -> None:
+        index["version"] = [2, 9]
+        index["tensors"][0]["hologram"] = True
+
+    with pytest.raises(UnsupportedFormatError, match=r"keys \['hologram'\] of a later format version"):
+        load_bytes(with_preamble(rewrite_index(_refs_blob(), edit), minor=9))
+
+
+def test_malformed_bases_are_refused() -> None:
+    def edit(index: dict) -> None:
+        index["bases"] = [{"step": -1, "name": "x.ckz", "content_hash": "0" * 16}]
+
+    with pytest.raises(CorruptCheckpointError, match="base 0 has step -1"):
+        load_bytes(rewrite_index(_refs_blob(), edit))
+
+
+def test_a_delta_file_on_its_own_names_its_base() -> None:
+    from ckptzip.api import write_checkpoint
+    from ckptzip.engine.policy import Policy
+    from ckptzip.engine.sources import DeltaBase
+    from ckptzip.format import BaseRef
+
+    w = _master(shape=(512, 512))
+    later = w + 1e-5 * _master(seed=5, shape=(512, 512))
+    ref = BaseRef(100, "step_00000100.ckz", "0123456789abcdef")
+    buf = io.BytesIO()
+    entries = write_checkpoint(buf, {"w": later}, Policy.parse("auto"), base=DeltaBase(ref, {"w": w}))
+    assert entries[0].source_kind == "xor"
+    with pytest.raises(MissingBaseError, match=r"XOR delta against the base checkpoint step 100, "
+                                               r"'step_00000100.ckz', content hash 0123456789abcdef"):
+        ckptzip.load(buf.getvalue())
+    with ckptzip.open(buf.getvalue()) as reader:
+        reader.base_tensors = [{"w": w}]
+        assert torch.equal(tensor_bits(reader["w"]), tensor_bits(later))
+        reader.base_tensors = [{"w": later}]  # the wrong base: the rebuilt tensor fails its checksum
+        with pytest.raises(CorruptCheckpointError, match=r"tensor 'w' \(xor of another tensor\)"):
+            reader["w"]
+
+
+@pytest.mark.gpu
+def test_casts_and_duplicates_are_found_on_the_gpu() -> None:
+    master = _master().cuda()
+    state = {"master": master, "w": master.bfloat16(), "dup": master.clone()}
+    blob = save_bytes(state)
+    entries = _entries(blob)
+    assert entries["w"].source == {"cast": 0} and entries["dup"].source == {"copy": 0}
+    assert_same(load_bytes(blob), state)
+    assert_same(load_bytes(blob, map_location="cpu"), {k: v.cpu() for k, v in state.items()})
