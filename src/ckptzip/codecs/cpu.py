@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 import torch
@@ -100,6 +100,12 @@ def _segments(offsets: np.ndarray, lengths: np.ndarray) -> bytes:
     return np.stack([offsets, lengths], axis=1).astype(np.uint64).tobytes()
 
 
+def _array(segment: object) -> np.ndarray:
+    """A zstandard BufferSegment as a uint8 array, no copy (it exports the buffer protocol; its
+    type stubs do not say so)."""
+    return np.frombuffer(cast(memoryview, segment), dtype=np.uint8)
+
+
 def _batch_threads(lengths: np.ndarray) -> int:
     """Threads for one batch call of zstandard: every core when there is enough work (0: the caller's)."""
     threads = cpu_threads()
@@ -180,20 +186,20 @@ class ZstdCodec(_CpuCodec):
         if not lengths.size:
             return torch.empty(0, dtype=torch.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64)
         frames = self._cctx.get().multi_compress_to_buffer(
-            zstandard.BufferWithSegments(base.numpy(), _segments(offsets, lengths)),
+            zstandard.BufferWithSegments(base.numpy().data, _segments(offsets, lengths)),
             threads=_batch_threads(lengths))
         sizes = np.array([len(frames[i]) for i in range(len(frames))], dtype=np.int64)
         starts = np.cumsum(sizes) - sizes
         out = np.empty(int(sizes.sum()), dtype=np.uint8)
         for i, start in enumerate(starts.tolist()):
-            out[start : start + sizes[i]] = frames[i]
+            out[start : start + sizes[i]] = _array(frames[i])
         return torch.from_numpy(out), starts, sizes
 
     def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
                         dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
         """Every chunk in one call of zstandard's batch decompressor; where that fails, chunk by
         chunk, so the error names the chunk."""
-        source, target = src.numpy(), dst.numpy()
+        source, target = src.numpy().data, dst.numpy()
         try:
             if not all(zstandard.frame_content_size(source[o : o + n]) in (-1, raw)  # no unvalidated sizes
                        for o, n, raw in zip(src_offsets.tolist(), src_lengths.tolist(), raw_lengths.tolist())):
@@ -205,7 +211,7 @@ class ZstdCodec(_CpuCodec):
             super().decode_segments(src, src_offsets, src_lengths, dst, dst_offsets, raw_lengths)
             return
         for i, (d, raw) in enumerate(zip(dst_offsets.tolist(), raw_lengths.tolist())):
-            target[d : d + raw] = frames[i]
+            target[d : d + raw] = _array(frames[i])
 
 
 @register

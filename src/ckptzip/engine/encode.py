@@ -194,7 +194,8 @@ def _plane_entropies(hist: torch.Tensor) -> np.ndarray:
         return entropy_of_counts(hist.view(-1, 8, 256)).cpu().numpy()
     counts = hist.numpy().reshape(-1, 8, 256).astype(np.float32)
     p = counts / np.maximum(counts.sum(axis=-1, keepdims=True), 1)
-    return np.maximum(-(p * np.log2(np.maximum(p, 1e-30))).sum(axis=-1), 0.0)
+    entropy: np.ndarray = np.maximum(-(p * np.log2(np.maximum(p, 1e-30))).sum(axis=-1), 0.0)
+    return entropy
 
 
 def _trial(streams: np.ndarray, bases: list[torch.Tensor], s_base: np.ndarray, s_offset: np.ndarray,
