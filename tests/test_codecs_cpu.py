@@ -270,3 +270,36 @@ def test_cpu_and_gpu_bitstreams_interchange(codec_id: str) -> None:
     assert all(torch.equal(d, c) for d, c in zip(cpu.decode(from_gpu, sizes), chunks))
     from_cpu = [e.cuda() for e in cpu.encode(chunks)]
     assert all(torch.equal(d.cpu(), c) for d, c in zip(gpu.decode(from_cpu, sizes), chunks))
+
+
+def test_zstd_codes_many_tiny_segments_in_one_batch_call() -> None:
+    rng = np.random.default_rng(5)
+    base = torch.from_numpy(np.repeat(rng.integers(0, 256, 70_000, dtype=np.uint8), 3))
+    lengths = rng.integers(1, 700, 300).astype(np.int64)
+    offsets = np.cumsum(lengths) - lengths
+    codec = ZstdCodec(level=1)
+    out, out_offsets, out_lengths = codec.encode_segments(base, offsets, lengths)
+    frames = [out[o : o + n].numpy().tobytes() for o, n in zip(out_offsets.tolist(), out_lengths.tolist())]
+    assert [zstandard.ZstdDecompressor().decompress(f) for f in frames] == [
+        base[o : o + n].numpy().tobytes() for o, n in zip(offsets.tolist(), lengths.tolist())]
+    dst = torch.zeros(int(lengths.sum()) + 64, dtype=torch.uint8)
+    codec.decode_segments(out, out_offsets, out_lengths, dst, offsets + 64, lengths)
+    assert torch.equal(dst[64:], base[: int(lengths.sum())])
+
+
+@pytest.mark.parametrize("damage", ["garbage", "declares another size"])
+def test_a_damaged_chunk_in_a_zstd_batch_is_named(damage: str) -> None:
+    codec = ZstdCodec(level=1)
+    base = torch.arange(40_000, dtype=torch.int32).view(torch.uint8)
+    lengths = np.full(8, 20_000, dtype=np.int64)
+    offsets = np.cumsum(lengths) - lengths
+    out, out_offsets, out_lengths = codec.encode_segments(base, offsets, lengths)
+    raw = lengths.copy()
+    if damage == "garbage":
+        out[int(out_offsets[5]) : int(out_offsets[5]) + 4] = 0
+    else:
+        raw[5] -= 1
+    dst = torch.empty(int(raw.sum()), dtype=torch.uint8)
+    with pytest.raises(CorruptCheckpointError, match="zstd ") as info:
+        codec.decode_segments(out, out_offsets, out_lengths, dst, np.cumsum(raw) - raw, raw)
+    assert info.value.chunk == 5

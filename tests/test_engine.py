@@ -20,8 +20,9 @@ from ckptzip.codecs import has_codec
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
 from ckptzip.engine.decode import Runs, decode_batch
-from ckptzip.engine.encode import encode_batch
+from ckptzip.engine.encode import _trial, encode_batch
 from ckptzip.engine.policy import Policy
+from ckptzip.kernels import planes as planes_module
 from ckptzip.kernels.planes import merge_planes, plane_layout, split_planes
 from ckptzip.kernels.segments import segment_sums
 
@@ -232,3 +233,22 @@ def test_a_reserved_slab_gives_pinned_buffers_that_copy_asynchronously_and_are_r
         pool.release(b)
     pool.reserve(5 << 20)  # all free again: nothing new
     assert {pool.acquire().data_ptr() for _ in range(5)} == {b.data_ptr() for b in buffers}
+
+
+def test_the_numpy_split_and_merge_agree_across_their_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(planes_module, "_CPU_BLOCK", 1000)
+    test_splitting_on_the_cpu_matches_numpy_reference()
+
+
+def test_the_cpu_planner_keeps_the_candidate_that_codes_a_sample_smallest() -> None:
+    # 600 KB of noise twice: only zstd level 3's 2 MiB window reaches back to the repeat; and a
+    # plane of pure noise that neither candidate shrinks.
+    noise = np.random.default_rng(2).integers(0, 256, 600_000, dtype=np.uint8)
+    base = torch.from_numpy(np.concatenate([noise, noise, noise]))
+    offsets = np.array([0, 1_200_000], dtype=np.int64)
+    sizes = np.array([1_200_000, 600_000], dtype=np.int64)
+    candidates = [{"id": "zstd", "level": 1}, {"id": "zstd", "level": 3}]
+    picks = _trial(np.arange(2), [base], np.zeros(2, np.int64), offsets, sizes, candidates, 1_200_000, "cpu")
+    assert picks == [{"id": "zstd", "level": 3}, {"id": "raw"}]
+    assert Policy.parse("auto").plane_candidates("cpu") == candidates
+    assert Policy.parse("fast").plane_candidates("cpu") == candidates[:1]

@@ -11,7 +11,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _POOL: ThreadPoolExecutor | None = None
-_MIN_PARALLEL_BYTES = 1 << 20
+MIN_PARALLEL_BYTES = 1 << 20
 
 
 def cpu_threads() -> int:
@@ -25,7 +25,7 @@ def cpu_threads() -> int:
 def parallel_map(fn: Callable[[T], R], items: Sequence[T], nbytes: int) -> list[R]:
     """``[fn(x) for x in items]``, on the shared pool when there is enough work to pay for it."""
     global _POOL
-    if len(items) < 2 or nbytes < _MIN_PARALLEL_BYTES or cpu_threads() == 1:
+    if len(items) < 2 or nbytes < MIN_PARALLEL_BYTES or cpu_threads() == 1:
         return [fn(x) for x in items]
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="ckptzip-codec")

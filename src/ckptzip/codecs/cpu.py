@@ -5,14 +5,14 @@ from __future__ import annotations
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 import torch
 import zstandard
 
 from ..errors import CorruptCheckpointError
-from ._threads import parallel_map
+from ._threads import MIN_PARALLEL_BYTES, cpu_threads, parallel_map
 from .base import Codec
 from .registry import mark_unavailable, register
 
@@ -95,6 +95,23 @@ class _CpuCodec(Codec):
         parallel_map(run, range(len(raw_lengths)), int(raw_lengths.sum()))
 
 
+def _segments(offsets: np.ndarray, lengths: np.ndarray) -> bytes:
+    """zstandard's segment table: (offset, length) pairs as native u64."""
+    return np.stack([offsets, lengths], axis=1).astype(np.uint64).tobytes()
+
+
+def _array(segment: object) -> np.ndarray:
+    """A zstandard BufferSegment as a uint8 array, no copy (it exports the buffer protocol; its
+    type stubs do not say so)."""
+    return np.frombuffer(cast(memoryview, segment), dtype=np.uint8)
+
+
+def _batch_threads(lengths: np.ndarray) -> int:
+    """Threads for one batch call of zstandard: every core when there is enough work (0: the caller's)."""
+    threads = cpu_threads()
+    return threads if lengths.size > 1 and int(lengths.sum()) >= MIN_PARALLEL_BYTES and threads > 1 else 0
+
+
 @register
 class RawCodec(Codec):
     """Stores bytes as they are: for data no codec shrinks (float mantissa bytes)."""
@@ -162,6 +179,39 @@ class ZstdCodec(_CpuCodec):
         if declared not in (-1, raw_size):  # -1: the header does not record the size
             raise CorruptCheckpointError(f"zstd frame header declares {declared} bytes, expected {raw_size}")
         return self._dctx.get().decompress(data, max_output_size=raw_size)
+
+    def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
+                        ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Every segment in one call of zstandard's batch compressor (its threads, no GIL)."""
+        if not lengths.size:
+            return torch.empty(0, dtype=torch.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        frames = self._cctx.get().multi_compress_to_buffer(
+            zstandard.BufferWithSegments(base.numpy().data, _segments(offsets, lengths)),
+            threads=_batch_threads(lengths))
+        sizes = np.array([len(frames[i]) for i in range(len(frames))], dtype=np.int64)
+        starts = np.cumsum(sizes) - sizes
+        out = np.empty(int(sizes.sum()), dtype=np.uint8)
+        for i, start in enumerate(starts.tolist()):
+            out[start : start + sizes[i]] = _array(frames[i])
+        return torch.from_numpy(out), starts, sizes
+
+    def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
+                        dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
+        """Every chunk in one call of zstandard's batch decompressor; where that fails, chunk by
+        chunk, so the error names the chunk."""
+        source, target = src.numpy().data, dst.numpy()
+        try:
+            if not all(zstandard.frame_content_size(source[o : o + n]) in (-1, raw)  # no unvalidated sizes
+                       for o, n, raw in zip(src_offsets.tolist(), src_lengths.tolist(), raw_lengths.tolist())):
+                raise zstandard.ZstdError("a frame header declares another size")
+            frames = self._dctx.get().multi_decompress_to_buffer(
+                zstandard.BufferWithSegments(source, _segments(src_offsets, src_lengths)),
+                decompressed_sizes=raw_lengths.astype(np.uint64).tobytes(), threads=_batch_threads(raw_lengths))
+        except (zstandard.ZstdError, ValueError):
+            super().decode_segments(src, src_offsets, src_lengths, dst, dst_offsets, raw_lengths)
+            return
+        for i, (d, raw) in enumerate(zip(dst_offsets.tolist(), raw_lengths.tolist())):
+            target[d : d + raw] = _array(frames[i])
 
 
 @register

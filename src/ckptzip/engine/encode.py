@@ -19,7 +19,8 @@ from ..kernels import to_device
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
-from .policy import RAW, RANDOM_ENTROPY_BITS, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy, chunk_bytes, codec_for
+from .policy import (RAW, RANDOM_ENTROPY_BITS, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy,
+                     chunk_bytes, codec_for)
 
 
 @dataclass
@@ -64,6 +65,13 @@ def entropy_of_counts(counts: torch.Tensor) -> torch.Tensor:
     return (-(p * torch.log2(p.clamp_min(1e-30))).sum(dim=-1)).clamp_min(0.0)
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros on ``device``; from NumPy on the CPU (torch fills compete for OpenMP threads there)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.from_numpy(np.zeros(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
+
+
 def _aligned_layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
     slots = -(-sizes // PLANE_ALIGN) * PLANE_ALIGN
     return np.cumsum(slots) - slots, int(slots.sum())
@@ -101,8 +109,8 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
     itemsize = np.array([t.element_size() for t in tensors], dtype=np.int64)
     floating = np.array([t.dtype.is_floating_point or t.dtype.is_complex for t in tensors])
     split = policy.splits(itemsize, nbytes)
-    hist = torch.zeros(count, 8 * 256, dtype=torch.int32, device=device)
-    checksums = torch.zeros(count, dtype=torch.int64, device=device)
+    hist = _zeros((count, 8 * 256), torch.int32, device)
+    checksums = _zeros((count,), torch.int64, device)
     bases: list[torch.Tensor] = []
     streams = _Streams()
     plane_of: dict[int, int] = {}  # stream columns later: plane number of split streams
@@ -144,35 +152,69 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
         return []
     is_plane = np.isin(s_base, list(plane_of))
     if is_plane.any():
-        entropies = entropy_of_counts(hist.view(-1, 8, 256)).cpu().numpy()  # the one sync before coding
+        entropies = _plane_entropies(hist)  # the one sync before coding
         first = np.r_[True, s_tensor[1:] != s_tensor[:-1]]
         group_start = np.maximum.accumulate(np.where(first, np.arange(s_tensor.size), 0))
         plane_index = np.arange(s_tensor.size) - group_start
         plane_entropy = entropies[s_tensor, np.minimum(plane_index, 7)]
+    candidates = policy.plane_candidates(backend)
     configs: list[dict[str, Any]] = []
+    structured: list[int] = []
+    random: list[int] = []
     for s in range(s_tensor.size):
         size = int(s_size[s])
         if size == 0:
             configs.append(RAW)
         elif not is_plane[s]:
             configs.append(policy.whole_codec(backend, size).get_config())
-        elif not floating[s_tensor[s]] or plane_entropy[s] < RANDOM_ENTROPY_BITS:
+        elif not floating[s_tensor[s]]:
             configs.append(plane_codec)
-        elif backend == "cpu" and _trial_gains(bases[s_base[s]], int(s_offset[s]), size, plane_codec, backend):
+        elif plane_entropy[s] < RANDOM_ENTROPY_BITS:
             configs.append(plane_codec)
+            if backend == "cpu" and len(candidates) > 1:
+                structured.append(s)
         else:
             configs.append(RAW)
+            if backend == "cpu" and size >= 4 * TRIAL_BYTES:
+                random.append(s)
+    # Trials on samples: structured planes pick their candidate; near-random ones are coded only
+    # where the plane codec shrinks them.
+    for tried, options, sample in ((structured, candidates, STRUCTURED_TRIAL_BYTES), (random, candidates[:1], TRIAL_BYTES)):
+        if tried:
+            picks = _trial(np.array(tried), bases, s_base, s_offset, s_size, options, sample, backend)
+            for s, config in zip(tried, picks):
+                configs[s] = config
     return configs
 
 
-def _trial_gains(base: torch.Tensor, offset: int, size: int, config: dict[str, Any], backend: str) -> bool:
-    """Whether coding a sample from the middle of a near-random plane shrinks it noticeably."""
-    if size < 4 * TRIAL_BYTES or config["id"] == "raw":
-        return False
-    start = offset + (size - TRIAL_BYTES) // 2
-    sample = base[start : start + TRIAL_BYTES]
-    (coded,) = codec_for(config, backend).encode([sample])
-    return coded.numel() < (1 - TRIAL_MIN_GAIN) * TRIAL_BYTES
+def _plane_entropies(hist: torch.Tensor) -> np.ndarray:
+    """Entropy in bits/byte of each tensor's sampled plane bytes (``[tensors, 8]``); NumPy on the
+    CPU (torch ops called from several threads at once compete for its OpenMP threads)."""
+    if hist.is_cuda:
+        return entropy_of_counts(hist.view(-1, 8, 256)).cpu().numpy()
+    counts = hist.numpy().reshape(-1, 8, 256).astype(np.float32)
+    p = counts / np.maximum(counts.sum(axis=-1, keepdims=True), 1)
+    entropy: np.ndarray = np.maximum(-(p * np.log2(np.maximum(p, 1e-30))).sum(axis=-1), 0.0)
+    return entropy
+
+
+def _trial(streams: np.ndarray, bases: list[torch.Tensor], s_base: np.ndarray, s_offset: np.ndarray,
+           s_size: np.ndarray, candidates: list[dict[str, Any]], sample: int, backend: str
+           ) -> list[dict[str, Any]]:
+    """For each of ``streams``: the candidate that codes a sample from its middle (up to
+    ``sample`` bytes) smallest, or RAW where none shrinks it by TRIAL_MIN_GAIN. One batched codec
+    call per candidate and buffer."""
+    n = np.minimum(s_size[streams], sample)
+    start = s_offset[streams] + (s_size[streams] - n) // 2
+    coded = np.empty((len(candidates), streams.size), dtype=np.int64)
+    for c, config in enumerate(candidates):
+        codec = codec_for(config, backend)
+        for base in np.unique(s_base[streams]).tolist():
+            sel = s_base[streams] == base
+            coded[c, sel] = codec.encode_segments(bases[base], start[sel], n[sel])[2]
+    best = coded.argmin(axis=0)  # ties: the first candidate (the fastest)
+    shrinks = coded[best, np.arange(streams.size)] < (1 - TRIAL_MIN_GAIN) * n
+    return [candidates[b] if ok else RAW for b, ok in zip(best.tolist(), shrinks.tolist())]
 
 
 def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[torch.Tensor],

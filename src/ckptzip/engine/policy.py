@@ -27,9 +27,11 @@ from ..errors import CkptzipError
 PRESETS = ("auto", "fast", "portable")
 SMALL_TENSOR_BYTES = 1 << 12
 RANDOM_ENTROPY_BITS = 7.5
-# A near-random plane is still coded on the CPU when a sample shrinks by more than this fraction.
-TRIAL_MIN_GAIN = 0.01
+# On the CPU the planner codes a sample of each structured float plane with every candidate codec
+# and keeps the smallest; a near-random plane is coded when a sample shrinks by this fraction.
+TRIAL_MIN_GAIN = 0.002
 TRIAL_BYTES = 1 << 16
+STRUCTURED_TRIAL_BYTES = 1 << 15
 
 # Stored chunk size by (codec id, backend): large enough for the entropy coders' tables and the
 # GPU's parallelism, small enough that nvCOMP's zstd decoder stays fast. Multiples of 256, so
@@ -48,12 +50,15 @@ _PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
     ("auto", "cuda"): {"id": "ans", "data_type": "|u1"},
     ("fast", "cuda"): {"id": "ans", "data_type": "|u1"},
     ("portable", "cuda"): {"id": "zstd", "level": 3},
-    # On sign/exponent planes zstd level 1 beats level 3 in ratio and speed (longer match searches
-    # find matches that cost more than the entropy coder saves): 2.86x vs 2.69x, 238 vs 72 MB/s.
+    # On most sign/exponent planes zstd level 1 beats level 3 in ratio and speed (longer match
+    # searches find matches that cost more than the entropy coder saves): 2.86x vs 2.69x, 238 vs
+    # 72 MB/s; on some (Adam's exp_avg_sq) level 3 wins, 4.12x vs 3.93x: see _CPU_CANDIDATES.
     ("auto", "cpu"): {"id": "zstd", "level": 1},
     ("fast", "cpu"): {"id": "zstd", "level": 1},
     ("portable", "cpu"): {"id": "zstd", "level": 1},
 }
+# Float planes of presets on the CPU: each is coded with whichever of these shrinks a sample most.
+_CPU_CANDIDATES = ({"id": "zstd", "level": 1}, {"id": "zstd", "level": 3})
 
 
 @functools.lru_cache(maxsize=64)
@@ -117,6 +122,14 @@ class Policy:
         if not self.is_preset:
             return codec_for({"id": self.name}, backend)
         return codec_for(_PRESET_CODECS[(self.name, backend)], backend)
+
+    def plane_candidates(self, backend: str) -> list[dict[str, Any]]:
+        """Configurations a float plane is tried with (the first is the plane codec's): several
+        for presets on the CPU, where a trial on a sample picks one, else the plane codec alone."""
+        first = self.plane_codec(backend).get_config()
+        if not self.is_preset or backend != "cpu" or self.name == "fast":
+            return [first]
+        return [first, *(c for c in _CPU_CANDIDATES if c != first)]
 
     def whole_codec(self, backend: str, nbytes: int) -> Codec:
         """The codec of a tensor stored as one stream (not split into planes)."""

@@ -31,6 +31,7 @@ ELEMENTS_PER_PROGRAM = ELEMENTS_PER_BLOCK * BLOCKS_PER_PROGRAM
 PLANE_ALIGN = 256  # bytes: plane starts in a planes buffer, so nvCOMP reads and writes them in place
 _SAMPLE_EVERY = 16  # programs whose bytes are counted into the plane histograms (GPU)
 _SAMPLE_ELEMENTS = 1 << 13  # elements sampled per tensor (CPU)
+_CPU_BLOCK = 1 << 16  # elements per step of the NumPy split/merge: its planes' slices stay in cache
 MAX_ITEMSIZE = 8
 
 if triton is not None:
@@ -193,9 +194,11 @@ def _split_numpy(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Ten
 
     def split(t: int, elements: np.ndarray) -> None:
         n = elements.shape[0]
-        for j in range(itemsize):
-            start = int(starts[t] + j * strides[t])
-            buffer[start : start + n] = elements[:, j]
+        rows = buffer[int(starts[t]) : int(starts[t]) + itemsize * int(strides[t])].reshape(itemsize, -1)
+        for a in range(0, n, _CPU_BLOCK):
+            b = min(n, a + _CPU_BLOCK)
+            for j in range(itemsize):
+                rows[j, a:b] = elements[a:b, j]
         sample = elements[:: max(1, n // _SAMPLE_ELEMENTS)]
         for j in range(itemsize):
             counts[hist_rows[t], j] += np.bincount(sample[:, j], minlength=256).astype(np.int32)
@@ -209,8 +212,10 @@ def _merge_numpy(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[to
 
     def merge(t: int, elements: np.ndarray) -> None:
         n = elements.shape[0]
-        for j in range(itemsize):
-            start = int(plane_offset[t, j])
-            elements[:, j] = arrays[plane_base[t, j]][start : start + n]
+        planes = [arrays[plane_base[t, j]][int(plane_offset[t, j]) :] for j in range(itemsize)]
+        for a in range(0, n, _CPU_BLOCK):
+            b = min(n, a + _CPU_BLOCK)
+            for j in range(itemsize):
+                elements[a:b, j] = planes[j][a:b]
 
     return _each_element_row(outs, itemsize, merge)

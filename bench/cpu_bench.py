@@ -1,0 +1,137 @@
+"""ckptzip on the CPU against torch.save / torch.load, and its ratio against byte planes + zstd-3.
+
+Trains a model of ``ckptzip.bench.training`` on the CPU (or builds a synthetic state of fp32
+weight- and moment-like tensors), then, pinned to 1, 2, ... cores (``os.sched_setaffinity`` in a
+child process per core count, so ckptzip's threads and torch's see only those cores), saves and
+loads it to and from memory with ckptzip and with torch.save / torch.load. Prints medians of
+``--reps`` runs after a warm-up, the scaling from 1 core to the most, and the ratio per tensor
+class against the five-line baseline (:func:`planes_zstd3`)::
+
+    python bench/cpu_bench.py                                   # tiny trained state, 1 and all cores
+    python bench/cpu_bench.py --state synthetic --codec portable --cores 1,2,4,8,16
+    CUDA_VISIBLE_DEVICES="" python bench/cpu_bench.py --preset medium --cores 1,16   # a GPU host's CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import zstandard
+
+import ckptzip
+from ckptzip.bench.training import tensor_class, train
+from ckptzip.tree import flatten
+
+
+def planes_zstd3(t: torch.Tensor) -> int:
+    """The baseline: every float tensor split into byte planes, zstd level 3 on each plane."""
+    b = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    k = t.element_size()
+    if t.is_floating_point() and k > 1:
+        return sum(len(zstandard.compress(np.ascontiguousarray(b.reshape(-1, k)[:, j]), 3)) for j in range(k))
+    return len(zstandard.compress(b.tobytes(), 3))
+
+
+def make_state(args: argparse.Namespace) -> dict[str, Any]:
+    if args.state == "trained":
+        return train(args.preset, args.steps, device="cpu", seed=0).state()
+    g = torch.Generator().manual_seed(0)
+    return {f"{kind}{i}": (torch.randn(1 << 20, generator=g) * scale) ** power
+            for i in range(16) for kind, scale, power in (("w", 0.02, 1), ("m", 1e-3, 1), ("v", 1e-2, 2))}
+
+
+def _median_s(fn: Any, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    """Run in a child pinned to ``args.child`` cores."""
+    os.sched_setaffinity(0, list(sorted(os.sched_getaffinity(0)))[: args.child])
+    torch.set_num_threads(args.child)
+    state = make_state(args)
+    nbytes = sum(t.tensor.numel() * t.tensor.element_size() for t in flatten(state).tensors)
+    out = io.BytesIO()
+    ckptzip.save(state, out, codec=args.codec)
+    blob = out.getvalue()
+    pt = io.BytesIO()
+    torch.save(state, pt)
+    return {
+        "cores": args.child, "nbytes": nbytes, "ratio": nbytes / len(blob),
+        "save_s": _median_s(lambda: ckptzip.save(state, io.BytesIO(), codec=args.codec), args.reps),
+        "load_s": _median_s(lambda: ckptzip.load(blob), args.reps),
+        "torch_save_s": _median_s(lambda: torch.save(state, io.BytesIO()), args.reps),
+        "torch_load_s": _median_s(lambda: torch.load(io.BytesIO(pt.getvalue()), weights_only=True), args.reps),
+    }
+
+
+def class_ratios(args: argparse.Namespace) -> list[str]:
+    state = make_state(args)
+    out = io.BytesIO()
+    ckptzip.save(state, out, codec=args.codec)
+    totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+    with ckptzip.open(io.BytesIO(out.getvalue())) as reader:
+        for entry in reader.entries():
+            t = reader[entry.name]
+            for key in (tensor_class(entry.name, t), "total"):
+                row = totals[key]
+                row[0] += entry.nbytes
+                row[1] += entry.compressed_nbytes
+                row[2] += planes_zstd3(t)
+    lines = ["| class | bytes | ckptzip ratio | planes + zstd-3 ratio |", "|---|---|---|---|"]
+    for key, (n, c, b) in totals.items():
+        lines.append(f"| {key} | {n} | {n / c:.4f} | {n / b:.4f}{' (ckptzip lower)' if c > b else ''} |")
+    return lines
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--state", choices=("trained", "synthetic"), default="trained")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--codec", default="auto")
+    p.add_argument("--cores", default=f"1,{len(os.sched_getaffinity(0))}", help="comma-separated core counts")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(measure(args)))
+        return 0
+    rows = []
+    for cores in sorted({int(c) for c in args.cores.split(",")}):
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--child", str(cores)]
+        rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
+    print(f"{args.state} state ({args.preset if args.state == 'trained' else '48 x 4 MiB fp32'}), codec={args.codec}, "
+          f"{rows[0]['nbytes'] / 1e6:.1f} MB, ratio {rows[0]['ratio']:.4f}; medians of {args.reps}, in memory\n")
+    print("| cores | ckptzip save s | load s | save GB/s | load GB/s | torch.save s | torch.load s | save / torch | load / torch |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        gb = r["nbytes"] / 1e9
+        print(f"| {r['cores']} | {r['save_s']:.3f} | {r['load_s']:.3f} | {gb / r['save_s']:.2f} | {gb / r['load_s']:.2f} "
+              f"| {r['torch_save_s']:.3f} | {r['torch_load_s']:.3f} | {r['save_s'] / r['torch_save_s']:.2f}x "
+              f"| {r['load_s'] / r['torch_load_s']:.2f}x |")
+    if len(rows) > 1:
+        print(f"\nscaling {rows[0]['cores']} -> {rows[-1]['cores']} cores: save {rows[0]['save_s'] / rows[-1]['save_s']:.2f}x, "
+              f"load {rows[0]['load_s'] / rows[-1]['load_s']:.2f}x\n")
+    print("\n".join(class_ratios(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
