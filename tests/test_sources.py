@@ -265,3 +265,19 @@ def test_casts_and_duplicates_are_found_on_the_gpu() -> None:
     assert entries["w"].source == {"cast": 0} and entries["dup"].source == {"copy": 0}
     assert_same(load_bytes(blob), state)
     assert_same(load_bytes(blob, map_location="cpu"), {k: v.cpu() for k, v in state.items()})
+
+
+def test_many_equal_sized_mostly_zero_tensors_are_told_apart_by_digest_not_pairwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptzip.engine.derive import find_duplicates
+
+    tensors = []
+    for i in range(200):  # samples all zero; each differs in one element, except the last two pairs
+        t = torch.zeros(1 << 14)
+        t[1 + (i % 198)] = 1.0 + (i % 198)
+        tensors.append(t)
+    compares = []
+    real_equal = torch.equal
+    monkeypatch.setattr(torch, "equal", lambda a, b: compares.append(1) or real_equal(a, b))
+    assert find_duplicates(tensors) == {198: 0, 199: 1}
+    assert len(compares) <= 4  # one byte compare per digest match, not one per pair (19,900)

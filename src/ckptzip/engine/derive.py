@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import torch
+
+from ..kernels.segments import segment_sums
 
 SAMPLES = 64  # elements compared before a whole tensor is
 _BLOCK = 1 << 24  # elements cast at a time (bounds the int32 temporaries)
@@ -80,13 +83,26 @@ def find_duplicates(tensors: list[torch.Tensor]) -> dict[int, int]:
         for i, row in zip(members, samples):
             by_sample[row.numpy().tobytes()].append(i)
         for same in by_sample.values():
-            originals: list[int] = []
-            for i in same:
-                match = next((j for j in originals if torch.equal(_flat_bytes(tensors[j]), _flat_bytes(tensors[i]))), None)
-                if match is None:
-                    originals.append(i)
-                else:
-                    out[i] = match
+            if len(same) > 1:
+                out.update(_same_bytes([_flat_bytes(tensors[i]) for i in same], same))
+    return out
+
+
+def _same_bytes(flats: list[torch.Tensor], positions: list[int]) -> dict[int, int]:
+    """Among equal-sized byte tensors at ``positions``: later duplicate -> earlier original.
+    Whole-tensor digests first (one pass, one sync), so only tensors with equal digests are
+    compared byte for byte: linear, even for many tensors whose samples agree (mostly zeros)."""
+    n = flats[0].numel()
+    count = len(flats)
+    digests = segment_sums(flats, np.arange(count), np.zeros(count, np.int64), np.full(count, n, np.int64))
+    originals: dict[int, list[int]] = collections.defaultdict(list)  # digest -> indices into flats
+    out: dict[int, int] = {}
+    for k, digest in enumerate(digests.cpu().tolist()):
+        match = next((j for j in originals[digest] if torch.equal(flats[j], flats[k])), None)
+        if match is None:
+            originals[digest].append(k)
+        else:
+            out[positions[k]] = positions[match]
     return out
 
 
