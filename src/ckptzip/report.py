@@ -53,7 +53,7 @@ def pipeline_label(entry: TensorEntry, table: list[TensorEntry] | None = None) -
     tensor table, to name the entries references point at)."""
     kind = entry.source_kind
     if kind in ("copy", "cast"):
-        target = entry.source[kind]  # type: ignore[index]
+        target = entry.source_target
         return f"{kind} of {table[target].name if table else f'#{target}'}"
     ids = entry.codecs
     prefix = "xor+" if kind == "xor" else ""

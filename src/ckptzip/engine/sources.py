@@ -51,11 +51,10 @@ class Table:
     def version(self) -> tuple[int, int]:
         return VERSION_SOURCES if self.sources else VERSION
 
-    def complete(self, stored: Sequence[TensorEntry | None]) -> list[TensorEntry]:
+    def complete(self, stored: Sequence[TensorEntry]) -> list[TensorEntry]:
         """The whole table, in position order, from the entries of the encoded tensors."""
         entries: list[TensorEntry | None] = [None] * self.count
         for position, entry in zip(self.positions, stored):
-            assert entry is not None
             if position in self.sources:  # an XOR delta: the engine checksummed the residue
                 xor = dict(self.sources[position]["xor"], checksum=entry.checksum)
                 entry = dataclasses.replace(entry, checksum=self._checksum(position), source={"xor": xor})
@@ -69,7 +68,10 @@ class Table:
                 entries[position] = TensorEntry(
                     self.all_names[position], DTYPE_NAMES[t.dtype], tuple(t.shape), t.numel() * t.element_size(),
                     checksum, [], [], str(t.device), source)
-        return entries  # type: ignore[return-value]
+        complete = [entry for entry in entries if entry is not None]
+        if len(complete) != self.count:
+            raise AssertionError("a position of the table has neither an encoded entry nor a source")
+        return complete
 
     def _checksum(self, position: int) -> str:
         return format_wsum64(int(self.checksums[position]))
@@ -128,7 +130,7 @@ class LoadPlan:
         self.stored = [i for i in self._device if not tensors[i].is_reference]
         for i in self.stored:
             if tensors[i].source_kind == "xor" and base_tensors is None:
-                ref = bases[tensors[i].source["xor"]["base"]]  # type: ignore[index]
+                ref = bases[tensors[i].source_target["base"]]
                 raise MissingBaseError(
                     f"tensor {tensors[i].name!r} is stored as an XOR delta against the base checkpoint "
                     f"{ref.describe()}, which was not given: restore it through the CheckpointManager of its "
@@ -149,7 +151,7 @@ class LoadPlan:
         for i in self.stored:
             entry = self._tensors[i]
             if entry.source_kind == "xor":
-                entry = dataclasses.replace(entry, checksum=entry.source["xor"]["checksum"])  # type: ignore[index]
+                entry = dataclasses.replace(entry, checksum=entry.source_target["checksum"])
             out.append(entry)
         return out
 
@@ -168,7 +170,7 @@ class LoadPlan:
                 entry = self._tensors[i]
                 if entry.source_kind != kind:
                     continue
-                target = done[entry.source[kind]].to(self._device[i])  # type: ignore[index]
+                target = done[entry.source_target].to(self._device[i])
                 if kind == "cast":
                     done[i] = self._verified(i, cast(target, DTYPES[entry.dtype]))
                 else:
@@ -177,9 +179,10 @@ class LoadPlan:
 
     def _apply_xor(self, i: int, residue: torch.Tensor) -> torch.Tensor:
         entry = self._tensors[i]
-        source = entry.source["xor"]  # type: ignore[index]
+        source = entry.source_target
         ref = self._bases[source["base"]]
-        base = self._base_tensors[source["base"]].get(source["tensor"])  # type: ignore[index]
+        assert self._base_tensors is not None  # __init__ refused XOR entries without bases
+        base = self._base_tensors[source["base"]].get(source["tensor"])
         if base is None or base.numel() * base.element_size() != entry.nbytes:
             raise CorruptCheckpointError(
                 f"tensor {entry.name!r} is a delta against tensor {source['tensor']!r} of base {ref.describe()}, "

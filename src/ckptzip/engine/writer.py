@@ -355,12 +355,11 @@ def _run_pipeline(encode: Callable[[_Stager], None], stager: _Stager, sink: _Sin
 
 
 def _finish(writer: ContainerWriter, sink: _Sink, tree: Any, table: Table | None = None) -> list[TensorEntry]:
-    for position, entry in enumerate(sink.entries):
-        if entry is None:
-            raise AssertionError(f"tensor {position} of the table was never written")
-    entries = sink.entries if table is None else table.complete(sink.entries)
-    for entry in entries:
-        writer.add_tensor(entry)  # type: ignore[arg-type]  # every position was checked above
+    written = [entry for entry in sink.entries if entry is not None]
+    if len(written) != len(sink.entries):
+        raise AssertionError("a tensor of the table was never written")
+    for entry in written if table is None else table.complete(written):
+        writer.add_tensor(entry)
     writer.finish(tree, None if table is None else table.bases)
     return writer.tensors
 
@@ -389,11 +388,6 @@ class StagedState:
     jobs: list[_Job]
     pool: PinnedPool
     rest: list[int]  # table positions of the tensors not staged (host tensors)
-
-    @property
-    def nbytes(self) -> int:
-        """Stored bytes held."""
-        return sum(job.piece[1] for job in self.jobs)
 
     def release(self) -> None:
         """Return the buffers to the pool (a write does this as it goes)."""

@@ -82,6 +82,12 @@ class TensorEntry:
         return next(iter(self.source)) if self.source else None
 
     @property
+    def source_target(self) -> Any:
+        """What the source names: a table position (copy, cast), the delta's description (xor),
+        or None for a tensor stored as itself."""
+        return next(iter(self.source.values())) if self.source else None
+
+    @property
     def is_reference(self) -> bool:
         """Whether the tensor has no stored bytes of its own (a copy or a cast of another entry)."""
         return self.source_kind in ("copy", "cast")
@@ -318,10 +324,10 @@ def _check_sources(tensors: list[TensorEntry], nbases: int) -> None:
             continue
         what = f"tensor {t.name!r}"
         if kind == "xor":
-            base = t.source["xor"]["base"]  # type: ignore[index]
+            base = t.source_target["base"]
             _expect(base < nbases, f"{what} is a delta against base {base}, but the file lists {nbases} bases")
             continue
-        i = t.source[kind]  # type: ignore[index]
+        i = t.source_target
         _expect(i < len(tensors), f"{what} is a {kind} of table entry {i}, which does not exist")
         target = tensors[i]
         _expect(target is not t, f"{what} is a {kind} of itself")
