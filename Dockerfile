@@ -1,7 +1,7 @@
 # ckptzip on a CUDA runtime: PyTorch, nvCOMP and ckptzip[gpu-cu13]; the default command runs the demo.
 #   docker build -t ckptzip .
 #   docker run --rm --gpus all ckptzip                      # ckptzip demo on the GPU
-#   docker run --rm --gpus all -v "$PWD:/work" ckptzip ckptzip compress /work/model.pt /work/model.ckz
+#   docker run --rm --gpus all -v "$PWD:/data" ckptzip ckptzip compress /data/model.pt /data/model.ckz
 # For CUDA 12: --build-arg CUDA_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04 --build-arg CKPTZIP_EXTRAS=gpu
 # plus a TORCH_SPEC naming a CUDA 12 build of torch (pip arguments, e.g. "--index-url URL torch==X").
 # The install steps are docker/install.sh (tested in CI).
@@ -24,5 +24,5 @@ ARG TORCH_SPEC="torch==2.13.0"
 ARG CKPTZIP_EXTRAS=gpu-cu13
 RUN PYTHON=/opt/venv/bin/python TORCH_SPEC="$TORCH_SPEC" CKPTZIP_EXTRAS="$CKPTZIP_EXTRAS" docker/install.sh /opt/ckptzip
 
-WORKDIR /work
+WORKDIR /data
 CMD ["ckptzip", "demo"]
