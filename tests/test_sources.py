@@ -281,3 +281,13 @@ def test_many_equal_sized_mostly_zero_tensors_are_told_apart_by_digest_not_pairw
     monkeypatch.setattr(torch, "equal", lambda a, b: compares.append(1) or real_equal(a, b))
     assert find_duplicates(tensors) == {198: 0, 199: 1}
     assert len(compares) <= 4  # one byte compare per digest match, not one per pair (19,900)
+
+
+@pytest.mark.parametrize("n", [1, 2, SAMPLES - 1, SAMPLES, (1 << 24) + 3, (1 << 31) + 5])
+def test_sample_positions_are_in_range_spread_and_include_both_ends(n: int) -> None:
+    from ckptzip.engine.derive import _sample_at
+
+    at = _sample_at(n, torch.device("cpu"))
+    assert at.dtype == torch.int64 and at.numel() == min(n, SAMPLES)
+    assert int(at[0]) == 0 and int(at[-1]) == n - 1
+    assert bool((at[1:] > at[:-1]).all())  # distinct and increasing: never past the end

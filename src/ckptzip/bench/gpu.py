@@ -18,6 +18,7 @@ from ..engine.decode import Runs, decode_batch
 from ..engine.encode import EncodedBatch, encode_batch
 from ..engine.policy import Policy
 from ..engine.reader import plan_batches as read_batches
+from ..engine.sources import LoadPlan
 from ..engine.writer import plan_batches as write_batches
 from ..format import ContainerReader, TensorEntry
 from ..tree import flatten
@@ -61,10 +62,12 @@ def measure_resident(state: Any, checkpoint: Path, codec: str, reps: int = 3) ->
 def device_regions(reader: ContainerReader) -> list[tuple[list[TensorEntry], torch.Tensor, Runs, str]]:
     """The stored bytes of every load batch, already in device memory: what a GPU-resident decode
     starts from."""
-    devices = [torch.device("cuda")] * len(reader.tensors)
+    everything = list(range(len(reader.tensors)))
+    plan = LoadPlan(reader.tensors, reader.index.bases, everything, [torch.device("cuda")] * len(everything), None)
+    stored = plan.entries  # copies and casts are rebuilt from these, not decoded
     regions = []
-    for backend, work, idx in read_batches(reader.tensors, devices):
-        entries = [reader.tensors[i] for i in idx]
+    for backend, work, idx in read_batches(stored, [torch.device("cuda")] * len(stored)):
+        entries = [stored[i] for i in idx]
         runs = Runs.of(entries)
         if runs.total:
             host = np.concatenate([reader.source.view(f, n) for f, n in zip(runs.file.tolist(), runs.length.tolist())])

@@ -64,7 +64,10 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def _sample_at(n: int, device: torch.device) -> torch.Tensor:
-    return torch.linspace(0, n - 1, min(n, SAMPLES), device=device).long()
+    """``min(n, SAMPLES)`` positions spread evenly over ``range(n)``, first and last included
+    (integer arithmetic: a float32 linspace rounds the last position past ``n - 1`` on CUDA)."""
+    k = min(n, SAMPLES)
+    return torch.arange(k, dtype=torch.int64, device=device) * (n - 1) // max(k - 1, 1)
 
 
 def find_duplicates(tensors: list[torch.Tensor]) -> dict[int, int]:
