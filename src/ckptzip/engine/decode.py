@@ -10,6 +10,7 @@ pass. The caller verifies those checksums (one sync for a whole load).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,16 +39,18 @@ class Runs:
 
     @classmethod
     def of(cls, entries: list[TensorEntry]) -> Runs:
-        spans = sorted((c.offset, c.length) for e in entries for s in e.streams for c in s.chunks)
-        merged: list[list[int]] = []
-        for offset, size in spans:
-            if merged and merged[-1][0] + merged[-1][1] == offset:
-                merged[-1][1] += size
-            else:
-                merged.append([offset, size])
-        file = np.array([m[0] for m in merged], dtype=np.int64)
-        length = np.array([m[1] for m in merged], dtype=np.int64)
-        return cls(file, np.cumsum(length) - length, length)
+        columns = [s.columns for e in entries for s in e.streams]
+        if not any(c.offset.size for c in columns):
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(empty, empty, empty)
+        offset = np.concatenate([c.offset for c in columns])
+        length = np.concatenate([c.length for c in columns])
+        order = np.argsort(offset, kind="stable")
+        offset, length = offset[order], length[order]
+        starts = np.flatnonzero(np.r_[True, offset[1:] != offset[:-1] + length[:-1]])
+        file = offset[starts]
+        runs = np.add.reduceat(length, starts)
+        return cls(file, np.cumsum(runs) - runs, runs)
 
     @property
     def total(self) -> int:
@@ -61,7 +64,7 @@ class Runs:
 
 @dataclass
 class _Chunks:
-    """Every chunk of a batch as columns, in file order."""
+    """Every chunk of a batch as columns, in table order (tensor, stream, chunk)."""
 
     tensor: np.ndarray
     stream: np.ndarray  # global stream number within the batch
@@ -69,46 +72,43 @@ class _Chunks:
     offset: np.ndarray  # in the region
     length: np.ndarray
     raw: np.ndarray
-    digest: list[str]
-    where: list[tuple[int, int, int]]  # (tensor, stream of the tensor, chunk of the stream)
+    digest: np.ndarray  # uint64
+    index: np.ndarray  # chunk number within its stream
 
 
 def _columns(entries: list[TensorEntry], runs: Runs) -> tuple[_Chunks, list[tuple[int, int]]]:
-    tensor, stream, offset, length, raw, digest, where = [], [], [], [], [], [], []
-    streams: list[tuple[int, int]] = []  # (tensor, stream of the tensor)
-    for t, entry in enumerate(entries):
-        for j, s in enumerate(entry.streams):
-            g = len(streams)
-            streams.append((t, j))
-            for k, c in enumerate(s.chunks):
-                tensor.append(t)
-                stream.append(g)
-                offset.append(c.offset)
-                length.append(c.length)
-                raw.append(c.raw_length)
-                digest.append(c.digest)
-                where.append((t, j, k))
-    tensor_, stream_, file_offset, length_, raw_ = (np.array(v, dtype=np.int64)
-                                                    for v in (tensor, stream, offset, length, raw))
+    streams = [(t, j) for t, entry in enumerate(entries) for j in range(len(entry.streams))]
+    columns = [entries[t].streams[j].columns for t, j in streams]
+    counts = np.array([c.offset.size for c in columns], dtype=np.int64)
+    stream = np.repeat(np.arange(len(streams), dtype=np.int64), counts)
+    tensor = np.array([t for t, _ in streams], dtype=np.int64)[stream] if streams else stream
+
+    def cat(name: str, dtype: type) -> np.ndarray:
+        return np.concatenate([getattr(c, name) for c in columns]) if columns else np.zeros(0, dtype)
+
+    file_offset = cat("offset", np.int64)
     region = runs.locate(file_offset) if file_offset.size else file_offset
-    return _Chunks(tensor_, stream_, file_offset, region, length_, raw_, digest, where), streams
+    index = np.arange(stream.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    chunks = _Chunks(tensor, stream, file_offset, region, cat("length", np.int64), cat("raw_length", np.int64),
+                     cat("digest", np.uint64), index)
+    return chunks, streams
 
 
-def _name(entries: list[TensorEntry], where: tuple[int, int, int]) -> str:
-    t, j, k = where
-    return f"tensor {entries[t].name!r} stream {j} chunk {k}"
+def _name(entries: list[TensorEntry], streams: list[tuple[int, int]], chunks: _Chunks, i: int) -> str:
+    t, j = streams[int(chunks.stream[i])]
+    return f"tensor {entries[t].name!r} stream {j} chunk {int(chunks.index[i])}"
 
 
-def verify_digests(entries: list[TensorEntry], chunks: _Chunks, found: np.ndarray) -> None:
+def verify_digests(entries: list[TensorEntry], streams: list[tuple[int, int]], chunks: _Chunks,
+                   found: np.ndarray) -> None:
     """Raise ``CorruptCheckpointError`` naming the first chunk whose wsum64 is not the index's."""
-    expected = np.array([int(d, 16) for d in chunks.digest], dtype=np.uint64)
-    bad = np.flatnonzero(found.astype(np.uint64) != expected)
+    bad = np.flatnonzero(found.astype(np.uint64) != chunks.digest)
     if bad.size:
         i = int(bad[0])
         start = int(chunks.file_offset[i])
         raise CorruptCheckpointError(
-            f"{_name(entries, chunks.where[i])} (file bytes {start}..{start + int(chunks.length[i])}) is damaged: "
-            f"wsum64 {int(found[i]) & _MASK64:016x}, expected {chunks.digest[i]}"
+            f"{_name(entries, streams, chunks, i)} (file bytes {start}..{start + int(chunks.length[i])}) is damaged: "
+            f"wsum64 {int(found[i]) & _MASK64:016x}, expected {int(chunks.digest[i]):016x}"
         )
 
 
@@ -144,7 +144,7 @@ def decode_batch(entries: list[TensorEntry], region: torch.Tensor, runs: Runs, b
         sums = segment_sums([region], zeros[c_sel], chunks.offset[c_sel], chunks.length[c_sel], **gather)
         found[to_device(c_sel, device)] = sums
     if digests:
-        verify_digests(entries, chunks, found.cpu().numpy())  # before any decoder runs
+        verify_digests(entries, streams, chunks, found.cpu().numpy())  # before any decoder runs
     decoded, stream_at = _decode_coded(entries, chunks, streams, codecs, coded, region, coded_src, c_sel,
                                        c_slot, on_gpu, backend)
     return _rebuild(entries, chunks, streams, coded, region, decoded, stream_at, outs or [None] * len(entries))
@@ -171,11 +171,13 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
     within = within - np.repeat(within[starts], np.diff(np.r_[starts, raw.size]))
     dst = stream_at[c_stream] + within
     src, src_offsets = (coded_src, c_slot) if on_gpu else (region, chunks.offset[c_sel])
-    groups: dict[str, list[int]] = {}
-    for i, s in enumerate(c_stream.tolist()):
-        groups.setdefault(repr(sorted(codecs[s].items())), []).append(i)
-    for members in groups.values():
-        m = np.array(members, dtype=np.int64)
+    keys: dict[str, int] = {}
+    stream_group = np.array([keys.setdefault(json.dumps(c, sort_keys=True), len(keys)) for c in codecs], np.int64)
+    chunk_group = stream_group[c_stream]
+    for g in range(len(keys)):
+        m = np.flatnonzero(chunk_group == g)
+        if not m.size:
+            continue
         s = int(c_stream[m[0]])
         t, j = streams[s]
         try:
@@ -194,8 +196,8 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
                     decoded[int(dst[i]) : int(dst[i]) + int(raw[i])].copy_(tmp)
         except CorruptCheckpointError as exc:
             index = getattr(exc, "chunk", None)
-            where = chunks.where[int(c_sel[m[index]])] if index is not None else None
-            what = _name(entries, where) if where else f"tensors {sorted({entries[t].name for t, _ in streams})}"
+            what = (_name(entries, streams, chunks, int(c_sel[m[index]])) if index is not None
+                    else f"tensors {sorted({entries[t].name for t, _ in streams})}")
             raise CorruptCheckpointError(f"{what}: {exc}") from exc
     return decoded, stream_at
 
@@ -208,12 +210,11 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
     outs = [torch.empty(e.nbytes, dtype=torch.uint8, device=device) if g is None else g
             for e, g in zip(entries, given)]
     checksums = torch.zeros(len(entries), dtype=torch.int64, device=device)
-    first_chunk: dict[int, int] = {}
-    for i, s in enumerate(chunks.stream.tolist()):
-        first_chunk.setdefault(s, i)
+    first_offset = np.zeros(len(streams), dtype=np.int64)  # region offset of each stream's first chunk
+    with_chunks, first = np.unique(chunks.stream, return_index=True)
+    first_offset[with_chunks] = chunks.offset[first]
     source_base = np.where(coded, 1, 0)  # 0: the region (raw streams in place), 1: the decoded buffer
-    source_offset = np.array([stream_at[s] if coded[s] else (chunks.offset[first_chunk[s]] if s in first_chunk else 0)
-                              for s in range(len(streams))], dtype=np.int64)
+    source_offset = np.where(coded, stream_at, first_offset)
     by_tensor: dict[int, list[int]] = {}
     for s, (t, _) in enumerate(streams):
         by_tensor.setdefault(t, []).append(s)

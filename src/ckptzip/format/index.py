@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
+import numpy.typing as npt
 import torch
 import xxhash
 
@@ -28,8 +31,7 @@ _BASE_KEYS = {"step", "name", "content_hash"}
 CAST_DTYPES = ("bfloat16", "float16")  # what a "cast" source may produce, from float32
 
 
-@dataclass(frozen=True)
-class Chunk:
+class Chunk(NamedTuple):
     """``length`` stored bytes at ``offset`` that decode to ``raw_length`` bytes; ``digest`` is the
     checksum of the stored bytes (16 hex digits: wsum64 in format 2, XXH3-64 in format 1)."""
 
@@ -39,7 +41,33 @@ class Chunk:
     digest: str
 
     def to_json(self) -> list[int | str]:
-        return [self.offset, self.length, self.raw_length, self.digest]
+        return list(self)
+
+
+@dataclass(frozen=True)
+class ChunkColumns:
+    """The chunks of a stream as arrays, for code that handles thousands of chunks at once."""
+
+    offset: npt.NDArray[np.int64]
+    length: npt.NDArray[np.int64]
+    raw_length: npt.NDArray[np.int64]
+    digest: npt.NDArray[np.uint64]
+
+    @classmethod
+    def of(cls, chunks: list[Chunk]) -> ChunkColumns:
+        if not chunks:
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(empty, empty, empty, np.zeros(0, dtype=np.uint64))
+        offset, length, raw, digests = zip(*chunks)
+        digest = np.frombuffer(bytes.fromhex("".join(digests)), dtype=">u8").astype(np.uint64)
+        return cls(np.array(offset, dtype=np.int64), np.array(length, dtype=np.int64), np.array(raw, dtype=np.int64),
+                   digest)
+
+    def split(self, counts: list[int]) -> list[ChunkColumns]:
+        """Consecutive parts of ``counts`` chunks each (views, no copies)."""
+        ends = np.cumsum(counts)
+        return [ChunkColumns(self.offset[a:b], self.length[a:b], self.raw_length[a:b], self.digest[a:b])
+                for a, b in zip((ends - counts).tolist(), ends.tolist())]
 
 
 @dataclass
@@ -48,7 +76,12 @@ class StreamEntry:
 
     codec: dict[str, Any]
     nbytes: int
-    chunks: list[Chunk] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)  # not changed once the entry is made
+
+    @functools.cached_property
+    def columns(self) -> ChunkColumns:
+        """The chunks as arrays (made once per entry)."""
+        return ChunkColumns.of(self.chunks)
 
     @property
     def compressed_nbytes(self) -> int:
@@ -355,13 +388,13 @@ def _parse_stream(doc: Any, expected_nbytes: int, what: str) -> StreamEntry:
             ok = (
                 isinstance(c, list)
                 and len(c) == 4
-                and _is_int(c[0])
-                and _is_int(c[1], 1)
+                and _is_int(c[0], 0, (1 << 63) - 1)
+                and _is_int(c[1], 1, (1 << 63) - 1)
                 and _is_int(c[2], 1, MAX_CHUNK_RAW)
                 and _is_hex(c[3], 16)
             )
             _expect(ok, f"{what} chunk {k} is {c!r:.80}, expected [offset, length, raw_length, xxh3]")
-    parsed = [Chunk(*c) for c in chunks]
+    parsed = list(map(Chunk._make, chunks))
     total = sum(c.raw_length for c in parsed)
     _expect(total == expected_nbytes, f"{what}: chunks decode to {total} bytes, expected {expected_nbytes}")
     if codec["id"] == "raw":
@@ -379,8 +412,8 @@ def _chunks_valid(chunks: list[Any]) -> bool:
     offsets, lengths, raws, digests = zip(*chunks)
     return (
         all(type(v) is int for column in (offsets, lengths, raws) for v in column)
-        and min(offsets) >= 0 and max(offsets) <= 1 << 63
-        and min(lengths) >= 1 and max(lengths) <= 1 << 63
+        and min(offsets) >= 0 and max(offsets) < 1 << 63
+        and min(lengths) >= 1 and max(lengths) < 1 << 63
         and min(raws) >= 1 and max(raws) <= MAX_CHUNK_RAW
         and all(type(d) is str and len(d) == 16 for d in digests)
         and _HEX.fullmatch("".join(digests)) is not None
@@ -389,25 +422,37 @@ def _chunks_valid(chunks: list[Any]) -> bool:
 
 def _check_tiling(tensors: list[TensorEntry], data_end: int, table_order: bool) -> None:
     """Chunks tile the data section: in table order (format 1), or in offset order with each
-    stream's chunks back to back (format 2)."""
-    chunks = [(c, t, j, k) for t in tensors for j, s in enumerate(t.streams) for k, c in enumerate(s.chunks)]
+    stream's chunks back to back (format 2). Checked on the columns of all chunks at once."""
+    streams = [(t, j, s) for t in tensors for j, s in enumerate(t.streams)]
+    everything = ChunkColumns.of([c for _, _, s in streams for c in s.chunks])  # one pass for the whole file
+    counts = [len(s.chunks) for _, _, s in streams]
+    for (_, _, s), columns in zip(streams, everything.split(counts)):
+        s.__dict__["columns"] = columns  # what the cached property would compute, from the one pass
+    if not everything.offset.size:
+        _expect(data_end == PREAMBLE_SIZE, f"chunks end at {PREAMBLE_SIZE} but the data section ends at {data_end}")
+        return
+    offset, length = everything.offset, everything.length
+    stream = np.repeat(np.arange(len(streams)), counts)
+    chunk = np.arange(offset.size) - np.repeat(np.cumsum(counts) - counts, counts)
+
+    def name(i: int) -> str:
+        t, j, _ = streams[int(stream[i])]
+        return f"tensor {t.name!r} stream {j} chunk {int(chunk[i])}"
+
     if not table_order:
-        for t in tensors:
-            for j, s in enumerate(t.streams):
-                for k in range(1, len(s.chunks)):
-                    prev, c = s.chunks[k - 1], s.chunks[k]
-                    _expect(
-                        c.offset == prev.offset + prev.length,
-                        f"tensor {t.name!r} stream {j} chunk {k} starts at {c.offset}, expected "
-                        f"{prev.offset + prev.length} (a stream's chunks lie back to back)",
-                    )
-        chunks.sort(key=lambda item: item[0].offset)
-    position = PREAMBLE_SIZE
-    for c, t, j, k in chunks:
-        _expect(
-            c.offset == position,
-            f"tensor {t.name!r} stream {j} chunk {k} starts at {c.offset}, expected {position} "
-            "(chunks must tile the data section)",
-        )
-        position += c.length
-    _expect(position == data_end, f"chunks end at {position} but the data section ends at {data_end}")
+        gap = np.flatnonzero((chunk[1:] > 0) & (offset[1:] != offset[:-1] + length[:-1])) + 1
+        if gap.size:
+            i = int(gap[0])
+            _expect(False, f"{name(i)} starts at {int(offset[i])}, expected {int(offset[i - 1] + length[i - 1])} "
+                           "(a stream's chunks lie back to back)")
+        order = np.argsort(offset, kind="stable")
+    else:
+        order = np.arange(offset.size)
+    expected = PREAMBLE_SIZE + np.cumsum(length[order]) - length[order]
+    wrong = np.flatnonzero(offset[order] != expected)
+    if wrong.size:
+        i = int(wrong[0])
+        _expect(False, f"{name(int(order[i]))} starts at {int(offset[order[i]])}, expected {int(expected[i])} "
+                       "(chunks must tile the data section)")
+    end = PREAMBLE_SIZE + sum(length.tolist())  # exact: lengths whose int64 sums wrap are caught here
+    _expect(end == data_end, f"chunks end at {end} but the data section ends at {data_end}")
