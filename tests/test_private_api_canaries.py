@@ -113,3 +113,16 @@ def test_lightning_checkpoint_io_methods_keep_their_signatures(name: str) -> Non
         f"Lightning's TorchCheckpointIO.{name} now takes ({', '.join(theirs)}), CkptzipCheckpointIO.{name} "
         f"({', '.join(ours)}): Lightning would call the plugin (ckptzip/integrations/lightning.py) wrongly"
     )
+
+
+# --- triton -----------------------------------------------------------------------------------
+
+
+def test_triton_cache_key_function_takes_no_arguments_and_is_cached() -> None:
+    cache = pytest.importorskip("triton.runtime.cache")
+    what = (
+        "triton.runtime.cache.triton_key() changed: ckptzip/kernels/__init__.py hashes Triton's compiler "
+        "ahead on a background thread with it, so the first save of a process does not wait for that hash"
+    )
+    key = getattr(cache, "triton_key", None)
+    assert callable(key) and _parameters(key) == [] and hasattr(key, "cache_info"), what

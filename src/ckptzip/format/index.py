@@ -224,7 +224,9 @@ class Index:
         _expect(isinstance(doc["writer"], str), "index 'writer' is not a string")
         _expect(isinstance(doc["tensors"], list), "index 'tensors' is not an array")
         later = version[1] > KNOWN_MINORS[version[0]]
-        tensors = [_parse_tensor(t, i, sources, later) for i, t in enumerate(doc["tensors"])]
+        chunk_lists = _ChunkLists()
+        tensors = [_parse_tensor(t, i, chunk_lists, sources, later) for i, t in enumerate(doc["tensors"])]
+        chunk_lists.finish()
         _check_tiling(tensors, data_end, table_order=version[0] == 1)
         names = [t.name for t in tensors]
         _expect(len(set(names)) == len(names), "tensor names in the index are not unique")
@@ -279,7 +281,8 @@ def _parse_base(doc: Any, i: int) -> BaseRef:
     return BaseRef(step, name, doc["content_hash"])
 
 
-def _parse_tensor(doc: Any, i: int, sources: bool = False, later: bool = False) -> TensorEntry:
+def _parse_tensor(doc: Any, i: int, chunk_lists: _ChunkLists, sources: bool = False, later: bool = False
+                  ) -> TensorEntry:
     _expect(isinstance(doc, dict), f"tensor table entry {i} is not an object")
     optional = _TENSOR_OPTIONAL_2_1 if sources else _TENSOR_OPTIONAL
     if later and not set(doc) <= _TENSOR_KEYS | optional:
@@ -327,7 +330,7 @@ def _parse_tensor(doc: Any, i: int, sources: bool = False, later: bool = False) 
     streams = doc["streams"]
     _expect(isinstance(streams, list), f"{what} has no stream list")
     _expect(len(streams) == len(sizes), f"{what} has {len(streams)} streams, its transforms make {len(sizes)}")
-    parsed = [_parse_stream(s, size, f"{what} stream {j}") for j, (s, size) in enumerate(zip(streams, sizes))]
+    parsed = [_parse_stream(s, size, f"{what} stream {j}", chunk_lists) for j, (s, size) in enumerate(zip(streams, sizes))]
     return TensorEntry(name, dtype, tuple(shape), nbytes, checksum, transforms, parsed, device, source)
 
 
@@ -375,7 +378,7 @@ def _check_sources(tensors: list[TensorEntry], nbases: int) -> None:
                     f"tensor of the same shape cast to one of {CAST_DTYPES}")
 
 
-def _parse_stream(doc: Any, expected_nbytes: int, what: str) -> StreamEntry:
+def _parse_stream(doc: Any, expected_nbytes: int, what: str, chunk_lists: _ChunkLists) -> StreamEntry:
     _expect(isinstance(doc, dict), f"{what} is not an object")
     _check_keys(doc, _STREAM_KEYS, set(), what)
     codec = doc["codec"]
@@ -383,28 +386,56 @@ def _parse_stream(doc: Any, expected_nbytes: int, what: str) -> StreamEntry:
     _expect(doc["nbytes"] == expected_nbytes, f"{what} has nbytes {doc['nbytes']!r:.40}, expected {expected_nbytes}")
     chunks = doc["chunks"]
     _expect(isinstance(chunks, list), f"{what} has no chunk list")
-    if not _chunks_valid(chunks):  # find the first bad one, for the message
-        for k, c in enumerate(chunks):
-            ok = (
-                isinstance(c, list)
-                and len(c) == 4
-                and _is_int(c[0], 0, (1 << 63) - 1)
-                and _is_int(c[1], 1, (1 << 63) - 1)
-                and _is_int(c[2], 1, MAX_CHUNK_RAW)
-                and _is_hex(c[3], 16)
-            )
-            _expect(ok, f"{what} chunk {k} is {c!r:.80}, expected [offset, length, raw_length, xxh3]")
-    parsed = list(map(Chunk._make, chunks))
-    total = sum(c.raw_length for c in parsed)
-    _expect(total == expected_nbytes, f"{what}: chunks decode to {total} bytes, expected {expected_nbytes}")
-    if codec["id"] == "raw":
-        _expect(all(c.length == c.raw_length for c in parsed), f"{what}: a raw chunk's stored and decoded sizes differ")
-    return StreamEntry(codec, expected_nbytes, parsed)
+    entry = StreamEntry(codec, expected_nbytes)
+    chunk_lists.add(entry, chunks, what)
+    return entry
+
+
+class _ChunkLists:
+    """The chunk lists of every stream of an index, checked and turned into chunks and columns in
+    a few passes over all of them at once (indexes of large states list tens of thousands)."""
+
+    def __init__(self) -> None:
+        self._streams: list[tuple[StreamEntry, list[Any], str]] = []
+
+    def add(self, entry: StreamEntry, chunks: list[Any], what: str) -> None:
+        self._streams.append((entry, chunks, what))
+
+    def finish(self) -> None:
+        everything = [c for _, chunks, _ in self._streams for c in chunks]
+        if not _chunks_valid(everything):  # find the first bad one, for the message
+            for _, chunks, what in self._streams:
+                for k, c in enumerate(chunks):
+                    ok = (
+                        isinstance(c, list)
+                        and len(c) == 4
+                        and _is_int(c[0], 0, (1 << 63) - 1)
+                        and _is_int(c[1], 1, (1 << 63) - 1)
+                        and _is_int(c[2], 1, MAX_CHUNK_RAW)
+                        and _is_hex(c[3], 16)
+                    )
+                    _expect(ok, f"{what} chunk {k} is {c!r:.80}, expected [offset, length, raw_length, xxh3]")
+        counts = np.array([len(chunks) for _, chunks, _ in self._streams], dtype=np.int64)
+        columns = ChunkColumns.of(everything)
+        ends = np.cumsum(counts)
+        raw_before = np.concatenate([[0], np.cumsum(columns.raw_length)])
+        decoded = raw_before[ends] - raw_before[ends - counts]
+        expected = np.array([entry.nbytes for entry, _, _ in self._streams], dtype=np.int64)
+        for i in np.flatnonzero(decoded != expected)[:1].tolist():
+            _expect(False, f"{self._streams[i][2]}: chunks decode to {int(decoded[i])} bytes, expected {int(expected[i])}")
+        is_raw = np.repeat(np.array([entry.codec["id"] == "raw" for entry, _, _ in self._streams], dtype=bool), counts)
+        resized = np.flatnonzero(is_raw & (columns.length != columns.raw_length))
+        if resized.size:
+            i = int(np.searchsorted(ends, resized[0], side="right"))
+            _expect(False, f"{self._streams[i][2]}: a raw chunk's stored and decoded sizes differ")
+        for (entry, chunks, _), part in zip(self._streams, columns.split(counts.tolist())):
+            entry.chunks = list(map(Chunk._make, chunks))
+            entry.__dict__["columns"] = part  # what the cached property would compute
 
 
 def _chunks_valid(chunks: list[Any]) -> bool:
     """Every chunk is [offset, length, raw_length, digest] within bounds (a few passes over the
-    columns: indexes of large states list tens of thousands of chunks)."""
+    columns)."""
     if not all(type(c) is list and len(c) == 4 for c in chunks):
         return False
     if not chunks:
@@ -423,15 +454,13 @@ def _chunks_valid(chunks: list[Any]) -> bool:
 def _check_tiling(tensors: list[TensorEntry], data_end: int, table_order: bool) -> None:
     """Chunks tile the data section: in table order (format 1), or in offset order with each
     stream's chunks back to back (format 2). Checked on the columns of all chunks at once."""
-    streams = [(t, j, s) for t in tensors for j, s in enumerate(t.streams)]
-    everything = ChunkColumns.of([c for _, _, s in streams for c in s.chunks])  # one pass for the whole file
-    counts = [len(s.chunks) for _, _, s in streams]
-    for (_, _, s), columns in zip(streams, everything.split(counts)):
-        s.__dict__["columns"] = columns  # what the cached property would compute, from the one pass
-    if not everything.offset.size:
+    streams = [(t, j, s.columns) for t in tensors for j, s in enumerate(t.streams)]
+    counts = [c.offset.size for _, _, c in streams]
+    if not sum(counts):
         _expect(data_end == PREAMBLE_SIZE, f"chunks end at {PREAMBLE_SIZE} but the data section ends at {data_end}")
         return
-    offset, length = everything.offset, everything.length
+    offset = np.concatenate([c.offset for _, _, c in streams])
+    length = np.concatenate([c.length for _, _, c in streams])
     stream = np.repeat(np.arange(len(streams)), counts)
     chunk = np.arange(offset.size) - np.repeat(np.cumsum(counts) - counts, counts)
 

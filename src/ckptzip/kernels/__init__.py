@@ -28,6 +28,22 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 THREAD_SAFE = not INTERPRET
 
 
+def _hash_triton_ahead() -> None:
+    """Start Triton's once-per-process hash of its own compiler (its cache key: some hundred MB of
+    files, about 0.35 s) on a background thread, so the first save does not wait for it. Only
+    where kernels will run on a GPU; pure host work (no CUDA call), and it releases the GIL."""
+    if triton is None or INTERPRET or not torch.cuda.is_available():
+        return
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:  # another Triton layout: the first launch hashes, as it would anyway
+        return
+    threading.Thread(target=triton_key, name="ckptzip-triton-key", daemon=True).start()
+
+
+_hash_triton_ahead()
+
+
 def use_triton(device: torch.device) -> bool:
     """Whether the Triton versions run for data on ``device``."""
     return triton is not None and (device.type == "cuda" or INTERPRET)
