@@ -24,7 +24,7 @@ from ckptzip.engine.encode import _trial, encode_batch
 from ckptzip.engine.policy import Policy
 from ckptzip.kernels import planes as planes_module
 from ckptzip.kernels.planes import merge_planes, plane_layout, split_planes
-from ckptzip.kernels.segments import segment_sums
+from ckptzip.kernels.segments import gather_bytes, segment_sums
 
 MASK = (1 << 64) - 1
 
@@ -128,6 +128,17 @@ def test_segment_sums_gather_and_checksum_each_segment() -> None:
     pieces = [buf.numpy()[o : o + n] for o, n in zip(offsets, lengths)]
     assert [int(s) & MASK for s in sums] == [wsum64_array(p) for p in pieces]
     assert np.array_equal(out.numpy(), np.concatenate(pieces))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_gather_bytes_reads_each_address_of_several_tensors(device: str) -> None:
+    rng = np.random.default_rng(4)
+    bases = [torch.from_numpy(rng.integers(0, 256, n, dtype=np.uint8)).to(device) for n in (1, 3000, 70_001)]
+    which = np.array([0, 1, 2, 2, 1, 2, 0], dtype=np.int64)
+    offsets = np.array([0, 2999, 70_000, 0, 17, 65_536, 0], dtype=np.int64)
+    got = gather_bytes(bases, which, offsets)
+    assert got.device.type == device and got.dtype == torch.uint8
+    assert got.cpu().tolist() == [int(bases[b][o]) for b, o in zip(which.tolist(), offsets.tolist())]
 
 
 @pytest.mark.gpu

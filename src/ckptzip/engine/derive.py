@@ -14,7 +14,7 @@ import collections
 import numpy as np
 import torch
 
-from ..kernels.segments import segment_sums
+from ..kernels.segments import gather_bytes, segment_sums
 
 SAMPLES = 64  # elements compared before a whole tensor is
 _BLOCK = 1 << 24  # elements cast at a time (bounds the int32 temporaries)
@@ -71,41 +71,57 @@ def _sample_at(n: int, device: torch.device) -> torch.Tensor:
 
 
 def find_duplicates(tensors: list[torch.Tensor]) -> dict[int, int]:
-    """Position -> earlier position holding the same bytes, for every later duplicate."""
+    """Position -> earlier position holding the same bytes, for every later duplicate.
+
+    Tensors of equal size on one device are candidates; a sample of each (all of a device's
+    candidates in one gather, one sync) splits them into groups, and whole-tensor digests of the
+    groups' members (one pass, one sync) pick the pairs compared byte for byte."""
     groups: dict[tuple[torch.device, int], list[int]] = collections.defaultdict(list)
     for i, t in enumerate(tensors):
         if _eligible(t):
             groups[t.device, t.numel() * t.element_size()].append(i)
+    by_device: dict[torch.device, list[int]] = collections.defaultdict(list)
+    for (device, _), members in groups.items():
+        if len(members) > 1:
+            by_device[device].extend(members)
     out: dict[int, int] = {}
-    for (device, nbytes), members in groups.items():
-        if len(members) < 2:
-            continue
-        at = _sample_at(nbytes, device)
-        samples = torch.stack([_flat_bytes(tensors[i])[at] for i in members]).cpu()  # one sync per group
-        by_sample: dict[bytes, list[int]] = collections.defaultdict(list)
-        for i, row in zip(members, samples):
-            by_sample[row.numpy().tobytes()].append(i)
-        for same in by_sample.values():
-            if len(same) > 1:
-                out.update(_same_bytes([_flat_bytes(tensors[i]) for i in same], same))
+    for members in by_device.values():
+        flats = [_flat_bytes(tensors[i]) for i in members]
+        sizes = np.array([f.numel() for f in flats], dtype=np.int64)
+        k = np.minimum(sizes, SAMPLES)[:, None]
+        at = np.minimum(np.arange(SAMPLES), k - 1) * (sizes[:, None] - 1) // np.maximum(k - 1, 1)
+        rows = np.repeat(np.arange(len(members)), SAMPLES)
+        samples = gather_bytes(flats, rows, at.reshape(-1)).cpu().numpy().reshape(len(members), SAMPLES)
+        by_sample: dict[tuple[int, bytes], list[int]] = collections.defaultdict(list)
+        for m, (size, row) in enumerate(zip(sizes.tolist(), samples)):
+            by_sample[size, row.tobytes()].append(m)
+        alike = [same for same in by_sample.values() if len(same) > 1]
+        out.update(_same_bytes([flats[m] for same in alike for m in same],
+                               [[members[m] for m in same] for same in alike]))
     return out
 
 
-def _same_bytes(flats: list[torch.Tensor], positions: list[int]) -> dict[int, int]:
-    """Among equal-sized byte tensors at ``positions``: later duplicate -> earlier original.
-    Whole-tensor digests first (one pass, one sync), so only tensors with equal digests are
-    compared byte for byte: linear, even for many tensors whose samples agree (mostly zeros)."""
-    n = flats[0].numel()
+def _same_bytes(flats: list[torch.Tensor], groups: list[list[int]]) -> dict[int, int]:
+    """Among the tensors of each group (``flats`` holds the groups' members in order, their
+    positions are in ``groups``; a group's tensors have one size): later duplicate -> earlier
+    original. Digests of all of them first (one pass, one sync), so only tensors with equal
+    digests are compared byte for byte: linear, even for many tensors whose samples agree."""
+    if not flats:
+        return {}
     count = len(flats)
-    digests = segment_sums(flats, np.arange(count), np.zeros(count, np.int64), np.full(count, n, np.int64))
-    originals: dict[int, list[int]] = collections.defaultdict(list)  # digest -> indices into flats
+    sizes = np.array([f.numel() for f in flats], dtype=np.int64)
+    digests = segment_sums(flats, np.arange(count), np.zeros(count, np.int64), sizes).cpu().tolist()
     out: dict[int, int] = {}
-    for k, digest in enumerate(digests.cpu().tolist()):
-        match = next((j for j in originals[digest] if torch.equal(flats[j], flats[k])), None)
-        if match is None:
-            originals[digest].append(k)
-        else:
-            out[positions[k]] = positions[match]
+    at = 0
+    for positions in groups:
+        originals: dict[int, list[int]] = collections.defaultdict(list)  # digest -> indices into flats
+        for k in range(at, at + len(positions)):
+            match = next((j for j in originals[digests[k]] if torch.equal(flats[j], flats[k])), None)
+            if match is None:
+                originals[digests[k]].append(k)
+            else:
+                out[positions[k - at]] = positions[match - at]
+        at += len(positions)
     return out
 
 

@@ -70,6 +70,32 @@ if triton is not None:
         tl.store(partial + pid, total)
 
 
+    @triton.jit
+    def _gather_bytes_kernel(addresses, out, n, BLOCK: tl.constexpr):
+        # out[i] = the byte at addresses[i]
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < n
+        at = tl.load(addresses + i, mask=mask, other=0).to(tl.pointer_type(tl.uint8))
+        tl.store(out + i, tl.load(at, mask=mask, other=0), mask=mask)
+
+
+def gather_bytes(bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+    """``bases[base_index[i]][offsets[i]]`` for every i (1-D uint8 tensors on one device): one
+    launch on a GPU, no host sync; a uint8 tensor on that device."""
+    device = bases[0].device if bases else torch.device("cpu")
+    if not use_triton(device):
+        arrays = [b.numpy() for b in bases]
+        return torch.from_numpy(np.array([arrays[b][o] for b, o in zip(base_index.tolist(), offsets.tolist())],
+                                         dtype=np.uint8))
+    out = torch.empty(len(offsets), dtype=torch.uint8, device=device)
+    if len(offsets):
+        base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
+        addresses = to_device(base_ptrs[base_index.astype(np.int64)] + offsets.astype(np.int64), device)
+        block = 1024
+        _gather_bytes_kernel[(-(-len(offsets) // block),)](addresses, out, len(offsets), BLOCK=block)
+    return out
+
+
 def _as_signed(values: np.ndarray) -> np.ndarray:
     return values.astype(np.uint64).view(np.int64)
 
