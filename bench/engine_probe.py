@@ -164,15 +164,16 @@ print(first, second, load, ts)
 """
 
 
-def fresh_process_first_save() -> dict:
+def fresh_process_first_save(profile_it: bool) -> dict:
     """First save/load of a fresh process on the tiny demo state (kernel caches warm on disk)."""
     runs = []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True, check=True)
         runs.append([float(x) for x in out.stdout.split()[-4:]])
-    out = subprocess.run([sys.executable, "-c", _FRESH, "profile"], capture_output=True, text=True, check=True)
-    print("--- cProfile of the first save of a fresh process (a third such process) ---")
-    print(out.stderr[-6000:])
+    if profile_it:
+        out = subprocess.run([sys.executable, "-c", _FRESH, "profile"], capture_output=True, text=True, check=True)
+        print("--- cProfile of the first save of a fresh process (a third such process) ---")
+        print(out.stderr[-6000:])
     first, second, load, torch_save = runs[-1]
     return {"first_save_s": first, "second_save_s": second, "first_load_s": load, "torch_save_s": torch_save,
             "first_process_ever_first_save_s": runs[0][0]}
@@ -188,6 +189,7 @@ def main() -> None:
     ap.add_argument("--presets", default="auto,portable")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--trace", help="with --profile: write Chrome traces of the profiled save and load here")
+    ap.add_argument("--no-torch", action="store_true", help="skip the torch.save/torch.load baselines")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.preset:
@@ -223,6 +225,16 @@ def main() -> None:
         if args.profile and name == "auto":
             profile(lambda: ckptzip.save(state, Discard(), codec=name), f"save {name}", args.trace)
             profile(lambda: ckptzip.load(io.BytesIO(blob), map_location="cuda"), f"load {name}", args.trace)
+    if not args.no_torch:
+        torch_baselines(state, raw, results)
+    results["first_save_fresh_process"] = fresh_process_first_save(args.profile)
+    print(json.dumps({"first_save_fresh_process": results["first_save_fresh_process"]}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def torch_baselines(state, raw: int, results: dict) -> None:  # noqa: ANN001
     buf = io.BytesIO()
     first_ts, ts = timed(lambda: torch.save(state, Discard()), 1)
     torch.save(state, buf)
@@ -230,11 +242,6 @@ def main() -> None:
     first_tl, tl = timed(lambda: torch.load(io.BytesIO(tblob), map_location="cuda", weights_only=True), 1)
     results["torch"] = {"save_s": ts, "load_s": tl, "save_gbps": raw / ts / 1e9, "load_gbps": raw / tl / 1e9}
     print(json.dumps({"torch": results["torch"]}))
-    results["first_save_fresh_process"] = fresh_process_first_save()
-    print(json.dumps({"first_save_fresh_process": results["first_save_fresh_process"]}))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
