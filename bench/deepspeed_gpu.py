@@ -1,23 +1,21 @@
 """DeepSpeed on GPUs with ckptzip's checkpoint engine: real ``deepspeed.initialize`` (ZeRO, bf16),
 train, ``save_checkpoint`` with DeepSpeed's own engine and with ``CkptzipCheckpointEngine``,
-``load_checkpoint`` into a differently initialised engine, resume, and check that the resumed run
-is bit-identical to an uninterrupted one. Prints (and with --json writes) bytes, save and load
-seconds per engine.
+``load_checkpoint`` into a differently initialised engine, and resume. Checks, per engine, that
+the loaded module and optimizer state is bit-identical to what was saved, and that the resumed run
+is bit-identical to an uninterrupted one. Prints one JSON line: bytes, save and load seconds per engine.
 
     python bench/deepspeed_gpu.py                          # 1 GPU, ZeRO-2, the "tiny" transformer
     python bench/deepspeed_gpu.py --nproc 2 --stage 3 --preset medium --json $OUT/deepspeed.json
 
 Each rank is a process started here (NCCL, rank r on GPU r); no ``deepspeed`` launcher. Needs
-``pip install 'ckptzip[deepspeed,gpu]'`` with DS_BUILD_OPS=0 (the optimizer is torch's AdamW, so
-no DeepSpeed C++/CUDA op is compiled).
+``pip install 'ckptzip[deepspeed,gpu]'``; nothing of DeepSpeed is compiled (its optimizer here is
+torch's AdamW, ``torch_adam``), so neither a compiler nor ninja is used.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,8 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from _resume import directory_bytes, run, state_bytes, write_report
 from ckptzip.bench.training import Transformer, get_preset, load_corpus
-from ckptzip.dcp._launch import launch
 
 
 def _engine(args: argparse.Namespace, seed: int) -> Any:
@@ -62,21 +60,7 @@ def _train(engine: Any, corpus: torch.Tensor, first: int, steps: int, seq_len: i
 
 def _digest(engine: Any) -> list[tuple[str, bytes]]:
     """Every tensor of the module and optimizer state, as bytes (compared across runs)."""
-    out: list[tuple[str, bytes]] = []
-
-    def walk(obj: Any, path: str) -> None:
-        if isinstance(obj, torch.Tensor):
-            out.append((path, obj.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()))
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(v, f"{path}.{k}")
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                walk(v, f"{path}.{i}")
-
-    walk(engine.module.state_dict(), "module")
-    walk(engine.optimizer.state_dict(), "optimizer")
-    return out
+    return state_bytes({"module": engine.module.state_dict(), "optimizer": engine.optimizer.state_dict()})
 
 
 def _worker(rank: int, world: int, args: argparse.Namespace, root: Path) -> None:
@@ -103,6 +87,7 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: Path) -> None
         engine = _engine(args, seed=0)
         engine.checkpoint_engine = make()
         train(engine, 0)
+        saved = _digest(engine)
         dist.barrier()
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -116,21 +101,22 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: Path) -> None
         resumed.load_checkpoint(str(directory))
         torch.cuda.synchronize()
         load_s = time.perf_counter() - start
+        loaded = _digest(resumed) == saved
         train(resumed, args.steps)
-        same = _digest(resumed) == expected
-        flags = [None] * world
-        dist.all_gather_object(flags, same)
-        nbytes = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
-        results[name] = {"bytes": nbytes, "save_s": save_s, "load_s": load_s, "resume_bit_exact": all(flags)}
+        resumed_same = _digest(resumed) == expected
+        flags: list[Any] = [None] * world
+        dist.all_gather_object(flags, (loaded, resumed_same))
+        results[name] = {"bytes": directory_bytes(directory), "save_s": round(save_s, 3), "load_s": round(load_s, 3),
+                         "load_bit_exact": all(f[0] for f in flags), "resume_bit_exact": all(f[1] for f in flags)}
         del resumed
     if rank == 0:
-        report = {"preset": args.preset, "stage": args.stage, "nproc": world, "steps": args.steps,
-                  "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "engines": results}
-        print(json.dumps(report, indent=2))
-        if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=2))
-        if not all(r["resume_bit_exact"] for r in results.values()):
-            raise SystemExit("a resumed run differs from the uninterrupted one")
+        import deepspeed
+
+        report = {"bench": "deepspeed", "preset": args.preset, "stage": args.stage, "nproc": world,
+                  "steps": args.steps, "deepspeed": deepspeed.__version__, "torch": torch.__version__,
+                  "gpu": torch.cuda.get_device_name(0), "engines": results,
+                  "ok": all(r["load_bit_exact"] and r["resume_bit_exact"] for r in results.values())}
+        write_report(root, report)
 
 
 def main() -> None:
@@ -141,9 +127,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps before the save, and again after it")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--json", help="also write the report here")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as root:
-        launch(_worker, args.nproc, args, Path(root), backend="nccl")
+    run(_worker, parser.parse_args())
 
 
 if __name__ == "__main__":
