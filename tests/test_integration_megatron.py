@@ -1,7 +1,8 @@
 """Megatron-Core integration: ``dist_checkpointing`` sharded state dicts saved on 2 gloo ranks with
 the ckptzip backend and loaded back bit-exactly on 2 ranks and, resharded, on 1: a hand-made one
 (tensor shards, a replicated tensor, optimizer moments, bf16, sharded objects, common state) and a
-tensor-parallel GPTModel's (Megatron builds one on the CPU; its forward pass needs CUDA)."""
+tensor-parallel GPTModel's with its Adam moments (Megatron builds one on the CPU; its forward pass,
+DDP and distributed optimizer need CUDA: bench/megatron_gpu.py)."""
 
 from __future__ import annotations
 
@@ -117,16 +118,53 @@ def _gpt(tensor_parallel: int, seed: int) -> Any:
                     max_sequence_length=16)
 
 
+def _adam(model: Any) -> torch.optim.Optimizer:
+    """Adam after two steps on gradients that are an elementwise function of the weights: its
+    moments are then the same at every tensor-parallel size, as the weights are (Megatron's forward
+    pass, which would give real gradients, needs CUDA)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+    for _ in range(2):
+        for p in model.parameters():
+            p.grad = torch.sin(3 * p.detach())
+        optimizer.step()
+    return optimizer
+
+
+def _with_optimizer(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The model's sharded state dict and the optimizer's, its moments sharded like their weights
+    (what Megatron's own non-distributed optimizers save; the step counters go with the common state)."""
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+
+    model_state = model.sharded_state_dict()
+    optimizer_state = optimizer.state_dict()
+    by_id = get_param_id_to_sharded_param_map(model_state, model.parameters())
+    optim_state_to_sharding_state(optimizer_state, by_id, exclude_keys=("step",))
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def _moments(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, torch.Tensor]]:
+    return {i: {k: v for k, v in s.items() if k != "step"} for i, s in optimizer.state_dict()["state"].items()}
+
+
 def _gpt_worker(rank: int, world: int, root: Path, save: bool) -> None:
     warnings.simplefilter("ignore", UserWarning)
     if save:
-        dist_checkpointing.save(_gpt(world, seed=0).sharded_state_dict(), str(root), sharded_strategy=(BACKEND, 1))
+        model = _gpt(world, seed=0)
+        dist_checkpointing.save(_with_optimizer(model, _adam(model)), str(root), sharded_strategy=(BACKEND, 1))
     model = _gpt(world, seed=1)
-    model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), str(root)))
-    assert_same(model.state_dict(), _gpt(world, seed=0).state_dict(), f"GPTModel, tensor-parallel rank {rank} of {world}")
+    loaded = dist_checkpointing.load(_with_optimizer(model, _adam(model)), str(root))
+    model.load_state_dict(loaded["model"])
+    expected = _gpt(world, seed=0)
+    expected_optimizer = _adam(expected)  # as saved: the weights after the steps, and the moments
+    where = f"GPTModel, tensor-parallel rank {rank} of {world}"
+    assert_same(model.state_dict(), expected.state_dict(), where)
+    assert_same(loaded["optimizer"]["state"], _moments(expected_optimizer), f"{where}, Adam moments")
 
 
-def test_gpt_model_tensor_parallel_2_then_1(tmp_path: Path) -> None:
+def test_gpt_model_and_adam_tensor_parallel_2_then_1(tmp_path: Path) -> None:
     launch(_gpt_worker, 2, tmp_path, True)
     assert sorted(p.name for p in tmp_path.glob("__*.ckzd")) == ["__0.ckzd", "__1.ckzd"]
     launch(_gpt_worker, 1, tmp_path, False)
