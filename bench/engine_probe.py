@@ -21,40 +21,17 @@ import time
 import torch
 
 import ckptzip
+from ckptzip.bench.breakdown import profile_call
 from ckptzip.bench.gpu import decode_resident, device_regions
+from ckptzip.bench.pipeline import DiscardSink, first_call
+from ckptzip.bench.pipeline import timed as pipeline_timed
+from ckptzip.bench.results import breakdown_table
 from ckptzip.engine.encode import encode_batch
 from ckptzip.engine.policy import Policy
 from ckptzip.engine.writer import plan_batches as write_plan
 from ckptzip.format import ContainerReader
 
-
-class Discard(io.RawIOBase):
-    """A writable file object that counts and drops what it is given."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b) -> int:  # noqa: ANN001
-        n = memoryview(b).nbytes
-        self.n += n
-        return n
-
-
-class Keep(io.RawIOBase):
-    """Collects what it is given (for building an in-memory file once, untimed)."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b) -> int:  # noqa: ANN001
-        self.parts.append(bytes(b))
-        return memoryview(b).nbytes
+CUDA = torch.device("cuda")
 
 
 def synthetic_state(gb: float, layers: int, seed: int = 0) -> dict:
@@ -84,14 +61,8 @@ def nbytes(state) -> int:  # noqa: ANN001
 
 def timed(fn, reps: int) -> tuple[float, float]:  # noqa: ANN001
     """(first call, median of the next ``reps``) in seconds, device synced around each."""
-    times = []
-    for _ in range(reps + 1):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return times[0], statistics.median(times[1:])
+    first, _ = first_call(fn, CUDA)
+    return first, statistics.median(pipeline_timed(fn, reps, CUDA))
 
 
 def same(a, b) -> None:  # noqa: ANN001
@@ -109,9 +80,9 @@ def resident(state, policy: Policy, reps: int) -> dict:  # noqa: ANN001
             encode_batch([tensors[i] for i in idx], policy, key.backend)
 
     first_e, enc = timed(encode, reps)
-    keep = Keep()
+    keep = io.BytesIO()
     ckptzip.save(state, keep, codec=policy)
-    regions = device_regions(ContainerReader(b"".join(keep.parts)))
+    regions = device_regions(ContainerReader(keep.getvalue()))
 
     def decode() -> list:
         return decode_resident(regions)
@@ -123,12 +94,10 @@ def resident(state, policy: Policy, reps: int) -> dict:  # noqa: ANN001
 
 
 def profile(fn, label: str, trace_dir: str | None = None) -> None:  # noqa: ANN001
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof
-    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-        fn()
-        torch.cuda.synchronize()
-    print(f"\n--- profile: {label} (top 18 by self CPU time) ---")
+    breakdown, p = profile_call(fn, CUDA)
+    print(f"\n--- where the time goes: {label} ({breakdown['wall_seconds']:.3f} s profiled) ---")
+    print(breakdown_table(breakdown))
+    print(f"--- profile: {label} (top 18 by self CPU time) ---")
     print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=40))
     print(f"--- profile: {label} (top 12 by device time) ---")
     print(p.key_averages().table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=40))
@@ -145,12 +114,10 @@ def profile(fn, label: str, trace_dir: str | None = None) -> None:  # noqa: ANN0
 
 _FRESH = """
 import cProfile, io, pstats, sys, time, torch, ckptzip
+from ckptzip.bench.pipeline import DiscardSink as Sink
 from ckptzip.bench.training import train
 state = train("tiny", 30, device="cuda", seed=0).state()
 torch.cuda.synchronize()
-class Sink(io.RawIOBase):
-    def writable(self): return True
-    def write(self, b): return memoryview(b).nbytes
 cp = cProfile.Profile()
 if sys.argv[1:] == ["profile"]: cp.enable()
 t = time.perf_counter(); ckptzip.save(state, Sink()); torch.cuda.synchronize(); first = time.perf_counter() - t
@@ -206,14 +173,14 @@ def main() -> None:
     print(f"state: {raw / 1e9:.2f} GB in {len(flatten(state).tensors)} tensors")
     results: dict = {"raw_bytes": raw, "presets": {}}
     for name in args.presets.split(","):
-        keep = Keep()
+        keep = io.BytesIO()
         ckptzip.save(state, keep, codec=name)
-        blob = b"".join(keep.parts)
+        blob = keep.getvalue()
         back = ckptzip.load(io.BytesIO(blob), map_location="cuda")
         same(state, back)
         del back
         print(f"{name}: bit-exact, ratio {raw / len(blob):.4f}")
-        first_s, save_s = timed(lambda: ckptzip.save(state, Discard(), codec=name), args.reps)
+        first_s, save_s = timed(lambda: ckptzip.save(state, DiscardSink(), codec=name), args.reps)
         first_l, load_s = timed(lambda: ckptzip.load(io.BytesIO(blob), map_location="cuda"), args.reps)
         _, load_bytes_s = timed(lambda: ckptzip.load(blob, map_location="cuda"), args.reps)
         res = resident(state, Policy.parse(name), args.reps)
@@ -223,7 +190,7 @@ def main() -> None:
         results["presets"][name] = r
         print(json.dumps({name: r}, indent=1))
         if args.profile and name == "auto":
-            profile(lambda: ckptzip.save(state, Discard(), codec=name), f"save {name}", args.trace)
+            profile(lambda: ckptzip.save(state, DiscardSink(), codec=name), f"save {name}", args.trace)
             profile(lambda: ckptzip.load(io.BytesIO(blob), map_location="cuda"), f"load {name}", args.trace)
     if not args.no_torch:
         torch_baselines(state, raw, results)
@@ -236,7 +203,7 @@ def main() -> None:
 
 def torch_baselines(state, raw: int, results: dict) -> None:  # noqa: ANN001
     buf = io.BytesIO()
-    first_ts, ts = timed(lambda: torch.save(state, Discard()), 1)
+    first_ts, ts = timed(lambda: torch.save(state, DiscardSink()), 1)
     torch.save(state, buf)
     tblob = buf.getvalue()
     first_tl, tl = timed(lambda: torch.load(io.BytesIO(tblob), map_location="cuda", weights_only=True), 1)

@@ -4,9 +4,12 @@ plot, `ckptzip cost --from-bench`, and that failures and mismatches are reported
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +25,7 @@ from ckptzip.bench.analysis import (
     planes_reference,
 )
 from ckptzip.bench.baselines import TorchSave
+from ckptzip.bench.breakdown import CATEGORIES, HOST_OTHER, device_seconds, classify_device_event, classify_frame
 from ckptzip.bench.methods import CkptzipFast
 from ckptzip.bench.targets import evaluate
 
@@ -42,7 +46,8 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench")
     plot = out / "bench.png" if _has_matplotlib() else None
     argv = ["--device", "cpu", "--preset", "tiny", "--moe-preset", "tiny-moe", "--steps", "2", "--reps", "2",
-            "--cache", "warm", "--methods", ",".join(METHODS[:2]), *METHODS[2:], "--dir", str(out),
+            "--pipeline-reps", "2", "--cache", "warm", "--methods", ",".join(METHODS[:2]), *METHODS[2:], "--profile",
+            "--dir", str(out),
             "--out-json", str(out / "bench.json"), "--results-md", str(out / "RESULTS.md")]
     status = bench(argv + (["--plot", str(plot)] if plot else []))
     doc = json.loads((out / "bench.json").read_text())
@@ -69,7 +74,9 @@ def test_bench_exits_zero_and_writes_the_json_schema(tiny_run: dict[str, Any]) -
     assert doc["hardware"]["cpu"]["count"] >= 1
     assert doc["hardware"]["versions"]["torch"] == torch.__version__
     assert doc["settings"]["methods"] == METHODS
+    assert (doc["settings"]["pipeline_reps"], doc["settings"]["profile"]) == (2, True)
     assert doc["command"].startswith("ckptzip bench --device cpu --preset tiny --moe-preset tiny-moe --steps 2 ")
+    assert "--reps 2 --pipeline-reps 2 --cache warm" in doc["command"] and "--profile" in doc["command"].split()
     assert "ceilings" in doc["ceilings"]["skipped"]
     assert doc["disk"]["write_gbps"] > 0 and doc["disk"]["read_cache"] == "warm"
     assert [s["label"] for s in doc["states"]] == ["dense", "moe"]
@@ -101,6 +108,40 @@ def test_every_method_that_ran_is_bit_exact_with_consistent_numbers(tiny_run: di
         assert "nvcomp" in skipped["reason"].lower()
 
 
+@pytest.mark.parametrize("label", ["dense", "moe"])
+def test_the_pipeline_section_times_save_to_a_discarding_sink_and_load_from_memory(
+    tiny_run: dict[str, Any], label: str
+) -> None:
+    state = next(s for s in tiny_run["doc"]["states"] if s["label"] == label)
+    methods = _methods(state)
+    for name in ("torch.save", "ckptzip-auto", "ckptzip-portable"):
+        m, p = methods[name], methods[name]["pipeline"]
+        assert len(p["save_runs"]) == len(p["load_runs"]) == 2, p
+        assert p["save_seconds"] == statistics.median(p["save_runs"])
+        assert p["load_seconds"] == statistics.median(p["load_runs"])
+        assert p["save_gbps"] == pytest.approx(state["raw_bytes"] / p["save_seconds"] / 1e9)
+        assert p["load_gbps"] == pytest.approx(state["raw_bytes"] / p["load_seconds"] / 1e9)
+        assert p["first_save_seconds"] > 0 and p["first_load_seconds"] > 0
+        if name.startswith("ckptzip-"):
+            assert p["stored_bytes"] == m["stored_bytes"]  # the same container, in memory instead of a file
+    assert methods["zstd-cpu"]["pipeline"] is None  # it writes a directory, not one file object
+
+
+@pytest.mark.parametrize("label", ["dense", "moe"])
+def test_the_profile_breaks_one_auto_save_and_load_down_by_category(tiny_run: dict[str, Any], label: str) -> None:
+    profile = next(s for s in tiny_run["doc"]["states"] if s["label"] == label)["profile"]
+    assert profile["method"] == "ckptzip-auto"
+    for op in ("save", "load"):
+        p = profile[op]
+        lanes = p["lanes"]
+        assert p["gpu_profiled"] is False and lanes["gpu"] == {}
+        assert p["samples"] > 0 and p["wall_seconds"] > 0
+        assert sum(lanes["main"].values()) == pytest.approx(p["wall_seconds"])  # sampled at every tick
+        assert set(lanes["main"]) | set(lanes["workers"]) <= set(CATEGORIES)
+    work = set(profile["save"]["lanes"]["main"]) | set(profile["save"]["lanes"]["workers"])
+    assert work & {"codecs (host calls)", "byte planes (host)", "checksums"}, work
+
+
 def test_each_class_has_an_entropy_bound_and_a_codec_on_planes_reference(tiny_run: dict[str, Any]) -> None:
     state = tiny_run["doc"]["states"][0]
     for group in ("weights", "exp_avg", "exp_avg_sq", "gradients", CORE):
@@ -123,6 +164,9 @@ def test_targets_are_reported_met_or_not_measured_with_reasons(tiny_run: dict[st
     assert targets["default-ratio"]["met"] is (auto["classes"][CORE]["ratio"] >= 1.20)
     assert targets["gpu-compress"]["met"] is None
     assert "CUDA" in targets["gpu-compress"]["detail"]
+    for tid in ("auto-pipeline-save", "auto-pipeline-load", "portable-pipeline-save", "portable-pipeline-load"):
+        assert targets[tid]["met"] is None
+        assert targets[tid]["detail"] == "the pipeline targets are for CUDA runs; this state is on cpu"
     if not torch.cuda.is_available():
         assert targets["default-vs-nvcomp-zstd"]["met"] is None
         assert "nvcomp-zstd is skipped" in targets["default-vs-nvcomp-zstd"]["detail"]
@@ -133,8 +177,12 @@ def test_results_md_has_the_tables_command_and_plot(tiny_run: dict[str, Any]) ->
     doc = tiny_run["doc"]
     assert text.startswith("# ckptzip benchmark results")
     assert doc["command"] in text
-    for heading in ("## Headline", "#### Methods", "#### Ratio per tensor class", "#### Byte planes", "#### Targets"):
+    for heading in ("## Headline", "#### Methods", "#### Pipeline without storage", "#### Where the time goes",
+                    "#### Ratio per tensor class", "#### Byte planes", "#### Targets"):
         assert heading in text
+    assert "| method | save s | load s | save GB/s | load GB/s | storage-bound save GB/s |" in text
+    assert "| category | GPU s | main thread s | other threads s |" in text
+    assert "ckptzip-auto save to a discarding file object:" in text
     for name in METHODS:
         assert f"| {name} |" in text
     assert "| ckptzip-auto | yes |" in text
@@ -176,10 +224,10 @@ def test_cost_reads_the_ratio_from_the_bench_json(tiny_run: dict[str, Any], caps
         assert ratio == _methods(tiny_run["doc"]["states"][0])[method]["ratio"]
 
 
-def _small_run(tmp_path: Path, methods: str) -> tuple[int, dict[str, Any]]:
+def _small_run(tmp_path: Path, methods: str, *extra: str) -> tuple[int, dict[str, Any]]:
     status = bench(["--device", "cpu", "--preset", "tiny", "--moe-preset", "none", "--steps", "1", "--reps", "1",
                     "--cache", "warm", "--methods", methods, "--dir", str(tmp_path),
-                    "--out-json", str(tmp_path / "b.json")])
+                    "--out-json", str(tmp_path / "b.json"), *extra])
     return status, json.loads((tmp_path / "b.json").read_text())
 
 
@@ -223,6 +271,34 @@ def test_a_restore_that_is_not_bit_exact_is_reported_without_numbers(
     assert "save_seconds" not in m
 
 
+def test_a_load_from_memory_that_is_not_bit_exact_is_a_mismatch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def flip_a_bit(self: TorchSave) -> Any:
+        def load(f: Any, device: torch.device) -> Any:
+            state = torch.load(f, map_location=device, weights_only=True)
+            state["model"]["blocks.0.attn.qkv.weight"].view(torch.uint8).view(-1)[7] ^= 1
+            return state
+        return torch.save, load
+
+    monkeypatch.setattr(TorchSave, "stream_io", flip_a_bit)
+    status, doc = _small_run(tmp_path, "torch.save")
+    m = _methods(doc["states"][0])["torch.save"]
+    assert status == 1
+    assert (m["status"], m["exact"], m["ratio"]) == ("mismatch", None, None)
+    assert m["reason"] == "load from host memory: model.blocks.0.attn.qkv.weight: tensor bytes differ"
+
+
+def test_no_pipeline_reps_leave_the_section_out(tmp_path: Path) -> None:
+    status, doc = _small_run(tmp_path, "torch.save", "--pipeline-reps", "0", "--results-md", str(tmp_path / "R.md"))
+    assert status == 0 and "--pipeline-reps 0" in doc["command"]
+    assert _methods(doc["states"][0])["torch.save"]["pipeline"] is None
+    assert "profile" not in doc["states"][0]
+    text = (tmp_path / "R.md").read_text()
+    assert "#### Pipeline without storage\n\nNot measured (`--pipeline-reps 0`" in text
+    assert "#### Where the time goes" not in text
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -257,6 +333,29 @@ def test_on_the_gpu_presets_report_resident_throughput_and_their_first_round(tmp
     assert doc["ceilings"]["d2d_copy_gbps"] > 0
 
 
+@pytest.mark.gpu
+def test_on_the_gpu_the_pipeline_and_profile_cover_the_link_and_the_kernels(tmp_path: Path) -> None:
+    status = bench(["--device", "cuda", "--preset", "tiny", "--moe-preset", "none", "--steps", "2",
+                    "--reps", "2", "--cache", "warm", "--methods", "ckptzip-auto,ckptzip-portable,torch.save",
+                    "--profile", "--dir", str(tmp_path), "--out-json", str(tmp_path / "b.json")])
+    doc = json.loads((tmp_path / "b.json").read_text())
+    state = doc["states"][0]
+    methods = _methods(state)
+    assert status == 0
+    for name in ("ckptzip-auto", "ckptzip-portable", "torch.save"):
+        p = methods[name]["pipeline"]
+        assert p["save_gbps"] > 0 and p["load_gbps"] > 0, (name, p)
+    save, load = state["profile"]["save"], state["profile"]["load"]
+    assert save["gpu_profiled"] is True
+    assert save["lanes"]["gpu"].get("copy D2H", 0) > 0, save["lanes"]["gpu"]
+    assert load["lanes"]["gpu"].get("copy H2D", 0) > 0, load["lanes"]["gpu"]
+    kernels = {c for lane in (save, load) for c in lane["lanes"]["gpu"] if c.startswith("GPU kernels:")}
+    assert {"GPU kernels: byte planes split/merge", "GPU kernels: nvCOMP codecs"} <= kernels, kernels
+    targets = {t["id"]: t for t in state["targets"]}
+    for tid in ("auto-pipeline-save", "auto-pipeline-load", "portable-pipeline-save", "portable-pipeline-load"):
+        assert targets[tid]["measured"] is not None and targets[tid]["met"] is not None, targets[tid]
+
+
 # ------------------------------------------------------------------------------ pure parts
 
 
@@ -272,6 +371,88 @@ def test_group_totals_put_fp32_weights_and_moments_in_the_core_group() -> None:
     assert totals[CORE] == {"raw_bytes": 800, "stored_bytes": 500, "ratio": 1.6}
     assert totals["weights"]["raw_bytes"] == 600
     assert totals["total"]["stored_bytes"] == 750
+
+
+@pytest.mark.parametrize(
+    ("name", "category"),
+    [
+        ("Memcpy DtoH (Device -> Pinned)", "copy D2H"),
+        ("Memcpy HtoD (Pinned -> Device)", "copy H2D"),
+        ("Memcpy DtoD (Device -> Device)", "copy D2D"),
+        ("Memset (Device)", "memset"),
+        ("_split_kernel", "GPU kernels: byte planes split/merge"),
+        ("_merge_kernel", "GPU kernels: byte planes split/merge"),
+        ("_segments_words_kernel", "GPU kernels: gather + checksums"),
+        ("void ans_gpu_lib::detail::compress_kernel<...>", "GPU kernels: nvCOMP codecs"),
+        ("void at::native::index_elementwise_kernel<128, 4>", "GPU kernels: other"),
+    ],
+)
+def test_gpu_events_are_classified_by_name(name: str, category: str) -> None:
+    assert classify_device_event(name) == category
+
+
+def test_device_seconds_sum_gpu_events_per_category_and_skip_host_events() -> None:
+    def event(name: str, device: str, us: float) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=SimpleNamespace(name=device),
+                               time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    events = [event("Memcpy DtoH (Device -> Pinned)", "CUDA", 1500.0), event("cudaMemcpyAsync", "CPU", 9000.0),
+              event("Memcpy DtoH (Device -> Pageable)", "CUDA", 500.0), event("_split_kernel", "CUDA", 250.0)]
+    assert device_seconds(events) == {"copy D2H": 0.002, "GPU kernels: byte planes split/merge": 0.00025}
+
+
+def _stack(*frames: tuple[str, str]) -> Any:
+    """The frame of the innermost of nested calls, the i-th defined in file ``frames[i][0]`` as
+    function ``frames[i][1]``: a stack the sampler could see."""
+    inner: Any = sys._getframe
+    for path, function in reversed(frames):
+        namespace: dict[str, Any] = {}
+        exec(compile(f"def {function}(call):\n    return call()\n", path, "exec"), namespace)
+        inner = functools.partial(namespace[function], inner)
+    return inner()
+
+
+@pytest.mark.parametrize(
+    ("frames", "category"),
+    [
+        ([("/site/ckptzip/engine/writer.py", "_encode"), ("/site/ckptzip/codecs/cpu.py", "encode"),
+          ("/usr/lib/python3.12/threading.py", "wait")], "wait: locks, queues, idle threads"),
+        ([("/site/ckptzip/engine/writer.py", "_encode"), ("/site/ckptzip/codecs/cpu.py", "encode")],
+         "codecs (host calls)"),
+        ([("/site/ckptzip/engine/reader.py", "_run"), ("/site/ckptzip/storage/source.py", "read_into")], "file I/O"),
+        ([("/site/ckptzip/engine/writer.py", "_write"), ("/site/ckptzip/format/writer.py", "append"),
+          ("/site/ckptzip/bench/pipeline.py", "write")], "file I/O"),
+        ([("/site/ckptzip/engine/reader.py", "verify_checksums")], "checksums"),
+        ([("/site/ckptzip/engine/encode.py", "_assemble"), ("/site/torch/cuda/streams.py", "synchronize")],
+         "wait for the GPU"),
+        ([("/site/torch/serialization.py", "save")], "torch (host)"),
+        ([("/site/ckptzip/engine/reader.py", "plan_batches")], HOST_OTHER),
+    ],
+)
+def test_host_stacks_are_classified_by_their_innermost_recognised_frame(
+    frames: list[tuple[str, str]], category: str
+) -> None:
+    assert classify_frame(_stack(*frames)) == category
+
+
+def test_evaluate_checks_the_pipeline_targets_on_cuda_runs() -> None:
+    def method(name: str, save_gbps: float, load_gbps: float) -> dict[str, Any]:
+        return {"name": name, "status": "ok", "reason": None, "ratio": 1.2, "stored_bytes": 1, "save_seconds": 1.0,
+                "load_seconds": 1.0, "pipeline": {
+            "save_gbps": save_gbps, "load_gbps": load_gbps, "save_seconds": 0.5, "load_seconds": 0.7}}
+
+    state = {"device": "cuda", "raw_bytes": 19_380_000_000, "tensors": 987,
+             "methods": [method("ckptzip-auto", 40.8, 19.5), method("ckptzip-portable", 15.0, 31.0)]}
+    targets = {t["id"]: t for t in evaluate(state, None)}
+    assert (targets["auto-pipeline-save"]["measured"], targets["auto-pipeline-save"]["met"]) == (40.8, True)
+    assert (targets["auto-pipeline-load"]["measured"], targets["auto-pipeline-load"]["met"]) == (19.5, False)
+    assert targets["portable-pipeline-save"]["met"] is True and targets["portable-pipeline-load"]["met"] is True
+    assert targets["auto-pipeline-save"]["detail"] == (
+        "0.500 s on 19.38 GB in 987 tensors (issue 9 asks >= 8 GB, >= 500 tensors)")
+    state["methods"][1]["pipeline"] = {"error": "RuntimeError: CUDA out of memory"}
+    targets = {t["id"]: t for t in evaluate(state, None)}
+    assert targets["portable-pipeline-load"]["met"] is None
+    assert targets["portable-pipeline-load"]["detail"] == "ckptzip-portable: RuntimeError: CUDA out of memory"
 
 
 def test_entropy_bound_and_reference_on_known_bytes() -> None:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, BinaryIO, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -48,12 +48,14 @@ __all__ = [
     "NvcompZstd",
     "Safetensors",
     "SaveResult",
+    "StreamIO",
     "TorchSave",
     "ZipNN",
     "get_baseline",
 ]
 
 T = TypeVar("T")
+StreamIO = tuple[Callable[[Any, BinaryIO], None], Callable[[BinaryIO, torch.device], Any]]
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,11 @@ class Baseline(abc.ABC):
     def expected(self, state: Any) -> Any:
         """What :meth:`load` returns for a saved ``state`` (the state itself unless overridden)."""
         return state
+
+    def stream_io(self) -> StreamIO | None:
+        """``(save(state, file), load(file, device))`` for a method that writes one file object and
+        reads it back (what the bench's pipeline section times); ``None`` for the others."""
+        return None
 
     def save(self, state: Any, directory: str | Path) -> SaveResult:
         """Save into ``directory`` (created; must be empty) and fsync; time includes the fsync."""
@@ -153,6 +160,9 @@ class TorchSave(Baseline):
         path = directory / "state.pt"
         torch.save(state, path)
         _fsync_path(path)
+
+    def stream_io(self) -> StreamIO:
+        return torch.save, lambda f, device: torch.load(f, map_location=device, weights_only=True)
 
     def _load(self, directory: Path, device: torch.device) -> Any:
         return torch.load(directory / "state.pt", map_location=device, weights_only=True)

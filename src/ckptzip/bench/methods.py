@@ -23,8 +23,9 @@ import torch
 
 from ckptzip import api
 from ckptzip.bench.analysis import TensorSize, dtype_name, group_totals
-from ckptzip.bench.baselines import BASELINES, Baseline, CodecThroughput
+from ckptzip.bench.baselines import BASELINES, Baseline, CodecThroughput, StreamIO
 from ckptzip.bench.measure import assert_state_equal, iter_tensors, tensor_nbytes
+from ckptzip.bench.pipeline import measure_pipeline
 from ckptzip.bench.system import PageCache, release_memory
 from ckptzip.report import classify
 from ckptzip.report import tensor_class
@@ -56,6 +57,10 @@ class CkptzipPreset(Baseline):
 
     def _load(self, directory: Path, device: torch.device) -> Any:
         return api.load(directory / self.filename, map_location=device)
+
+    def stream_io(self) -> StreamIO:
+        return (lambda state, f: api.save(state, f, codec=self.preset),
+                lambda f, device: api.load(f, map_location=device))
 
 
 class CkptzipAuto(CkptzipPreset):
@@ -119,13 +124,15 @@ def tensor_sizes(method: Baseline, directory: Path, state: Any) -> list[TensorSi
 
 @dataclass
 class RunContext:
-    """Where and how methods run: restore device, repetitions, page cache, scratch directory, deadline."""
+    """Where and how methods run: restore device, repetitions, page cache, scratch directory, deadline,
+    and the repetitions of the pipeline without storage."""
 
     device: torch.device
     reps: int
     cache: PageCache
     workdir: Path
     deadline: float = math.inf  # time.monotonic() after which no new method or repetition starts
+    pipeline_reps: int = 0  # repetitions of save to a discarding sink and load from host memory; 0: none
 
     def out_of_time(self) -> bool:
         return time.monotonic() > self.deadline
@@ -138,7 +145,7 @@ def first_line(exc: BaseException) -> str:
 
 
 def _device_speed(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run one GPU-resident throughput measurement; an error is recorded, not raised: the
+    """Run one GPU-resident or pipeline measurement; an error is recorded, not raised: the
     end-to-end numbers stand on their own."""
     try:
         return measure()
@@ -246,6 +253,11 @@ def _measure(method: Baseline, state: Any, ctx: RunContext) -> dict[str, Any]:
         device = _device_speed(lambda: _codec_speed(throughput(state)))
         if device.get("exact") is False:
             return _record(method, "mismatch", f"device round trip: {device['mismatch']}")
+    pipeline = None
+    if ctx.pipeline_reps and method.stream_io() is not None and not ctx.out_of_time():
+        pipeline = _device_speed(lambda: measure_pipeline(method, state, ctx.device, ctx.pipeline_reps))
+        if "mismatch" in pipeline:
+            return _record(method, "mismatch", f"load from host memory: {pipeline['mismatch']}")
     save_s, load_s = statistics.median(saves), statistics.median(loads)
     return {
         **_record(method, "ok"),
@@ -264,4 +276,5 @@ def _measure(method: Baseline, state: Any, ctx: RunContext) -> dict[str, Any]:
         "classes": group_totals(sizes) if sizes is not None else None,
         "device": device,
         "first_round": first_round or None,
+        "pipeline": pipeline,
     }

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ckptzip.bench.analysis import CORE, GROUPS
+from ckptzip.bench.breakdown import CATEGORIES, LANES
 from ckptzip.bench.targets import evaluate
 from ckptzip import strictjson
 from ckptzip.errors import CkptzipError
@@ -25,10 +26,13 @@ from ckptzip.errors import CkptzipError
 __all__ = [
     "SCHEMA",
     "BenchResultsError",
+    "breakdown_table",
     "headline",
     "load_results",
     "main",
     "methods_table",
+    "pipeline_table",
+    "profile_tables",
     "render_markdown",
     "write_plot",
 ]
@@ -137,6 +141,60 @@ def methods_table(state: dict[str, Any]) -> str:
     return _table(header, rows)
 
 
+def pipeline_table(state: dict[str, Any]) -> str:
+    """Each method that saves to a file object, with no storage in the way (save to a discarding
+    sink, load from host memory), next to its storage-bound GB/s."""
+    rows = []
+    for m in state["methods"]:
+        p = m.get("pipeline")
+        if m["status"] != "ok" or p is None:
+            continue
+        if "error" in p:
+            rows.append([m["name"], *["–"] * 8, p["error"]])
+            continue
+        rows.append([m["name"], _seconds(p["save_seconds"]), _seconds(p["load_seconds"]), _gbps(p["save_gbps"]),
+                     _gbps(p["load_gbps"]), _gbps(m["save_gbps"]), _gbps(m["load_gbps"]),
+                     _seconds(p["first_save_seconds"]), _seconds(p["first_load_seconds"]), ""])
+    if not rows:
+        return "Not measured (`--pipeline-reps 0`, or no method that saves to a file object ran)."
+    header = ["method", "save s", "load s", "save GB/s", "load GB/s", "storage-bound save GB/s",
+              "storage-bound restore GB/s", "first save s", "first load s", "note"]
+    return _table(header, rows)
+
+
+_LANE_TITLES = {"gpu": "GPU s", "main": "main thread s", "workers": "other threads s"}
+
+
+def breakdown_table(profile: dict[str, Any]) -> str:
+    """One profiled call (:func:`ckptzip.bench.breakdown.profile_call`): seconds per category and lane."""
+    lanes = profile["lanes"]
+    rows = []
+    for category in CATEGORIES:
+        values = [lanes[lane].get(category) for lane in LANES]
+        if any(values):
+            rows.append([category, *(_seconds3(v) for v in values)])
+    rows.append(["**total**", *(_seconds3(sum(lanes[lane].values())) for lane in LANES)])
+    return _table(["category", *(_LANE_TITLES[lane] for lane in LANES)], rows)
+
+
+def _seconds3(v: float | None) -> str:
+    return "–" if not v else f"{v:.3f}"
+
+
+def profile_tables(profile: dict[str, Any]) -> str:
+    """Where the time of one save and one load goes (``--profile``), one table each."""
+    if "error" in profile:
+        return f"Profile not measured: {profile['error']}"
+    parts = []
+    for op, what in (("save", "save to a discarding file object"), ("load", "load from host memory")):
+        p = profile[op]
+        gpu = "GPU lane from torch.profiler" if p["gpu_profiled"] else "no GPU lane (CPU run)"
+        parts.append(f"{profile['method']} {what}: {p['wall_seconds']:.3f} s wall while profiled; "
+                     f"{p['samples']} stack samples, {p['worker_threads']} other threads; {gpu}.")
+        parts.append(breakdown_table(p))
+    return "\n\n".join(parts)
+
+
 def classes_table(state: dict[str, Any]) -> str:
     """Ratio per tensor class: entropy bound, best codec on planes, then each method that codes tensors
     independently."""
@@ -238,6 +296,15 @@ def _state_section(state: dict[str, Any], disk: dict[str, Any] | None) -> str:
         f"{state['reps']} save/restore repetitions."),
         *notes,
         "#### Methods", methods_table(state),
+        "#### Pipeline without storage", pipeline_table(state),
+        ("Save to a file object that discards what it is given; load from bytes already in host "
+        f"memory onto {state['device']}; medians, GB/s of uncompressed bytes; the first call of each "
+        "(after the storage-bound runs) is reported apart and the first load is checked bit for bit. "
+        "The storage-bound columns repeat the Methods table."),
+        *(["#### Where the time goes", profile_tables(state["profile"]),
+           ("Seconds per lane: GPU = torch.profiler's device events (streams summed); threads = "
+            "stack samples of every thread, innermost recognised frame. Lanes overlap, so a column "
+            "is busy time on that lane, not a share of the wall time.")] if "profile" in state else []),
         "#### Ratio per tensor class",
         classes_table(state),
         (f"*order-0 bound*: what an order-0 coder fitted to each byte plane of each tensor would reach "

@@ -45,9 +45,12 @@ from ckptzip.bench.results import (
     SCHEMA,
     BenchResultsError,
     methods_table,
+    pipeline_table,
+    profile_tables,
     render_markdown,
     write_plot,
 )
+from ckptzip.bench.pipeline import profile_pipeline
 from ckptzip.bench.system import PageCache, disk_bandwidth, hardware, release_memory
 from ckptzip.bench.targets import evaluate, format_targets
 from ckptzip.codecs import has_codec
@@ -59,6 +62,7 @@ from ckptzip.bench.training import count_parameters, get_preset, state_nbytes, t
 __all__ = ["add_parser", "run"]
 
 _DEFAULT_PRESETS = {"cuda": ("medium", "medium-moe"), "cpu": ("tiny", "tiny-moe")}
+PROFILED = "ckptzip-auto"  # the method --profile breaks down
 _DISK_BYTES = (16 << 20, 2 << 30)  # bounds of the disk-bandwidth file; the state's size in between
 
 
@@ -70,6 +74,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -102,6 +113,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="soft time limit: no method, repetition or state starts after it (default: none)")
     p.add_argument("--cache", choices=("cold", "warm"), default="cold",
                    help="drop the page cache before timed reads where permitted (default: %(default)s)")
+    p.add_argument("--pipeline-reps", type=_count, default=3,
+                   help="repetitions of the pipeline without storage: each ckptzip preset and torch.save saving "
+                        "to a discarding file object and loading from host memory; 0 leaves it out "
+                        "(default: %(default)s)")
+    p.add_argument("--profile", action="store_true",
+                   help="break one ckptzip-auto save and load without storage down by where the time goes")
     p.add_argument("--dir", help="directory for the checkpoints written (default: the system temp dir)")
     p.add_argument("--out-json", help="write the results as JSON here (rewritten after every method)")
     p.add_argument("--results-md", help="write RESULTS.md here")
@@ -152,7 +169,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "device": device, "preset": preset, "moe_preset": moe, "presets": presets, "steps": args.steps,
         "bf16_weights": args.bf16_weights,
         "methods": _methods(args.methods), "reps": args.reps, "budget_s": args.budget_s,
-        "dir": args.dir, "cache": args.cache,
+        "dir": args.dir, "cache": args.cache, "pipeline_reps": args.pipeline_reps,
+        "profile": args.profile,
     }
 
 
@@ -160,9 +178,11 @@ def _command(settings: dict[str, Any], args: argparse.Namespace) -> str:
     """The command that repeats this run, every default spelled out."""
     words = ["ckptzip", "bench", "--device", settings["device"], "--preset", settings["preset"],
              "--moe-preset", settings["moe_preset"], "--steps", str(settings["steps"]),
-             "--reps", str(settings["reps"]), "--cache", settings["cache"], "--methods", ",".join(settings["methods"])]
-    if settings["bf16_weights"]:
-        words.append("--bf16-weights")
+             "--reps", str(settings["reps"]), "--pipeline-reps", str(settings["pipeline_reps"]),
+             "--cache", settings["cache"], "--methods", ",".join(settings["methods"])]
+    for flag, on in (("--bf16-weights", settings["bf16_weights"]), ("--profile", settings["profile"])):
+        if on:
+            words.append(flag)
     for flag, value in (("--budget-s", settings["budget_s"]), ("--dir", settings["dir"]),
                         ("--out-json", args.out_json), ("--results-md", args.results_md), ("--plot", args.plot)):
         if value is not None:
@@ -217,9 +237,11 @@ def _progress(m: dict[str, Any]) -> str:
         return f"  {m['name']:<18} {m['status']}: {m['reason']}"
     line = (f"  {m['name']:<18} ratio {m['ratio']:.3f}  save {m['save_seconds']:.2f} s  "
             f"restore {m['load_seconds']:.2f} s ({m['read_cache']})")
-    device = m.get("device") or {}
+    device, pipeline = m.get("device") or {}, m.get("pipeline") or {}
     if "encode_gbps" in device:
         line += f"  GPU {device['encode_gbps']:.0f}/{device['decode_gbps']:.0f} GB/s"
+    if "save_gbps" in pipeline:
+        line += f"  no storage {pipeline['save_gbps']:.3g}/{pipeline['load_gbps']:.3g} GB/s"
     return line + f"  bit-exact x{m['reps']}"
 
 
@@ -247,6 +269,17 @@ def _bench_state(label: str, preset: str, settings: dict[str, Any], ctx: RunCont
         measured = measure_method(get_method(name), state, ctx)
         record["methods"].append(measured)
         print(_progress(measured), flush=True)
+        save()
+        if name == PROFILED or name == settings["methods"][-1]:  # after its own first calls were timed
+            _profile(state, settings, ctx, record, save)
+
+
+def _profile(state: Any, settings: dict[str, Any], ctx: RunContext, record: dict[str, Any],
+             save: Callable[[], None]) -> None:
+    """With ``--profile``, once per state: where one save and one load of :data:`PROFILED` go."""
+    if settings["profile"] and "profile" not in record and not ctx.out_of_time():
+        print(f"   profiling one {PROFILED} save and load without storage ...", flush=True)
+        record["profile"] = _guarded("profile", lambda: profile_pipeline(get_method(PROFILED), state, ctx.device))
         save()
 
 
@@ -284,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"disk: {json.dumps(doc['disk'])}\nceilings: {json.dumps(doc['ceilings'])}", flush=True)
         save()
         ctx = RunContext(torch.device(settings["device"]), settings["reps"], cache, Path(tmp),
-                         started + (settings["budget_s"] or math.inf))
+                         started + (settings["budget_s"] or math.inf), settings["pipeline_reps"])
         for n, preset in enumerate(settings["presets"]):
             label = "moe" if get_preset(preset).moe else "dense"
             record: dict[str, Any] = {"label": label, "preset": preset, "config": asdict(get_preset(preset)),
@@ -312,8 +345,9 @@ def _report(doc: dict[str, Any], args: argparse.Namespace) -> None:
     """Print each state's tables and targets; write RESULTS.md and the plot where asked."""
     for state in doc["states"]:
         if "methods" in state:
-            print(f"\n== {state['label']} ({state['preset']})\n{methods_table(state)}\n\n"
-                  f"{format_targets(state['targets'])}")
+            extra = [profile_tables(state["profile"])] if "profile" in state else []
+            print("\n\n".join([f"\n== {state['label']} ({state['preset']})", methods_table(state),
+                                pipeline_table(state), *extra, format_targets(state["targets"])]))
     plot_ref = None
     later = "render it later from the JSON: python -m ckptzip.bench.results"
     if args.plot:

@@ -126,6 +126,26 @@ def evaluate(state: dict[str, Any], disk: dict[str, Any] | None) -> list[dict[st
     out.append(_check("portable-gpu-compress", f"{PORTABLE} GPU-resident compress >= 40 GB/s", ">=", 40,
                       speed(PORTABLE, "encode_gbps")))
 
+    def pipeline(name: str, op: str) -> Callable[[], tuple[float, str]]:
+        def measure() -> tuple[float, str]:
+            m = _method(methods, name)
+            if not str(state.get("device", "")).startswith("cuda"):
+                raise _Missing(f"the pipeline targets are for CUDA runs; this state is on {state.get('device')}")
+            p = m.get("pipeline") or {}
+            if f"{op}_gbps" not in p:
+                raise _Missing(f"{name}: {p.get('error') or 'the pipeline was not measured (--pipeline-reps 0)'}")
+            size = (f"{state['raw_bytes'] / 1e9:.2f} GB in {state['tensors']} tensors"
+                    if "raw_bytes" in state and "tensors" in state else "state size unknown")
+            return p[f"{op}_gbps"], f"{p[f'{op}_seconds']:.3f} s on {size} (issue 9 asks >= 8 GB, >= 500 tensors)"
+        return measure
+
+    for name, save_gbps, load_gbps in ((DEFAULT, 40, 30), (PORTABLE, 15, 30)):
+        short = name.removeprefix("ckptzip-")
+        out.append(_check(f"{short}-pipeline-save", f"{name} save to a discarding file object >= {save_gbps} GB/s",
+                          ">=", save_gbps, pipeline(name, "save")))
+        out.append(_check(f"{short}-pipeline-load", f"{name} load from host memory >= {load_gbps} GB/s",
+                          ">=", load_gbps, pipeline(name, "load")))
+
     def versus_disk(kind: str) -> Callable[[], tuple[float, str]]:
         def measure() -> tuple[float, str]:
             m = _method(methods, DEFAULT)
