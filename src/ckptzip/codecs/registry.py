@@ -10,29 +10,43 @@ from .base import Codec
 _REGISTRY: dict[tuple[str, str], type[Codec]] = {}
 # Codec ids that exist but whose implementation could not be loaded here, with the reason.
 _UNAVAILABLE: dict[tuple[str, str], str] = {}
-
+# The id sets derived from the two tables (asked per tensor when saving and loading), rebuilt
+# after either changes.
+_IDS: list[tuple[frozenset[str], frozenset[str]]] = []  # [(every id, GPU-only ids)] once built
 
 
 def register(cls: type[Codec]) -> type[Codec]:
     """Class decorator: make ``cls`` the implementation of its id on its backend."""
     _REGISTRY[(cls.codec_id, cls.backend)] = cls
+    _IDS.clear()
     return cls
 
 
 def mark_unavailable(codec_id: str, backend: str, reason: str) -> None:
     """Record why an implementation of ``codec_id`` on ``backend`` cannot load here."""
     _UNAVAILABLE.setdefault((codec_id, backend), reason)
+    _IDS.clear()
+
+
+def _ids() -> tuple[frozenset[str], frozenset[str]]:
+    built = _IDS[:1]
+    if built:
+        return built[0]
+    known = [*_REGISTRY, *_UNAVAILABLE]
+    every = frozenset(cid for cid, _ in known)
+    ids = every, every - {cid for cid, backend in known if backend == "cpu"}
+    _IDS[:] = [ids]
+    return ids
 
 
 def codec_ids() -> frozenset[str]:
     """Every codec id this ckptzip knows, whether or not it can run here (derived from the classes)."""
-    return frozenset(cid for cid, _ in (*_REGISTRY, *_UNAVAILABLE))
+    return _ids()[0]
 
 
 def gpu_only_ids() -> frozenset[str]:
     """Codec ids with no CPU implementation at all (NVIDIA formats only nvCOMP decodes)."""
-    cpu = {cid for cid, backend in (*_REGISTRY, *_UNAVAILABLE) if backend == "cpu"}
-    return codec_ids() - cpu
+    return _ids()[1]
 
 
 def has_codec(codec_id: str, backend: str) -> bool:
