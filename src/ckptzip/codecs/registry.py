@@ -10,32 +10,31 @@ from .base import Codec
 _REGISTRY: dict[tuple[str, str], type[Codec]] = {}
 # Codec ids that exist but whose implementation could not be loaded here, with the reason.
 _UNAVAILABLE: dict[tuple[str, str], str] = {}
-# The id sets derived from the two tables (asked per tensor when saving and loading), rebuilt
-# after either changes.
-_IDS: list[tuple[frozenset[str], frozenset[str]]] = []  # [(every id, GPU-only ids)] once built
+# The id sets derived from the two tables (asked per tensor when saving and loading), by the
+# tables' identities and sizes: rebuilt when either changes (or is replaced, as tests do).
+_IDS: dict[tuple[int, ...], tuple[frozenset[str], frozenset[str]]] = {}
 
 
 def register(cls: type[Codec]) -> type[Codec]:
     """Class decorator: make ``cls`` the implementation of its id on its backend."""
     _REGISTRY[(cls.codec_id, cls.backend)] = cls
-    _IDS.clear()
+    _IDS.clear()  # the size alone misses a pop followed by a register
     return cls
 
 
 def mark_unavailable(codec_id: str, backend: str, reason: str) -> None:
     """Record why an implementation of ``codec_id`` on ``backend`` cannot load here."""
     _UNAVAILABLE.setdefault((codec_id, backend), reason)
-    _IDS.clear()
 
 
 def _ids() -> tuple[frozenset[str], frozenset[str]]:
-    built = _IDS[:1]
-    if built:
-        return built[0]
-    known = [*_REGISTRY, *_UNAVAILABLE]
-    every = frozenset(cid for cid, _ in known)
-    ids = every, every - {cid for cid, backend in known if backend == "cpu"}
-    _IDS[:] = [ids]
+    """(every codec id, the GPU-only ones)."""
+    key = (id(_REGISTRY), len(_REGISTRY), id(_UNAVAILABLE), len(_UNAVAILABLE))
+    ids = _IDS.get(key)
+    if ids is None:
+        known = [*_REGISTRY, *_UNAVAILABLE]
+        every = frozenset(cid for cid, _ in known)
+        ids = _IDS[key] = every, every - {cid for cid, backend in known if backend == "cpu"}
     return ids
 
 
