@@ -3,7 +3,8 @@
 Trains a model of ``ckptzip.bench.training`` on the CPU (or builds a synthetic state of fp32
 weight- and moment-like tensors), then, pinned to 1, 2, ... cores (``os.sched_setaffinity`` in a
 child process per core count, so ckptzip's threads and torch's see only those cores), saves and
-loads it to and from memory with ckptzip and with torch.save / torch.load. Prints medians of
+loads it (saves into a file object that discards its input, loads from bytes in memory) with
+ckptzip and with torch.save / torch.load. Prints medians (wall and process CPU seconds) of
 ``--reps`` runs after a warm-up, the scaling from 1 core to the most, and the ratio per tensor
 class against the five-line baseline (:func:`planes_zstd3`)::
 
@@ -32,6 +33,7 @@ import zstandard
 import ckptzip
 from ckptzip.bench.training import tensor_class, train
 from ckptzip.tree import flatten
+from engine_probe import Discard  # bench/ is the script's directory
 
 
 def planes_zstd3(t: torch.Tensor) -> int:
@@ -51,14 +53,17 @@ def make_state(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(16) for kind, scale, power in (("w", 0.02, 1), ("m", 1e-3, 1), ("v", 1e-2, 2))}
 
 
-def _median_s(fn: Any, reps: int) -> float:
+def _medians(fn: Any, reps: int) -> tuple[float, float]:
+    """Median wall-clock and process CPU seconds of ``reps`` calls after one untimed call (the
+    CPU seconds are what a loaded machine still measures fairly)."""
     fn()
-    times = []
+    walls, cpus = [], []
     for _ in range(reps):
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
@@ -72,13 +77,15 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     blob = out.getvalue()
     pt = io.BytesIO()
     torch.save(state, pt)
-    return {
-        "cores": args.child, "nbytes": nbytes, "ratio": nbytes / len(blob),
-        "save_s": _median_s(lambda: ckptzip.save(state, io.BytesIO(), codec=args.codec), args.reps),
-        "load_s": _median_s(lambda: ckptzip.load(blob), args.reps),
-        "torch_save_s": _median_s(lambda: torch.save(state, io.BytesIO()), args.reps),
-        "torch_load_s": _median_s(lambda: torch.load(io.BytesIO(pt.getvalue()), weights_only=True), args.reps),
-    }
+    row: dict[str, float] = {"cores": args.child, "nbytes": nbytes, "ratio": nbytes / len(blob)}
+    for name, fn in (
+        ("save", lambda: ckptzip.save(state, Discard(), codec=args.codec)),
+        ("load", lambda: ckptzip.load(blob)),
+        ("torch_save", lambda: torch.save(state, Discard())),
+        ("torch_load", lambda: torch.load(io.BytesIO(pt.getvalue()), weights_only=True)),
+    ):
+        row[f"{name}_s"], row[f"{name}_cpu_s"] = _medians(fn, args.reps)
+    return row
 
 
 def class_ratios(args: argparse.Namespace) -> list[str]:
@@ -119,13 +126,15 @@ def main() -> int:
         rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
     print(f"{args.state} state ({args.preset if args.state == 'trained' else '48 x 4 MiB fp32'}), codec={args.codec}, "
           f"{rows[0]['nbytes'] / 1e6:.1f} MB, ratio {rows[0]['ratio']:.4f}; medians of {args.reps}, in memory\n")
-    print("| cores | ckptzip save s | load s | save GB/s | load GB/s | torch.save s | torch.load s | save / torch | load / torch |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| cores | ckptzip save s | load s | save GB/s | load GB/s | torch.save s | torch.load s | save / torch | "
+          "load / torch | CPU s: save, load, torch.save, torch.load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         gb = r["nbytes"] / 1e9
         print(f"| {r['cores']} | {r['save_s']:.3f} | {r['load_s']:.3f} | {gb / r['save_s']:.2f} | {gb / r['load_s']:.2f} "
               f"| {r['torch_save_s']:.3f} | {r['torch_load_s']:.3f} | {r['save_s'] / r['torch_save_s']:.2f}x "
-              f"| {r['load_s'] / r['torch_load_s']:.2f}x |")
+              f"| {r['load_s'] / r['torch_load_s']:.2f}x | {r['save_cpu_s']:.3f}, {r['load_cpu_s']:.3f}, "
+              f"{r['torch_save_cpu_s']:.3f}, {r['torch_load_cpu_s']:.3f} |")
     if len(rows) > 1:
         print(f"\nscaling {rows[0]['cores']} -> {rows[-1]['cores']} cores: save {rows[0]['save_s'] / rows[-1]['save_s']:.2f}x, "
               f"load {rows[0]['load_s'] / rows[-1]['load_s']:.2f}x\n")

@@ -12,11 +12,13 @@ import io
 import numpy as np
 import pytest
 import torch
+import zstandard
 from helpers import assert_same, random_tensor
 
 import ckptzip
 from ckptzip.checksum import wsum64_array
 from ckptzip.codecs import has_codec
+from ckptzip.codecs.cpu import ZstdCodec
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
 from ckptzip.engine.decode import Runs, decode_batch
@@ -259,7 +261,33 @@ def test_the_cpu_planner_keeps_the_candidate_that_codes_a_sample_smallest() -> N
     offsets = np.array([0, 1_200_000], dtype=np.int64)
     sizes = np.array([1_200_000, 600_000], dtype=np.int64)
     candidates = [{"id": "zstd", "level": 1}, {"id": "zstd", "level": 3}]
-    picks = _trial(np.arange(2), [base], np.zeros(2, np.int64), offsets, sizes, candidates, 1_200_000, "cpu")
+    picks, whole = _trial(np.arange(2), [base], np.zeros(2, np.int64), offsets, sizes, candidates, 1_200_000, "cpu")
     assert picks == [{"id": "zstd", "level": 3}, {"id": "raw"}]
+    assert whole == {}  # a sample over one stored chunk (1 MiB) is not what the stream stores
     assert Policy.parse("auto").plane_candidates("cpu") == candidates
     assert Policy.parse("fast").plane_candidates("cpu") == candidates[:1]
+
+
+def test_a_plane_a_trial_coded_whole_is_stored_as_the_trial_coded_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 16384 fp32 values: byte planes of 16 KiB, within the structured trial's sample, so the trial
+    # codes each structured plane whole with every candidate and the final coding is skipped.
+    t = torch.randn(16384, generator=torch.Generator().manual_seed(5)) * 0.02
+    coded: dict[int, int] = {}
+    encode_segments = ZstdCodec.encode_segments
+
+    def counting(self: ZstdCodec, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> object:
+        coded[self.level] = coded.get(self.level, 0) + int(lengths.sum())
+        return encode_segments(self, base, offsets, lengths)
+
+    monkeypatch.setattr(ZstdCodec, "encode_segments", counting)
+    blob = io.BytesIO()
+    ckptzip.save({"w": t}, blob, codec="auto")
+    assert coded[1] == coded[3] > 0  # the trial's two codings, no third
+    data = blob.getvalue()
+    with ckptzip.open(io.BytesIO(data)) as reader:
+        assert_same(reader["w"], t)
+        stream = reader.entries()[0].streams[3]  # the sign/exponent plane
+    plane = np.ascontiguousarray(t.numpy().view(np.uint8).reshape(-1, 4)[:, 3])
+    frame = zstandard.ZstdCompressor(level=stream.codec["level"], write_content_size=True).compress(plane.tobytes())
+    (chunk,) = stream.chunks
+    assert data[chunk.offset : chunk.offset + chunk.length] == frame

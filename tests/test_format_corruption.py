@@ -350,6 +350,15 @@ def test_hostile_index_is_refused_before_reading(
         load_bytes(hostile)
 
 
+def test_index_messages_quote_names_that_look_like_format_fields() -> None:
+    # the index checks fill their messages in only when a check fails, from templates: a name
+    # holding braces is quoted as it is, never read as a field
+    blob = save_bytes({"w{0}{x!r}": torch.zeros(3000)}, codec="zstd")
+    hostile = rewrite_index(blob, _set(_stream("w{0}{x!r}"), "nbytes", 11999))
+    with pytest.raises(CorruptCheckpointError, match=r"^tensor 'w\{0\}\{x!r\}' stream 0 has nbytes 11999, expected 12000;"):
+        ckptzip.open(io.BytesIO(hostile))
+
+
 def test_rewrite_without_edit_still_loads(chunked_file: bytes) -> None:
     assert_same(load_bytes(rewrite_index(chunked_file, lambda index: None)), load_bytes(chunked_file))
 

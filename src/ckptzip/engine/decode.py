@@ -233,9 +233,7 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
     if singles:
         s_of = np.array([by_tensor[t][0] for t in singles], dtype=np.int64)
         sizes = np.array([entries[t].nbytes for t in singles], dtype=np.int64)
-        segment_sums([region, decoded], source_base[s_of], source_offset[s_of], sizes, outs=outs,
-                     out_index=np.array(singles), out_offsets=np.zeros(len(singles), np.int64))
-        sums = segment_sums([outs[t] for t in singles], np.arange(len(singles)), np.zeros(len(singles), np.int64),
-                            sizes)
-        checksums[to_device(np.array(singles), device)] = sums
+        sums = segment_sums([region, decoded], source_base[s_of], source_offset[s_of], sizes, outs=outs,
+                            out_index=np.array(singles), out_offsets=np.zeros(len(singles), np.int64))
+        checksums[to_device(np.array(singles), device)] = sums  # of the bytes copied: each whole output
     return outs, checksums

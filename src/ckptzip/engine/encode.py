@@ -139,17 +139,22 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
         streams.add(whole, len(bases), offsets, nbytes[whole])
         bases.append(buffer)
     s_tensor, s_base, s_offset, s_size = streams.columns()
-    coded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, hist, floating, bases, policy, backend)
-    return _assemble(tensors, checksums, bases, s_tensor, s_base, s_offset, s_size, coded, plane_of, backend)
+    coded, precoded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, hist, floating, bases, policy,
+                                     backend)
+    return _assemble(tensors, checksums, bases, s_tensor, s_base, s_offset, s_size, coded, precoded, plane_of,
+                     backend)
 
 
 def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
                    plane_of: dict[int, int], hist: torch.Tensor, floating: np.ndarray,
-                   bases: list[torch.Tensor], policy: Policy, backend: str) -> list[dict[str, Any]]:
-    """The codec configuration each stream is tried with (``RAW``: stored as it is)."""
+                   bases: list[torch.Tensor], policy: Policy, backend: str
+                   ) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
+    """The codec configuration each stream is tried with (``RAW``: stored as it is), and the
+    streams a trial already coded whole (:func:`_trial`)."""
     plane_codec = policy.plane_codec(backend).get_config()
+    precoded: dict[int, tuple[int, int, int]] = {}
     if not s_tensor.size:
-        return []
+        return [], precoded
     is_plane = np.isin(s_base, list(plane_of))
     if is_plane.any():
         entropies = _plane_entropies(hist)  # the one sync before coding
@@ -181,10 +186,11 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
     # where the plane codec shrinks them.
     for tried, options, sample in ((structured, candidates, STRUCTURED_TRIAL_BYTES), (random, candidates[:1], TRIAL_BYTES)):
         if tried:
-            picks = _trial(np.array(tried), bases, s_base, s_offset, s_size, options, sample, backend)
+            picks, whole = _trial(np.array(tried), bases, s_base, s_offset, s_size, options, sample, backend)
             for s, config in zip(tried, picks):
                 configs[s] = config
-    return configs
+            precoded.update(whole)
+    return configs, precoded
 
 
 def _plane_entropies(hist: torch.Tensor) -> np.ndarray:
@@ -200,28 +206,49 @@ def _plane_entropies(hist: torch.Tensor) -> np.ndarray:
 
 def _trial(streams: np.ndarray, bases: list[torch.Tensor], s_base: np.ndarray, s_offset: np.ndarray,
            s_size: np.ndarray, candidates: list[dict[str, Any]], sample: int, backend: str
-           ) -> list[dict[str, Any]]:
+           ) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
     """For each of ``streams``: the candidate that codes a sample from its middle (up to
     ``sample`` bytes) smallest, or RAW where none shrinks it by TRIAL_MIN_GAIN. One batched codec
-    call per candidate and buffer."""
+    call per candidate and buffer.
+
+    A sample that is a whole stream of one chunk was coded as the stream is stored: such streams
+    are returned too, as stream -> (index in ``bases``, offset, length) of the picked coding,
+    whose output buffers are appended to ``bases``, so they are not coded again."""
     n = np.minimum(s_size[streams], sample)
     start = s_offset[streams] + (s_size[streams] - n) // 2
     coded = np.empty((len(candidates), streams.size), dtype=np.int64)
+    where = np.empty((2, len(candidates), streams.size), dtype=np.int64)  # output buffer, offset
+    outputs: list[torch.Tensor] = []
     for c, config in enumerate(candidates):
         codec = codec_for(config, backend)
         for base in np.unique(s_base[streams]).tolist():
             sel = s_base[streams] == base
-            coded[c, sel] = codec.encode_segments(bases[base], start[sel], n[sel])[2]
+            out, where[1, c, sel], coded[c, sel] = codec.encode_segments(bases[base], start[sel], n[sel])
+            where[0, c, sel] = len(outputs)
+            outputs.append(out)
     best = coded.argmin(axis=0)  # ties: the first candidate (the fastest)
-    shrinks = coded[best, np.arange(streams.size)] < (1 - TRIAL_MIN_GAIN) * n
-    return [candidates[b] if ok else RAW for b, ok in zip(best.tolist(), shrinks.tolist())]
+    cols = np.arange(streams.size)
+    shrinks = coded[best, cols] < (1 - TRIAL_MIN_GAIN) * n
+    picks = [candidates[b] if ok else RAW for b, ok in zip(best.tolist(), shrinks.tolist())]
+    whole: dict[int, tuple[int, int, int]] = {}
+    used: dict[int, int] = {}  # output buffer -> its index in bases
+    for i in np.flatnonzero(shrinks & (n == s_size[streams])).tolist():
+        if n[i] <= chunk_bytes(picks[i]["id"], backend):
+            buffer = int(where[0, best[i], i])
+            if buffer not in used:
+                used[buffer] = len(bases)
+                bases.append(outputs[buffer])
+            whole[int(streams[i])] = (used[buffer], int(where[1, best[i], i]), int(coded[best[i], i]))
+    return picks, whole
 
 
 def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[torch.Tensor],
               s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
-              configs: list[dict[str, Any]], plane_of: dict[int, int], backend: str) -> EncodedBatch:
-    """Chunk every stream, code the coded ones (one call per codec and buffer), fall back to raw
-    where coding did not shrink a stream, then gather all stored chunks in file order."""
+              configs: list[dict[str, Any]], precoded: dict[int, tuple[int, int, int]], plane_of: dict[int, int],
+              backend: str) -> EncodedBatch:
+    """Chunk every stream, code the coded ones (one call per codec and buffer; streams in
+    ``precoded`` were coded by a trial, as one chunk), fall back to raw where coding did not
+    shrink a stream, then gather all stored chunks in file order."""
     device = bases[0].device if bases else checksums.device
     ids = [c["id"] for c in configs]
     cb = np.array([chunk_bytes(i, backend) for i in ids], dtype=np.int64)
@@ -234,8 +261,11 @@ def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[
     c_length = c_raw.copy()
     stream_codec = list(configs)
     groups: dict[tuple[str, int], list[int]] = {}
+    first_chunk = np.cumsum(nchunks) - nchunks
     for s, config in enumerate(configs):
-        if config["id"] != "raw" and nchunks[s]:
+        if s in precoded:  # one chunk
+            c_base[first_chunk[s]], c_offset[first_chunk[s]], c_length[first_chunk[s]] = precoded[s]
+        elif config["id"] != "raw" and nchunks[s]:
             groups.setdefault((_key(config), int(s_base[s])), []).append(s)
     for (_, base), members in groups.items():
         codec = codec_for(configs[members[0]], backend)
