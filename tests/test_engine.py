@@ -291,3 +291,7 @@ def test_a_plane_a_trial_coded_whole_is_stored_as_the_trial_coded_it(monkeypatch
     frame = zstandard.ZstdCompressor(level=stream.codec["level"], write_content_size=True).compress(plane.tobytes())
     (chunk,) = stream.chunks
     assert data[chunk.offset : chunk.offset + chunk.length] == frame
+    damaged = bytearray(data)
+    damaged[chunk.offset + chunk.length // 2] ^= 1
+    with pytest.raises(ckptzip.CorruptCheckpointError, match=r"tensor 'w' stream 3 chunk 0 .* is damaged"):
+        ckptzip.load(bytes(damaged))
