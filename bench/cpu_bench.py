@@ -33,7 +33,7 @@ import zstandard
 import ckptzip
 from ckptzip.bench.training import tensor_class, train
 from ckptzip.tree import flatten
-from engine_probe import Discard  # bench/ is the script's directory
+from ckptzip.bench.pipeline import DiscardSink
 
 
 def planes_zstd3(t: torch.Tensor) -> int:
@@ -79,9 +79,9 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     torch.save(state, pt)
     row: dict[str, float] = {"cores": args.child, "nbytes": nbytes, "ratio": nbytes / len(blob)}
     for name, fn in (
-        ("save", lambda: ckptzip.save(state, Discard(), codec=args.codec)),
+        ("save", lambda: ckptzip.save(state, DiscardSink(), codec=args.codec)),
         ("load", lambda: ckptzip.load(blob)),
-        ("torch_save", lambda: torch.save(state, Discard())),
+        ("torch_save", lambda: torch.save(state, DiscardSink())),
         ("torch_load", lambda: torch.load(io.BytesIO(pt.getvalue()), weights_only=True)),
     ):
         row[f"{name}_s"], row[f"{name}_cpu_s"] = _medians(fn, args.reps)
