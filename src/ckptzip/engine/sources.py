@@ -44,7 +44,7 @@ class Table:
     all_names: list[str]
     originals: list[torch.Tensor]
     sources: dict[int, dict[str, Any]] = field(default_factory=dict)
-    checksums: dict[int, torch.Tensor] = field(default_factory=dict)  # own checksum where the engine's is not
+    checksums: dict[int, int] = field(default_factory=dict)  # own checksum where the engine's is not
     bases: list[BaseRef] = field(default_factory=list)
 
     @property
@@ -74,12 +74,13 @@ class Table:
         return complete
 
     def _checksum(self, position: int) -> str:
-        return format_wsum64(int(self.checksums[position]))
+        return format_wsum64(self.checksums[position])
 
 
 def rewrite_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase | None = None) -> Table:
     """Find duplicates and casts among ``tensors``, and XOR deltas against ``base`` that pay; the
-    engine then encodes only what the returned table lists."""
+    engine then encodes only what the returned table lists. Every save path rewrites its table
+    here (:func:`~.writer.write_state`, :func:`~.writer.stage_state`)."""
     sources: dict[int, dict[str, Any]] = {}
     for i, j in find_duplicates(tensors).items():
         sources[i] = {"copy": j}
@@ -98,7 +99,18 @@ def rewrite_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase
                 encoded[i] = residue
         bases = [base.ref] if any("xor" in s for s in sources.values()) else []
     return Table(len(tensors), positions, [names[i] for i in positions], [encoded[i] for i in positions],
-                 names, tensors, sources, checksums, bases)
+                 names, tensors, sources, _on_host(checksums), bases)
+
+
+def _on_host(values: dict[int, torch.Tensor]) -> dict[int, int]:
+    """0-d tensors as ints, one copy per device: a table may be completed later, on another thread."""
+    by_device: dict[torch.device, list[int]] = {}
+    for k, v in values.items():
+        by_device.setdefault(v.device, []).append(k)
+    out: dict[int, int] = {}
+    for keys in by_device.values():
+        out.update(zip(keys, torch.stack([values[k] for k in keys]).cpu().tolist()))
+    return out
 
 
 def _residue(t: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
