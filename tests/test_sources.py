@@ -328,3 +328,21 @@ def test_a_staged_save_rewrites_its_table_as_a_save_does(delta: bool) -> None:
     assert kinds == {"master": "xor" if delta else None, "w": "cast", "dup": "copy", "other": None}
     if not delta:
         assert_same(load_bytes(via_stage.getvalue()), state)
+
+
+def test_the_delta_decision_is_made_per_tensor_in_one_batch() -> None:
+    """Slowly moving tensors of several sizes and dtypes pay as deltas, fresh noise does not;
+    tensors smaller than the sample and larger ones are decided in one call."""
+    from ckptzip.engine.delta import SAMPLE_BYTES, deltas_that_pay
+    from ckptzip.engine.encode import tensor_bytes
+
+    def drifted(t: torch.Tensor) -> torch.Tensor:
+        return (t.float() * (1 + 1e-4)).to(t.dtype)
+
+    earlier = [_master(seed=s, shape=shape).to(dtype) for s, (shape, dtype) in enumerate(
+        [((SAMPLE_BYTES,), torch.float32), ((37,), torch.float32), ((300, 257), torch.bfloat16), ((1000,), torch.float64)])]
+    later = [drifted(t) for t in earlier]
+    noise = [_master(seed=100 + s, shape=tuple(t.shape)).to(t.dtype) for s, t in enumerate(earlier)]
+    currents = [tensor_bytes(t) for t in later + noise]
+    bases = [tensor_bytes(t) for t in earlier + earlier]
+    assert deltas_that_pay(currents, bases, [t.element_size() for t in earlier + earlier]) == [True] * 4 + [False] * 4
