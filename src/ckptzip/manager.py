@@ -275,6 +275,13 @@ class _SnapshotPool:
         self._staging.clear()
 
 
+def _copy_into(old: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t``, into ``old`` (a base no longer needed) where it fits: no fresh memory to fault in."""
+    if old is not None and old.dtype == t.dtype and old.shape == t.shape and old.device == t.device:
+        return old.copy_(t)
+    return t.clone()
+
+
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
@@ -446,8 +453,9 @@ class CheckpointManager:
         delta = kept is not None and base is not None and any(e.source_kind == "xor" for e in entries)
         self._base_of[step] = kept.ref.step if delta and kept is not None else None
         if self._incremental is not None:
+            old = kept.tensors if kept is not None else {}
             self._kept = None if tensors is None else _Kept(
-                BaseRef(step, name, content_hash(entries)), {k: t.clone() for k, t in tensors.items()},
+                BaseRef(step, name, content_hash(entries)), {k: _copy_into(old.get(k), t) for k, t in tensors.items()},
                 kept.chain + 1 if delta and kept is not None else 1)
 
     def _delta_base(self) -> DeltaBase | None:
