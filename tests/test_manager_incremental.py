@@ -198,3 +198,30 @@ def test_host_snapshots_of_host_tensors_store_deltas_too(tmp_path: Path) -> None
         save_steps(manager, range(1, 4))
         assert bases_of(tmp_path) == {1: [], 2: [1], 3: [2]}
         assert_same(manager.restore(3), run_state(3))
+
+
+@pytest.mark.gpu
+def test_host_snapshots_of_cuda_tensors_store_casts_duplicates_and_deltas(tmp_path: Path) -> None:
+    def cuda_state(step: int) -> dict[str, Any]:
+        state = run_state(step)
+        state = {k: {n: t.cuda() for n, t in v.items()} if isinstance(v, dict) else v for k, v in state.items()}
+        state["exp_avg"] = state["exp_avg"].cuda()
+        state["copy"] = state["exp_avg"].clone()
+        return state
+
+    with CheckpointManager(tmp_path, keep_last=None, incremental=3, snapshot="host") as manager:
+        for step in range(1, 5):
+            state = cuda_state(step)
+            manager.save(step, state)
+            state["master"]["w"].add_(1.0)  # the caller may change the state at once
+            manager.wait()
+            assert manager.last_snapshot == "host"
+        assert bases_of(tmp_path) == {1: [], 2: [1], 3: [2], 4: []}
+        for step in range(1, 5):
+            assert_same(manager.restore(step), cuda_state(step))
+    with ckptzip.open(tmp_path / name(2)) as reader:
+        kinds = {e.name: e.source_kind for e in reader.entries()}
+    assert kinds == {"model.w": "cast", "master.w": "xor", "exp_avg": None, "copy": "copy"}
+    whole = tmp_path / "whole.ckz"
+    ckptzip.save(cuda_state(1), whole)
+    assert (tmp_path / name(1)).read_bytes() == whole.read_bytes()  # a host snapshot's file is save()'s

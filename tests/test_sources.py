@@ -291,3 +291,58 @@ def test_sample_positions_are_in_range_spread_and_include_both_ends(n: int) -> N
     assert at.dtype == torch.int64 and at.numel() == min(n, SAMPLES)
     assert int(at[0]) == 0 and int(at[-1]) == n - 1
     assert bool((at[1:] > at[:-1]).all())  # distinct and increasing: never past the end
+
+
+def _mixed_state(device: str = "cpu", drift: float = 0.0) -> dict[str, Any]:
+    master = (_master(shape=(512, 512)) + drift).to(device)
+    return {"master": master, "w": master.bfloat16(), "dup": master.clone(), "other": _master(seed=2).to(device)}
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_a_staged_save_rewrites_its_table_as_a_save_does(delta: bool) -> None:
+    """The host snapshot's path (stage_state, then write_staged) stores casts, duplicates and XOR
+    deltas exactly as ckptzip.save does: the same table and the same bytes."""
+    from ckptzip.api import write_checkpoint
+    from ckptzip.engine.policy import Policy
+    from ckptzip.engine.sources import DeltaBase
+    from ckptzip.engine.staging import PinnedPool
+    from ckptzip.engine.writer import stage_state, write_staged
+    from ckptzip.format import BaseRef
+    from ckptzip.tree import flatten
+
+    state = _mixed_state(drift=1e-5 if delta else 0.0)
+    base = None
+    if delta:
+        earlier = _mixed_state()
+        base = DeltaBase(BaseRef(1, "step_00000001.ckz", "0123456789abcdef"), {"master": earlier["master"]})
+    policy = Policy.parse("auto")
+    direct = io.BytesIO()
+    write_checkpoint(direct, state, policy, base=base)
+    flat = flatten(state)
+    staged = stage_state([i.name for i in flat.tensors], [i.tensor for i in flat.tensors], policy, PinnedPool(),
+                         1 << 20, base)
+    via_stage = io.BytesIO()
+    write_staged(via_stage, staged, flat.tree, policy)
+    assert via_stage.getvalue() == direct.getvalue()
+    kinds = {name: e.source_kind for name, e in _entries(via_stage.getvalue()).items()}
+    assert kinds == {"master": "xor" if delta else None, "w": "cast", "dup": "copy", "other": None}
+    if not delta:
+        assert_same(load_bytes(via_stage.getvalue()), state)
+
+
+def test_the_delta_decision_is_made_per_tensor_in_one_batch() -> None:
+    """Slowly moving tensors of several sizes and dtypes pay as deltas, fresh noise does not;
+    tensors smaller than the sample and larger ones are decided in one call."""
+    from ckptzip.engine.delta import SAMPLE_BYTES, deltas_that_pay
+    from ckptzip.engine.encode import tensor_bytes
+
+    def drifted(t: torch.Tensor) -> torch.Tensor:
+        return (t.float() * (1 + 1e-4)).to(t.dtype)
+
+    earlier = [_master(seed=s, shape=shape).to(dtype) for s, (shape, dtype) in enumerate(
+        [((SAMPLE_BYTES,), torch.float32), ((37,), torch.float32), ((300, 257), torch.bfloat16), ((1000,), torch.float64)])]
+    later = [drifted(t) for t in earlier]
+    noise = [_master(seed=100 + s, shape=tuple(t.shape)).to(t.dtype) for s, t in enumerate(earlier)]
+    currents = [tensor_bytes(t) for t in later + noise]
+    bases = [tensor_bytes(t) for t in earlier + earlier]
+    assert deltas_that_pay(currents, bases, [t.element_size() for t in earlier + earlier]) == [True] * 4 + [False] * 4

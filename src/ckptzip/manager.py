@@ -92,7 +92,8 @@ class _Snapshot:
     tensors: list[torch.Tensor]  # copies of the state's tensors (views into ``buffers``), or placeholders of staged ones
     buffers: list[tuple[_BufferKey, torch.Tensor]]
     ready: list[torch.cuda.Event]  # recorded after the GPU copies; empty when all copies were synchronous
-    staged: StagedState | None  # CUDA tensors already encoded, their stored bytes in pinned memory
+    staged: StagedState | None  # the table, its CUDA tensors already encoded, their stored bytes in pinned memory
+    copied: bool  # whether ``tensors`` holds a copy of every tensor (the base of an incremental save)
 
 
 @dataclass
@@ -173,17 +174,20 @@ class _SnapshotPool:
                 return False
         return True
 
-    def take(self, state: Any) -> _Snapshot:
-        """Validate ``state`` (raises :class:`~ckptzip.errors.UnsupportedObjectError`) and snapshot it."""
+    def take(self, state: Any, base: DeltaBase | None, keep: bool) -> _Snapshot:
+        """Validate ``state`` (raises :class:`~ckptzip.errors.UnsupportedObjectError`) and snapshot
+        it. A host snapshot rewrites its table against ``base`` now; with ``keep`` it also copies
+        the CUDA tensors it encodes to host memory, as the next save's base."""
         flat = flatten(state)  # also a deep copy of every non-tensor value
         names = [item.name for item in flat.tensors]
         sources = [item.tensor for item in flat.tensors]
         host = self._where == "host" or (self._where == "auto" and not self._device_has_room(sources))
-        staged = stage_state(names, sources, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES) if host else None
-        copied = staged.rest if staged is not None else list(range(len(sources)))
+        encoded = {i for i, t in enumerate(sources) if host and t.is_cuda and self._policy.backend(t.device) == "cuda"}
+        copied = [i for i in range(len(sources)) if keep or i not in encoded]
         groups: dict[_BufferKey, list[int]] = collections.defaultdict(list)
         for i in copied:
-            groups[sources[i].device, False].append(i)
+            pinned = i in encoded  # a host copy of a CUDA tensor
+            groups[torch.device("cpu") if pinned else sources[i].device, pinned].append(i)
         placeholder = torch.empty(0)
         copies = [placeholder] * len(sources)
         buffers = []
@@ -198,8 +202,12 @@ class _SnapshotPool:
                 t = sources[i]
                 copies[i] = buf[offset : offset + t.nbytes].view(t.dtype).view(t.shape)
         ready = self._copy([sources[i] for i in copied], [copies[i] for i in copied])
+        staged = None
+        if encoded:  # the caller's stream is ordered after the copies: the table reads them
+            snapshot = [sources[i] if i in encoded else copies[i] for i in range(len(sources))]
+            staged = stage_state(names, snapshot, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base)
         self.last_mode = "host" if host else "device"
-        return _Snapshot(flat.tree, names, copies, buffers, ready, staged)
+        return _Snapshot(flat.tree, names, copies, buffers, ready, staged, len(copied) == len(sources))
 
     def _copy(self, sources: list[torch.Tensor], copies: list[torch.Tensor]) -> list[torch.cuda.Event]:
         by_device: dict[torch.device, list[int]] = collections.defaultdict(list)
@@ -232,12 +240,11 @@ class _SnapshotPool:
         staged = snapshot.staged
 
         def write(f: BinaryIO, base: DeltaBase | None) -> _Written:
-            if staged is not None and len(staged.rest) < len(snapshot.tensors):  # encoded already: stored whole
-                return _Written(write_staged(f, staged, snapshot.names, snapshot.tensors, snapshot.tree, self._policy),
-                                None)
+            kept = dict(zip(snapshot.names, snapshot.tensors)) if snapshot.copied else None
+            if staged is not None:  # its table was rewritten (against the base) when it was taken
+                return _Written(write_staged(f, staged, snapshot.tree, self._policy), kept)
             state = unflatten(snapshot.tree, snapshot.tensors.__getitem__, len(snapshot.tensors))
-            entries = api.write_checkpoint(f, state, self._policy, base=base)
-            return _Written(entries, dict(zip(snapshot.names, snapshot.tensors)))
+            return _Written(api.write_checkpoint(f, state, self._policy, base=base), kept)
 
         try:
             for event in snapshot.ready:
@@ -266,6 +273,13 @@ class _SnapshotPool:
         with self._lock:
             self._free.clear()
         self._staging.clear()
+
+
+def _copy_into(old: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t``, into ``old`` (a base no longer needed) where it fits: no fresh memory to fault in."""
+    if old is not None and old.dtype == t.dtype and old.shape == t.shape and old.device == t.device:
+        return old.copy_(t)
+    return t.clone()
 
 
 def _aligned(nbytes: int) -> int:
@@ -298,8 +312,8 @@ class CheckpointManager:
         incremental: ``None`` (every checkpoint whole) or K >= 1: a save may store each tensor as
             an XOR delta against the same tensor of the previous save, where that is estimated to
             be smaller; a chain of deltas holds at most K checkpoints, the first one whole. Costs
-            one copy of the state (on its device) kept as the next base; a save whose snapshot
-            was compressed on the spot (``snapshot="host"``) is whole. docs/MANAGER.md.
+            one copy of the state kept as the next base (on its device; in host memory for the
+            CUDA tensors of a ``"host"`` snapshot). docs/MANAGER.md.
 
     One manager writes to a directory at a time: the first ``save`` takes the directory's writer
     lock (held until ``close``), and a ``save`` of a second manager while it is held raises
@@ -408,7 +422,9 @@ class CheckpointManager:
         while len(self._pending) >= self._max_pending:
             concurrent.futures.wait([self._pending[0][1]])
             self._reap()
-        snapshot = self._snapshots.take(state)
+        # a host snapshot is encoded now, against the base of the latest save (none while one is pending)
+        snapshot = self._snapshots.take(state, None if self._pending else self._delta_base(),
+                                        self._incremental is not None)
         future = self._executor.submit(self._save_snapshot, step, snapshot)
         self._pending.append((step, future))
         return future
@@ -430,18 +446,24 @@ class CheckpointManager:
         self._lock.heartbeat()  # raises if the lock was lost, before anything is written
         name = _STEP_NAME.format(step)
         kept = self._kept
-        base = None
-        if kept is not None and self._incremental is not None and kept.chain < self._incremental:
-            base = DeltaBase(kept.ref, kept.tensors)
+        base = self._delta_base()
         written: list[_Written] = []
         self._storage.write(name, lambda f: written.append(write(f, base)))
         entries, tensors = written[0].entries, written[0].tensors
         delta = kept is not None and base is not None and any(e.source_kind == "xor" for e in entries)
         self._base_of[step] = kept.ref.step if delta and kept is not None else None
         if self._incremental is not None:
+            old = kept.tensors if kept is not None else {}
             self._kept = None if tensors is None else _Kept(
-                BaseRef(step, name, content_hash(entries)), {k: t.clone() for k, t in tensors.items()},
+                BaseRef(step, name, content_hash(entries)), {k: _copy_into(old.get(k), t) for k, t in tensors.items()},
                 kept.chain + 1 if delta and kept is not None else 1)
+
+    def _delta_base(self) -> DeltaBase | None:
+        """What the next save may store deltas against: the last save, unless its chain is full."""
+        kept = self._kept
+        if kept is None or self._incremental is None or kept.chain >= self._incremental:
+            return None
+        return DeltaBase(kept.ref, kept.tensors)
 
     def _after_commit(self, step: int) -> None:
         """Record the commit, retire old checkpoints, discard leftovers found at start."""

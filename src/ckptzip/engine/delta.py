@@ -13,8 +13,9 @@ import torch
 
 from .policy import RANDOM_ENTROPY_BITS
 
-SAMPLE_BYTES = 1 << 16  # bytes of each tensor the estimate looks at (from its middle)
+SAMPLE_BYTES = 1 << 14  # bytes of each tensor the estimate looks at (from its middle)
 MIN_GAIN = 0.03  # a delta is kept when its estimated size is this much smaller
+GROUP = 256  # tensors whose samples are counted together (bounds the temporaries: about 64 MiB)
 
 
 def xor_bytes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -27,29 +28,61 @@ def xor_bytes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_xor(a, b)
 
 
-def _plane_counts(data: torch.Tensor, itemsize: int) -> torch.Tensor:
-    """Byte counts of each byte plane of a 1-D uint8 tensor (``[itemsize, 256]``, on the host)."""
-    if data.is_cuda:
-        planes = data.view(-1, itemsize).to(torch.int32) + 256 * torch.arange(itemsize, device=data.device, dtype=torch.int32)
-        return torch.bincount(planes.reshape(-1), minlength=256 * itemsize).view(itemsize, 256).cpu()
-    rows = data.numpy().reshape(-1, itemsize)
-    return torch.from_numpy(np.stack([np.bincount(rows[:, j], minlength=256) for j in range(itemsize)]))
+def _plane_counts(samples: list[torch.Tensor], itemsize: int) -> np.ndarray:
+    """Byte counts of each byte plane of each 1-D uint8 sample (lengths multiples of ``itemsize``,
+    one device): ``[samples, itemsize, 256]`` on the host, from one bincount and one copy."""
+    lengths = [s.numel() for s in samples]
+    bins = len(samples) * itemsize * 256
+    if samples[0].is_cuda:
+        device = samples[0].device
+        data = torch.cat(samples).to(torch.int32)
+        rows = torch.repeat_interleave(torch.arange(len(samples), dtype=torch.int32, device=device),
+                                       torch.tensor(lengths, device=device))
+        plane = torch.arange(data.numel(), dtype=torch.int32, device=device) % itemsize
+        counts = torch.bincount((rows * itemsize + plane) * 256 + data, minlength=bins).cpu().numpy()
+    else:
+        keys = np.empty(sum(lengths), dtype=np.int32)
+        planes = np.arange(itemsize, dtype=np.int32) * 256
+        at = 0
+        for r, sample in enumerate(samples):  # bin of each byte: (sample, plane, value)
+            n = lengths[r]
+            np.add(sample.numpy().reshape(-1, itemsize), planes + r * itemsize * 256,
+                   out=keys[at : at + n].reshape(-1, itemsize))
+            at += n
+        counts = np.bincount(keys, minlength=bins)
+    return counts.reshape(len(samples), itemsize, 256)
 
 
-def _estimated_bits(data: torch.Tensor, itemsize: int) -> float:
-    """Estimated coded bits per element: order-0 entropy of each byte plane, near-random planes raw."""
-    counts = _plane_counts(data, itemsize).double()
-    p = counts / counts.sum(dim=1, keepdim=True)
-    entropy = -(p * torch.log2(p.clamp_min(1e-300))).sum(dim=1)
-    return float(torch.where(entropy > RANDOM_ENTROPY_BITS, 8.0, entropy).sum())
+def _estimated_bits(counts: np.ndarray) -> np.ndarray:
+    """Estimated coded bits per element of each sample: order-0 entropy of each byte plane,
+    near-random planes raw."""
+    p = counts / np.maximum(counts.sum(axis=-1, keepdims=True), 1)
+    entropy = -(p * np.log2(np.maximum(p, 1e-300))).sum(axis=-1)
+    bits: np.ndarray = np.where(entropy > RANDOM_ENTROPY_BITS, 8.0, entropy).sum(axis=-1)
+    return bits
 
 
-def delta_pays(current: torch.Tensor, residue: torch.Tensor, itemsize: int) -> bool:
-    """Whether storing the XOR residue is estimated to take fewer bytes than the tensor (1-D uint8)."""
-    n = current.numel()
-    if n < itemsize:
-        return False
-    take = min(n, SAMPLE_BYTES) // itemsize * itemsize
-    start = (n - take) // 2 // itemsize * itemsize
-    part = slice(start, start + take)
-    return _estimated_bits(residue[part], itemsize) < (1 - MIN_GAIN) * _estimated_bits(current[part], itemsize)
+def deltas_that_pay(currents: list[torch.Tensor], bases: list[torch.Tensor], itemsizes: list[int]) -> list[bool]:
+    """For each tensor (1-D uint8) and its base (same size, any device): whether storing their XOR
+    is estimated to take fewer bytes than the tensor, from a sample of each (its middle ``SAMPLE_BYTES``).
+    Batched: one histogram and one host copy per device, item size and ``GROUP`` tensors."""
+    out = [False] * len(currents)
+    groups: dict[tuple[torch.device, int], list[int]] = {}
+    for j, (data, itemsize) in enumerate(zip(currents, itemsizes)):
+        if data.numel() >= itemsize:
+            groups.setdefault((data.device, itemsize), []).append(j)
+    for (device, itemsize), members in groups.items():
+        for first in range(0, len(members), GROUP):
+            chunk = members[first : first + GROUP]
+            wholes, residues = [], []
+            for j in chunk:
+                n = currents[j].numel()
+                take = min(n, SAMPLE_BYTES) // itemsize * itemsize
+                start = (n - take) // 2 // itemsize * itemsize
+                whole = currents[j][start : start + take]
+                wholes.append(whole)
+                residues.append(xor_bytes(whole, bases[j][start : start + take].to(device)))
+            bits = _estimated_bits(_plane_counts(wholes + residues, itemsize))
+            for j, whole_bits, residue_bits in zip(chunk, bits[: len(chunk)], bits[len(chunk) :]):
+                out[j] = bool(residue_bits < (1 - MIN_GAIN) * whole_bits)
+    return out

@@ -19,7 +19,7 @@ from ..checksum import format_wsum64, wsum64_tensor
 from ..errors import CorruptCheckpointError, MissingBaseError
 from ..format import DTYPE_NAMES, DTYPES, BaseRef, TensorEntry
 from ..format.spec import VERSION, VERSION_SOURCES
-from .delta import delta_pays, xor_bytes
+from .delta import deltas_that_pay, xor_bytes
 from .derive import cast, find_casts, find_duplicates
 from .encode import tensor_bytes
 
@@ -44,7 +44,7 @@ class Table:
     all_names: list[str]
     originals: list[torch.Tensor]
     sources: dict[int, dict[str, Any]] = field(default_factory=dict)
-    checksums: dict[int, torch.Tensor] = field(default_factory=dict)  # own checksum where the engine's is not
+    checksums: dict[int, int] = field(default_factory=dict)  # own checksum where the engine's is not
     bases: list[BaseRef] = field(default_factory=list)
 
     @property
@@ -74,12 +74,13 @@ class Table:
         return complete
 
     def _checksum(self, position: int) -> str:
-        return format_wsum64(int(self.checksums[position]))
+        return format_wsum64(self.checksums[position])
 
 
 def rewrite_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase | None = None) -> Table:
     """Find duplicates and casts among ``tensors``, and XOR deltas against ``base`` that pay; the
-    engine then encodes only what the returned table lists."""
+    engine then encodes only what the returned table lists. Every save path rewrites its table
+    here (:func:`~.writer.write_state`, :func:`~.writer.stage_state`)."""
     sources: dict[int, dict[str, Any]] = {}
     for i, j in find_duplicates(tensors).items():
         sources[i] = {"copy": j}
@@ -90,26 +91,34 @@ def rewrite_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase
     encoded = {i: tensors[i] for i in positions}
     bases = []
     if base is not None:
+        pairs = []
         for i in positions:
-            residue = _residue(tensors[i], base.tensors.get(names[i]))
-            if residue is not None:
-                checksums[i] = wsum64_tensor(tensor_bytes(tensors[i]))
+            b = base.tensors.get(names[i])
+            if b is not None and b.dtype == tensors[i].dtype and b.shape == tensors[i].shape and tensors[i].numel():
+                pairs.append((i, b))
+        datas = [tensor_bytes(tensors[i]) for i, _ in pairs]
+        base_datas = [tensor_bytes(b) for _, b in pairs]
+        pays = deltas_that_pay(datas, base_datas, [tensors[i].element_size() for i, _ in pairs])
+        for (i, _), data, base_data, ok in zip(pairs, datas, base_datas, pays):
+            if ok:
+                t = tensors[i]
+                checksums[i] = wsum64_tensor(data)
                 sources[i] = {"xor": {"base": 0, "tensor": names[i]}}
-                encoded[i] = residue
+                encoded[i] = xor_bytes(data, base_data.to(t.device)).view(t.dtype).view(t.shape)
         bases = [base.ref] if any("xor" in s for s in sources.values()) else []
     return Table(len(tensors), positions, [names[i] for i in positions], [encoded[i] for i in positions],
-                 names, tensors, sources, checksums, bases)
+                 names, tensors, sources, _on_host(checksums), bases)
 
 
-def _residue(t: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
-    """``t`` XOR ``b`` as a tensor of ``t``'s dtype and shape, when that is estimated to code smaller."""
-    if b is None or b.dtype != t.dtype or b.shape != t.shape or t.numel() == 0:
-        return None
-    data = tensor_bytes(t)
-    residue = xor_bytes(data, tensor_bytes(b.to(t.device)))
-    if not delta_pays(data, residue, t.element_size()):
-        return None
-    return residue.view(t.dtype).view(t.shape)
+def _on_host(values: dict[int, torch.Tensor]) -> dict[int, int]:
+    """0-d tensors as ints, one copy per device: a table may be completed later, on another thread."""
+    by_device: dict[torch.device, list[int]] = {}
+    for k, v in values.items():
+        by_device.setdefault(v.device, []).append(k)
+    out: dict[int, int] = {}
+    for keys in by_device.values():
+        out.update(zip(keys, torch.stack([values[k] for k in keys]).cpu().tolist()))
+    return out
 
 
 # ----------------------------------------------------------------------------------------- load

@@ -381,13 +381,15 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
 
 @dataclass
 class StagedState:
-    """The CUDA tensors of a state, encoded on their devices, their stored bytes waiting in host
-    memory (pinned buffers of ``pool``) for :func:`write_staged`, which writes them with the rest
-    of the state, later and on another thread if need be."""
+    """A state's table (:func:`~.sources.rewrite_table`) whose CUDA tensors are encoded on their
+    devices, their stored bytes waiting in host memory (pinned buffers of ``pool``) for
+    :func:`write_staged`, which writes them with the rest of the table, later and on another
+    thread if need be."""
 
     jobs: list[_Job]
     pool: PinnedPool
-    rest: list[int]  # table positions of the tensors not staged (host tensors)
+    table: Table
+    rest: list[int]  # positions in ``table.tensors`` not staged (host tensors)
 
     def release(self) -> None:
         """Return the buffers to the pool (a write does this as it goes)."""
@@ -399,35 +401,38 @@ class StagedState:
 
 
 def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
-                gpu_batch_bytes: int) -> StagedState:
-    """Encode the state's CUDA tensors in batches of about ``gpu_batch_bytes`` (so the GPU needs
-    little memory beyond the state) and start copying their stored bytes into ``pool``'s buffers,
-    which must not run out (a growing pool). Returns once the work is queued: the caller's current
-    streams wait for it, so its later kernels may change the tensors without a host sync."""
-    cuda = [i for i, t in enumerate(tensors) if t.is_cuda and policy.backend(t.device) == "cuda"]
+                gpu_batch_bytes: int, base: DeltaBase | None = None) -> StagedState:
+    """Rewrite the state's table as :func:`write_state` does, encode its CUDA tensors in batches
+    of about ``gpu_batch_bytes`` (so the GPU needs little memory beyond the state and the XOR
+    residues) and start copying their stored bytes into ``pool``'s buffers, which must not run
+    out (a growing pool). Returns once the work is queued: the caller's current streams wait for
+    it, so its later kernels may change the tensors without a host sync. The host tensors of
+    ``tensors`` are encoded by :func:`write_staged`: they must not change until then."""
+    table = rewrite_table(names, tensors, base)
+    cuda = [i for i, t in enumerate(table.tensors) if t.is_cuda and policy.backend(t.device) == "cuda"]
     # stored bytes are at most about the raw size: one slab for them is quicker than many buffers
-    pool.reserve(sum(tensors[i].numel() * tensors[i].element_size() for i in cuda))
+    pool.reserve(sum(table.tensors[i].numel() * table.tensors[i].element_size() for i in cuda))
     jobs: list[_Job] = []
-    _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, lambda _: None, gpu_batch_bytes, cuda),
+    _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
+                                             gpu_batch_bytes, cuda),
                   _Stager(pool, jobs.append), None)
     chosen = set(cuda)
-    return StagedState(jobs, pool, [i for i in range(len(tensors)) if i not in chosen])
+    return StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen])
 
 
-def write_staged(f: BinaryIO, staged: StagedState, names: list[str], tensors: list[torch.Tensor], tree: Any,
-                 policy: Policy) -> list[TensorEntry]:
+def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:
     """Write a container: the staged tensors' stored bytes (their buffers go back to the pool as
-    they are written), then the others, encoded now from ``tensors`` (the staged positions of
-    ``tensors`` are not read)."""
-    writer = ContainerWriter(f)
-    sink = _Sink(writer, staged.pool, f, len(tensors))
+    they are written), then the table's host tensors, encoded now."""
+    table = staged.table
+    writer = ContainerWriter(f, table.version)
+    sink = _Sink(writer, staged.pool, f, len(table.tensors))
     jobs, staged.jobs = staged.jobs, []
 
     def encode(stager: _Stager) -> None:
         for job in jobs:
             sink.put(job)
         if staged.rest:
-            _encode_all(names, tensors, policy, stager, lambda _: None, only=staged.rest)
+            _encode_all(table.names, table.tensors, policy, stager, lambda _: None, only=staged.rest)
 
     _run_pipeline(encode, _Stager(None, sink.put), sink)
-    return _finish(writer, sink, tree)
+    return _finish(writer, sink, tree, table)
