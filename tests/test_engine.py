@@ -132,6 +132,20 @@ def test_segment_sums_gather_and_checksum_each_segment() -> None:
     assert np.array_equal(out.numpy(), np.concatenate(pieces))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("codec", ["auto", "portable"])
+def test_a_save_queued_behind_busy_gpu_work_writes_the_digests_of_its_bytes(codec: str) -> None:
+    # The GPU sleeps on the caller's stream first, so every kernel of the save runs late: any
+    # read of the encoded batch that is not ordered after its encoding (another thread, another
+    # stream) sees memory not yet written, and the file's digests or bytes come out wrong.
+    state = _state("cuda")
+    for _ in range(3):
+        torch.cuda._sleep(200_000_000)
+        buf = io.BytesIO()
+        ckptzip.save(state, buf, codec=codec)
+        assert_same(ckptzip.load(io.BytesIO(buf.getvalue()), map_location="cuda"), state)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_gather_bytes_reads_each_address_of_several_tensors(device: str) -> None:
     rng = np.random.default_rng(4)

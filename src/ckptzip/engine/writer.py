@@ -124,19 +124,23 @@ def _stage(positions: list[int], names: list[str], tensors: list[_Meta], batch: 
     """Move a batch's stored bytes and checksums to the host, a pinned buffer at a time (device
     batches: large async copies on the copy stream, after ``encoded``; host batches: nothing to
     move)."""
-    meta = torch.cat([batch.digests, batch.checksums])
     stored = batch.stored
     if not stored.is_cuda:
+        meta = torch.cat([batch.digests, batch.checksums])
         yield _Job((stored, stored.numel()), True, _Record(positions, names, tensors, batch, meta))
         return
+    assert pool is not None and encoded is not None
+    # Everything below runs on the copy stream, after the encoding: this thread's own current
+    # stream is not the one the batch was encoded on, so nothing here may read the batch outside it.
+    stream = copy_stream(stored.device)
+    stream.wait_event(encoded)
+    for t in (stored, batch.digests, batch.checksums):
+        t.record_stream(stream)
+    with torch.cuda.stream(stream):
+        meta = torch.cat([batch.digests, batch.checksums])
     # the record keeps the host columns only: device memory is freed once the copies have run
     nothing = torch.empty(0, dtype=torch.uint8)
     batch = dataclasses.replace(batch, stored=nothing, digests=nothing, checksums=nothing)
-    assert pool is not None and encoded is not None
-    stream = copy_stream(stored.device)
-    stream.wait_event(encoded)
-    stored.record_stream(stream)
-    meta.record_stream(stream)
     starts = list(range(0, stored.numel(), pool.buffer_bytes)) or [0]
     for k, start in enumerate(starts):
         n = min(pool.buffer_bytes, stored.numel() - start)
