@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ckptzip.dcp._launch import launch
 from ckptzip.tree import iter_leaves
@@ -32,8 +33,30 @@ def directory_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def write_report(root: Path, report: dict[str, Any]) -> None:
-    """What rank 0 hands to :func:`run`; ``report["ok"]`` says whether every check passed."""
+def checked(directory: Path, save_s: float, load_s: float, loaded: bool, resumed: bool, world: int
+            ) -> dict[str, Any]:
+    """One engine's or backend's entry of the report, its checks gathered from every rank."""
+    flags: list[Any] = [None] * world
+    dist.all_gather_object(flags, (loaded, resumed))
+    return {"bytes": directory_bytes(directory), "save_s": round(save_s, 3), "load_s": round(load_s, 3),
+            "load_bit_exact": all(f[0] for f in flags), "resume_bit_exact": all(f[1] for f in flags)}
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    """A parser with the options every such bench takes (ranks, steps, batch size, report file)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--nproc", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=5, help="steps before the save, and again after it")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--json", help="also write the report here")
+    return parser
+
+
+def write_report(root: Path, report: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
+    """What rank 0 hands to :func:`run`: ``report`` and ``results`` (by engine or backend), with
+    the versions, the GPU and ``ok`` (whether every check passed) added."""
+    report |= {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "results": results,
+               "ok": all(r["load_bit_exact"] and r["resume_bit_exact"] for r in results.values())}
     (root / _REPORT).write_text(json.dumps(report))
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from _resume import directory_bytes, run, state_bytes, write_report
+from _resume import arguments, checked, run, state_bytes, write_report
 from ckptzip.bench.training import Transformer, get_preset, load_corpus
 
 
@@ -104,29 +104,19 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: Path) -> None
         loaded = _digest(resumed) == saved
         train(resumed, args.steps)
         resumed_same = _digest(resumed) == expected
-        flags: list[Any] = [None] * world
-        dist.all_gather_object(flags, (loaded, resumed_same))
-        results[name] = {"bytes": directory_bytes(directory), "save_s": round(save_s, 3), "load_s": round(load_s, 3),
-                         "load_bit_exact": all(f[0] for f in flags), "resume_bit_exact": all(f[1] for f in flags)}
+        results[name] = checked(directory, save_s, load_s, loaded, resumed_same, world)
         del resumed
     if rank == 0:
         import deepspeed
 
-        report = {"bench": "deepspeed", "preset": args.preset, "stage": args.stage, "nproc": world,
-                  "steps": args.steps, "deepspeed": deepspeed.__version__, "torch": torch.__version__,
-                  "gpu": torch.cuda.get_device_name(0), "engines": results,
-                  "ok": all(r["load_bit_exact"] and r["resume_bit_exact"] for r in results.values())}
-        write_report(root, report)
+        write_report(root, {"bench": "deepspeed", "preset": args.preset, "stage": args.stage, "nproc": world,
+                            "steps": args.steps, "deepspeed": deepspeed.__version__}, results)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nproc", type=int, default=1)
+    parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--stage", type=int, default=2, choices=(0, 1, 2, 3))
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--steps", type=int, default=5, help="steps before the save, and again after it")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--json", help="also write the report here")
     run(_worker, parser.parse_args())
 
 

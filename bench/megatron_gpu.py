@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from _resume import directory_bytes, run, state_bytes, write_report
+from _resume import arguments, checked, run, state_bytes, write_report
 from ckptzip.bench.training import load_corpus
 
 SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}  # Megatron-LM's default for this optimizer
@@ -150,30 +150,20 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: Path) -> None
         loaded = _state(ddp, optimizer) == saved
         _train(ddp, optimizer, corpus, args.steps, args)
         resumed = _state(ddp, optimizer) == expected
-        flags: list[Any] = [None] * world
-        dist.all_gather_object(flags, (loaded, resumed))
-        results[backend] = {"bytes": directory_bytes(directory), "save_s": round(save_s, 3), "load_s": round(load_s, 3),
-                            "load_bit_exact": all(f[0] for f in flags), "resume_bit_exact": all(f[1] for f in flags)}
+        results[backend] = checked(directory, save_s, load_s, loaded, resumed, world)
         del ddp, optimizer
     if rank == 0:
         import megatron.core
 
-        report = {"bench": "megatron", "nproc": world, "layers": args.layers, "hidden": args.hidden,
-                  "steps": args.steps, "megatron_core": megatron.core.__version__, "torch": torch.__version__,
-                  "gpu": torch.cuda.get_device_name(0), "backends": results,
-                  "ok": all(r["load_bit_exact"] and r["resume_bit_exact"] for r in results.values())}
-        write_report(root, report)
+        write_report(root, {"bench": "megatron", "nproc": world, "layers": args.layers, "hidden": args.hidden,
+                            "steps": args.steps, "megatron_core": megatron.core.__version__}, results)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nproc", type=int, default=1)
+    parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=5, help="steps before the save, and again after it")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--json", help="also write the report here")
     run(_worker, parser.parse_args())
 
 
