@@ -14,6 +14,7 @@ import collections
 import numpy as np
 import torch
 
+from ..kernels import to_device
 from ..kernels.segments import gather_bytes, segment_sums
 
 SAMPLES = 64  # elements compared before a whole tensor is
@@ -63,11 +64,18 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).view(torch.uint8)
 
 
+def _sample_positions(sizes: np.ndarray) -> np.ndarray:
+    """For each size n, SAMPLES positions spread evenly over ``range(n)``, first and last included
+    (where n < SAMPLES, the last repeats). Integer arithmetic: a float32 linspace rounds the last
+    position past ``n - 1`` on CUDA."""
+    k = np.minimum(sizes, SAMPLES)[:, None]
+    positions: np.ndarray = np.minimum(np.arange(SAMPLES), k - 1) * (sizes[:, None] - 1) // np.maximum(k - 1, 1)
+    return positions
+
+
 def _sample_at(n: int, device: torch.device) -> torch.Tensor:
-    """``min(n, SAMPLES)`` positions spread evenly over ``range(n)``, first and last included
-    (integer arithmetic: a float32 linspace rounds the last position past ``n - 1`` on CUDA)."""
-    k = min(n, SAMPLES)
-    return torch.arange(k, dtype=torch.int64, device=device) * (n - 1) // max(k - 1, 1)
+    """The ``min(n, SAMPLES)`` distinct positions of :func:`_sample_positions` for one size, on ``device``."""
+    return to_device(_sample_positions(np.array([n], dtype=np.int64))[0, : min(n, SAMPLES)], device)
 
 
 def find_duplicates(tensors: list[torch.Tensor]) -> dict[int, int]:
@@ -88,10 +96,9 @@ def find_duplicates(tensors: list[torch.Tensor]) -> dict[int, int]:
     for members in by_device.values():
         flats = [_flat_bytes(tensors[i]) for i in members]
         sizes = np.array([f.numel() for f in flats], dtype=np.int64)
-        k = np.minimum(sizes, SAMPLES)[:, None]
-        at = np.minimum(np.arange(SAMPLES), k - 1) * (sizes[:, None] - 1) // np.maximum(k - 1, 1)
         rows = np.repeat(np.arange(len(members)), SAMPLES)
-        samples = gather_bytes(flats, rows, at.reshape(-1)).cpu().numpy().reshape(len(members), SAMPLES)
+        samples = gather_bytes(flats, rows, _sample_positions(sizes).reshape(-1)).cpu().numpy()
+        samples = samples.reshape(len(members), SAMPLES)
         by_sample: dict[tuple[int, bytes], list[int]] = collections.defaultdict(list)
         for m, (size, row) in enumerate(zip(sizes.tolist(), samples)):
             by_sample[size, row.tobytes()].append(m)

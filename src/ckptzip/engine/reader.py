@@ -133,11 +133,13 @@ class _Uploader:
         pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]] = collections.deque()
         try:
             plans = [(device, entries, Runs.of(entries)) for device, entries in batches]
-            spans = self._spans(plans)
+            # format-1 digests are checked on the host as the bytes arrive: those files' chunks by batch
+            chunks = None if self._reader.digest_is_wsum64 else [_chunk_list(entries) for _, entries, _ in plans]
+            spans = self._spans(plans, chunks)
             left = [len(batch) for batch in spans]
             regions: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}
             handed = 0  # batches put on the queue, in order (a batch without bytes as soon as it is next)
-            for b, offset, n, buffer in self._pieces(plans, spans, pending):
+            for b, offset, n, buffer in self._pieces(plans, spans, chunks, pending):
                 if self._stop:
                     return
                 device, _, runs = plans[b]
@@ -176,16 +178,19 @@ class _Uploader:
             handed += 1
         return handed
 
-    def _spans(self, plans: list[tuple[torch.device, list[TensorEntry], Runs]]) -> list[list[tuple[int, int]]]:
-        """Per batch, the file ranges read into one pinned buffer each."""
+    def _spans(self, plans: list[tuple[torch.device, list[TensorEntry], Runs]],
+               chunks: list[list[tuple[TensorEntry, int, int, Any]]] | None) -> list[list[tuple[int, int]]]:
+        """Per batch, the file ranges read into one pinned buffer each (whole chunks where
+        ``chunks`` are given, so each is checked in one piece)."""
         size = self._pool.buffer_bytes
-        if not self._reader.digest_is_wsum64:  # format-1 digests are checked on the host: whole chunks
-            return [_chunk_spans(_chunk_list(entries), size) for _, entries, _ in plans]
+        if chunks is not None:
+            return [_chunk_spans(batch, size) for batch in chunks]
         return [[(o, min(size, start + length - o))
                  for start, length in zip(runs.file.tolist(), runs.length.tolist())
                  for o in range(start, start + length, size)] for _, _, runs in plans]
 
     def _pieces(self, plans: list[tuple[torch.device, list[TensorEntry], Runs]], spans: list[list[tuple[int, int]]],
+                chunks: list[list[tuple[TensorEntry, int, int, Any]]] | None,
                 pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]]
                 ) -> Iterator[tuple[int, int, int, torch.Tensor]]:
         """(batch, file offset, size, pinned buffer holding those bytes) for every span of every
@@ -193,7 +198,6 @@ class _Uploader:
         never wait for a batch to be handed over."""
         size = self._pool.buffer_bytes
         flat = [(b, offset, n) for b, batch in enumerate(spans) for offset, n in batch]
-        chunks = {} if self._reader.digest_is_wsum64 else {b: _chunk_list(entries) for b, (_, entries, _) in enumerate(plans)}
         reads: collections.deque[tuple[int, int, int, Any]] = collections.deque()
         in_flight = max(1, min(_READ_THREADS, self._pool.count - 4))  # a few buffers wait for their copy
         for b, offset, n in flat:
@@ -208,12 +212,12 @@ class _Uploader:
         while reads:
             yield self._finish(reads.popleft(), chunks)
 
-    def _finish(self, read: tuple[int, int, int, Any], chunks: dict[int, list[tuple[TensorEntry, int, int, Any]]]
+    def _finish(self, read: tuple[int, int, int, Any], chunks: list[list[tuple[TensorEntry, int, int, Any]]] | None
                 ) -> tuple[int, int, int, torch.Tensor]:
         """The filled buffer of a read; format-1 chunks in it are checked against their XXH3."""
         b, offset, n, future = read
         buffer = future.result()
-        if chunks:
+        if chunks is not None:
             verify_xxh3(buffer.numpy()[:n], offset, [c for c in chunks[b] if offset <= c[3].offset < offset + n])
         return b, offset, n, buffer
 

@@ -241,8 +241,8 @@ class Index:
         later = version[1] > KNOWN_MINORS[version[0]]
         chunk_lists = _ChunkLists()
         tensors = [_parse_tensor(t, i, chunk_lists, sources, later) for i, t in enumerate(doc["tensors"])]
-        chunk_lists.finish()
-        _check_tiling(tensors, data_end, table_order=version[0] == 1)
+        everything, counts = chunk_lists.finish()
+        _check_tiling(tensors, everything, counts, data_end, table_order=version[0] == 1)
         names = [t.name for t in tensors]
         if len(set(names)) != len(names):
             raise _corrupt("tensor names in the index are not unique")
@@ -424,8 +424,8 @@ def _check_sources(tensors: list[TensorEntry], nbases: int) -> None:
                 raise _corrupt(f"{what} is a copy of {target.name!r}, whose size or checksum differs")
         else:
             if not (target.dtype == "float32" and target.shape == t.shape and t.dtype in CAST_DTYPES):
-                raise _corrupt(f"{what} ({t.dtype}) is a cast of {target.name!r} ({target.dtype}), expected a float32 "
-                    f"tensor of the same shape cast to one of {CAST_DTYPES}")
+                raise _corrupt(f"{what} ({t.dtype}) is a cast of {target.name!r} ({target.dtype}), expected a "
+                               f"float32 tensor of the same shape cast to one of {CAST_DTYPES}")
 
 
 def _parse_stream(doc: Any, expected_nbytes: int, what: str, chunk_lists: _ChunkLists) -> StreamEntry:
@@ -455,7 +455,9 @@ class _ChunkLists:
     def add(self, entry: StreamEntry, chunks: list[Any], what: str) -> None:
         self._streams.append((entry, chunks, what))
 
-    def finish(self) -> None:
+    def finish(self) -> tuple[ChunkColumns, list[int]]:
+        """Check every chunk, fill in each stream's chunks and columns; return the columns of all
+        chunks (in table order) and each stream's count of them."""
         everything = [c for _, chunks, _ in self._streams for c in chunks]
         if not _chunks_valid(everything):  # find the first bad one, for the message
             for _, chunks, what in self._streams:
@@ -476,7 +478,9 @@ class _ChunkLists:
         raw_before = np.concatenate([[0], np.cumsum(columns.raw_length)])
         decoded = raw_before[ends] - raw_before[ends - counts]
         expected = np.array([entry.nbytes for entry, _, _ in self._streams], dtype=np.int64)
-        for i in np.flatnonzero(decoded != expected)[:1].tolist():
+        wrong = np.flatnonzero(decoded != expected)
+        if wrong.size:
+            i = int(wrong[0])
             raise _corrupt(f"{self._streams[i][2]}: chunks decode to {int(decoded[i])} bytes, expected {int(expected[i])}")
         is_raw = np.repeat(np.array([entry.codec["id"] == "raw" for entry, _, _ in self._streams], dtype=bool), counts)
         resized = np.flatnonzero(is_raw & (columns.length != columns.raw_length))
@@ -486,6 +490,7 @@ class _ChunkLists:
         for (entry, chunks, _), part in zip(self._streams, columns.split(counts.tolist())):
             entry.chunks = list(map(Chunk._make, chunks))
             entry.__dict__["columns"] = part  # what the cached property would compute
+        return columns, counts.tolist()
 
 
 def _chunks_valid(chunks: list[Any]) -> bool:
@@ -506,22 +511,22 @@ def _chunks_valid(chunks: list[Any]) -> bool:
     )
 
 
-def _check_tiling(tensors: list[TensorEntry], data_end: int, table_order: bool) -> None:
+def _check_tiling(tensors: list[TensorEntry], everything: ChunkColumns, counts: list[int], data_end: int,
+                  table_order: bool) -> None:
     """Chunks tile the data section: in table order (format 1), or in offset order with each
-    stream's chunks back to back (format 2). Checked on the columns of all chunks at once."""
-    streams = [(t, j, s.columns) for t in tensors for j, s in enumerate(t.streams)]
-    counts = [c.offset.size for _, _, c in streams]
-    if not sum(counts):
+    stream's chunks back to back (format 2). Checked on the columns of all chunks at once
+    (``everything``, in table order, ``counts`` per stream)."""
+    streams = [(t, j) for t in tensors for j in range(len(t.streams))]
+    if not everything.offset.size:
         if data_end != PREAMBLE_SIZE:
             raise _corrupt(f"chunks end at {PREAMBLE_SIZE} but the data section ends at {data_end}")
         return
-    offset = np.concatenate([c.offset for _, _, c in streams])
-    length = np.concatenate([c.length for _, _, c in streams])
+    offset, length = everything.offset, everything.length
     stream = np.repeat(np.arange(len(streams)), counts)
     chunk = np.arange(offset.size) - np.repeat(np.cumsum(counts) - counts, counts)
 
     def name(i: int) -> str:
-        t, j, _ = streams[int(stream[i])]
+        t, j = streams[int(stream[i])]
         return f"tensor {t.name!r} stream {j} chunk {int(chunk[i])}"
 
     if not table_order:

@@ -84,9 +84,11 @@ def gather_bytes(bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets:
     launch on a GPU, no host sync; a uint8 tensor on that device."""
     device = bases[0].device if bases else torch.device("cpu")
     if not use_triton(device):
-        arrays = [b.numpy() for b in bases]
-        return torch.from_numpy(np.array([arrays[b][o] for b, o in zip(base_index.tolist(), offsets.tolist())],
-                                         dtype=np.uint8))
+        out_host = np.empty(len(offsets), dtype=np.uint8)
+        for b in np.unique(base_index).tolist():  # one fancy index per base
+            sel = base_index == b
+            out_host[sel] = bases[b].numpy()[offsets[sel]]
+        return torch.from_numpy(out_host)
     out = torch.empty(len(offsets), dtype=torch.uint8, device=device)
     if len(offsets):
         base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
