@@ -81,7 +81,7 @@ def deltas_that_pay(currents: list[torch.Tensor], bases: list[torch.Tensor], ite
                 start = (n - take) // 2 // itemsize * itemsize
                 whole = currents[j][start : start + take]
                 wholes.append(whole)
-                residues.append(xor_bytes(whole, bases[j][start : start + take].to(device)))
+                residues.append(xor_bytes(whole, bases[j][start : start + take].to(device, non_blocking=True)))
             bits = _estimated_bits(_plane_counts(wholes + residues, itemsize))
             for j, whole_bits, residue_bits in zip(chunk, bits[: len(chunk)], bits[len(chunk) :]):
                 out[j] = bool(residue_bits < (1 - MIN_GAIN) * whole_bits)
