@@ -444,6 +444,26 @@ def test_cuda_state_snapshot_isolates_later_kernels(tmp_path: Path, snapshot: st
     torch.cuda.synchronize()
 
 
+def nan_payloads(device: str) -> dict[str, torch.Tensor]:
+    """Half-width floats whose NaNs carry payloads and signs that a float round trip would lose."""
+    bits = torch.tensor([0x7FC1, 0xFF81, 0x7F81, 0x8000, 0x0001, 0x7F80, 0xFFFF, 0x7C01], dtype=torch.int32).to(torch.int16)
+    return {
+        "bf16": bits.view(torch.bfloat16).to(device),
+        "fp16": bits.view(torch.float16).to(device),
+        "bf16_strided": bits.view(torch.bfloat16).repeat(4).view(4, 8).t().to(device),  # not contiguous
+    }
+
+
+@pytest.mark.parametrize("snapshot", ["device", "host"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, cuda])])
+def test_snapshots_keep_nan_payloads_bit_for_bit(tmp_path: Path, device: str, snapshot: str) -> None:
+    state = nan_payloads(device)
+    with CheckpointManager(tmp_path, snapshot=snapshot) as manager:
+        manager.save(1, state)
+        manager.wait()
+        assert_same(manager.restore(1, map_location="cpu"), {k: v.cpu() for k, v in state.items()})
+
+
 @pytest.mark.gpu
 @cuda
 def test_auto_takes_a_host_snapshot_without_room_and_it_needs_little_gpu_memory(

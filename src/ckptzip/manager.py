@@ -116,14 +116,26 @@ class _Kept:
     chain: int  # checkpoints in its chain, the whole one included
 
 
+# Same-width integer types: ``_foreach_copy_`` on CUDA computes in float for bf16 and fp16 and
+# so replaces NaN payloads with the canonical NaN; copying integer views keeps every bit.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as the integer type of its element width (itself for wider elements)."""
+    dtype = _BITS.get(t.element_size())
+    return t if dtype is None or t.dtype == dtype else t.view(dtype)
+
+
 def _copy_batched(dst: list[torch.Tensor], src: list[torch.Tensor], *, non_blocking: bool) -> None:
-    """``dst[i].copy_(src[i])`` for all ``i`` in few launches: one ``_foreach_copy_`` per dtype and
-    layout, since its fused CUDA kernel needs one dtype and matching strides per call."""
-    groups: dict[tuple[torch.dtype, bool], list[int]] = collections.defaultdict(list)
+    """``dst[i].copy_(src[i])`` bit for bit, for all ``i`` in few launches: one ``_foreach_copy_``
+    per element width and layout, since its fused CUDA kernel needs one dtype and matching strides
+    per call."""
+    groups: dict[tuple[int, bool], list[int]] = collections.defaultdict(list)
     for i, t in enumerate(src):
-        groups[t.dtype, t.is_contiguous()].append(i)
+        groups[t.element_size(), t.is_contiguous()].append(i)
     for members in groups.values():
-        torch._foreach_copy_([dst[i] for i in members], [src[i] for i in members], non_blocking=non_blocking)
+        torch._foreach_copy_([_bits(dst[i]) for i in members], [_bits(src[i]) for i in members], non_blocking=non_blocking)
 
 
 class _SnapshotPool:
