@@ -20,26 +20,40 @@ from ckptzip.tree import iter_leaves
 _REPORT = "report.json"
 
 
-def state_bytes(tree: Any) -> list[tuple[str, bytes]]:
-    """Every tensor of ``tree`` with its path, as its raw bytes (what "bit-exact" compares)."""
-    return [
-        (path, value.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+def state_bytes(tree: Any) -> dict[str, bytes]:
+    """Every tensor of ``tree`` by its path, as its raw bytes (what "bit-exact" compares)."""
+    return {
+        path: value.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
         for path, value in iter_leaves(tree)
         if isinstance(value, torch.Tensor)
-    ]
+    }
+
+
+def differing(got: dict[str, bytes], want: dict[str, bytes]) -> list[str]:
+    """The paths whose bytes differ, or that only one of the two states holds."""
+    return sorted(path for path in got.keys() | want.keys() if got.get(path) != want.get(path))
 
 
 def directory_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def checked(directory: Path, save_s: float, load_s: float, loaded: bool, resumed: bool, world: int
-            ) -> dict[str, Any]:
-    """One engine's or backend's entry of the report, its checks gathered from every rank."""
-    flags: list[Any] = [None] * world
-    dist.all_gather_object(flags, (loaded, resumed))
-    return {"bytes": directory_bytes(directory), "save_s": round(save_s, 3), "load_s": round(load_s, 3),
-            "load_bit_exact": all(f[0] for f in flags), "resume_bit_exact": all(f[1] for f in flags)}
+def checked(directory: Path, save_s: float, load_s: float, load_diff: list[str], resume_diff: list[str],
+            world: int) -> dict[str, Any]:
+    """One engine's or backend's entry of the report, its checks gathered from every rank: the
+    paths (up to 8) where a loaded state differs from the saved one, or a resumed run from an
+    uninterrupted one."""
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (load_diff, resume_diff))
+    loads = sorted({p for g in gathered for p in g[0]})
+    resumes = sorted({p for g in gathered for p in g[1]})
+    entry = {"bytes": directory_bytes(directory), "save_s": round(save_s, 3), "load_s": round(load_s, 3),
+             "load_bit_exact": not loads, "resume_bit_exact": not resumes}
+    if loads:
+        entry["load_differs"] = loads[:8]
+    if resumes:
+        entry["resume_differs"] = resumes[:8]
+    return entry
 
 
 def arguments(description: str) -> argparse.ArgumentParser:
@@ -52,11 +66,13 @@ def arguments(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def write_report(root: Path, report: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
+def write_report(root: Path, report: dict[str, Any], results: dict[str, dict[str, Any]],
+                 ok: bool | None = None) -> None:
     """What rank 0 hands to :func:`run`: ``report`` and ``results`` (by engine or backend), with
-    the versions, the GPU and ``ok`` (whether every check passed) added."""
-    report |= {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "results": results,
-               "ok": all(r["load_bit_exact"] and r["resume_bit_exact"] for r in results.values())}
+    the versions, the GPU and ``ok`` added (default: whether every load and resume was bit-exact)."""
+    if ok is None:
+        ok = all(r["load_bit_exact"] and r["resume_bit_exact"] for r in results.values())
+    report |= {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "results": results, "ok": ok}
     (root / _REPORT).write_text(json.dumps(report))
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from _resume import arguments, checked, run, state_bytes, write_report
+from _resume import arguments, checked, differing, run, state_bytes, write_report
 from ckptzip.bench.training import Transformer, get_preset, load_corpus
 
 
@@ -58,7 +58,7 @@ def _train(engine: Any, corpus: torch.Tensor, first: int, steps: int, seq_len: i
         engine.step()
 
 
-def _digest(engine: Any) -> list[tuple[str, bytes]]:
+def _digest(engine: Any) -> dict[str, bytes]:
     """Every tensor of the module and optimizer state, as bytes (compared across runs)."""
     return state_bytes({"module": engine.module.state_dict(), "optimizer": engine.optimizer.state_dict()})
 
@@ -101,9 +101,9 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: Path) -> None
         resumed.load_checkpoint(str(directory))
         torch.cuda.synchronize()
         load_s = time.perf_counter() - start
-        loaded = _digest(resumed) == saved
+        loaded = differing(_digest(resumed), saved)
         train(resumed, args.steps)
-        resumed_same = _digest(resumed) == expected
+        resumed_same = differing(_digest(resumed), expected)
         results[name] = checked(directory, save_s, load_s, loaded, resumed_same, world)
         del resumed
     if rank == 0:

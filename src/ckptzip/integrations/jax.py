@@ -19,6 +19,7 @@ it rebuilds the target's pytree types and puts each array where the target's lea
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 from typing import Any, Union
 
@@ -112,7 +113,9 @@ def _tensor_to_jax(t: torch.Tensor, path: str, device: Device) -> jax.Array:
             "JAX would truncate it. Set jax.config.update('jax_enable_x64', True) before loading"
         )
     try:
-        a = jax.dlpack.from_dlpack(t.contiguous())
+        # torch hands a CUDA tensor over only while its device is the current one
+        with torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext():
+            a = jax.dlpack.from_dlpack(t.contiguous())
     except (BufferError, RuntimeError, TypeError, jax.errors.JaxRuntimeError) as exc:
         raise UnsupportedObjectError(f"the {t.dtype} tensor at {path or '<root>'!r} has no JAX equivalent: {exc}") from exc
     return a if device is None else jax.device_put(a, device)
