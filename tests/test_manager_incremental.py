@@ -27,6 +27,11 @@ def run_state(step: int) -> dict[str, Any]:
     return {"model": {"w": w.bfloat16()}, "master": {"w": w}, "exp_avg": noise, "step": step}
 
 
+def entry_reprs(path: Path) -> list[str]:
+    with ckptzip.open(path) as reader:
+        return [repr(e) for e in reader.entries()]
+
+
 def name(step: int) -> str:
     return f"step_{step:08d}.ckz"
 
@@ -224,4 +229,6 @@ def test_host_snapshots_of_cuda_tensors_store_casts_duplicates_and_deltas(tmp_pa
     assert kinds == {"model.w": "cast", "master.w": "xor", "exp_avg": None, "copy": "copy"}
     whole = tmp_path / "whole.ckz"
     ckptzip.save(cuda_state(1), whole)
-    assert (tmp_path / name(1)).read_bytes() == whole.read_bytes()  # a host snapshot's file is save()'s
+    # a host snapshot's file is save()'s: the same table (compared first, to name what differs), the same bytes
+    assert entry_reprs(tmp_path / name(1)) == entry_reprs(whole)
+    assert (tmp_path / name(1)).read_bytes() == whole.read_bytes()
