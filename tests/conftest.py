@@ -1,9 +1,12 @@
-"""Test configuration: GPU tests skip without CUDA; a fixture shrinks chunk sizes.
+"""Test configuration: GPU tests skip without CUDA; JAX and TensorFlow do not preallocate GPU
+memory; a fixture shrinks chunk sizes.
 
 Markers (gpu, slow) and warning filters live in pyproject.toml; nothing here overrides them.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -11,6 +14,11 @@ import torch
 from ckptzip.engine import policy
 
 SMALL_CHUNK_BYTES = 1000
+
+# JAX and TensorFlow share the test process's GPUs with torch: they take device memory as they
+# need it, not most of every GPU when they start (JAX starts at collection, for its skip marks).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
