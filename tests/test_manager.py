@@ -445,12 +445,17 @@ def test_cuda_state_snapshot_isolates_later_kernels(tmp_path: Path, snapshot: st
 
 
 def nan_payloads(device: str) -> dict[str, torch.Tensor]:
-    """Half-width floats whose NaNs carry payloads and signs that a float round trip would lose."""
+    """Tensors of every element width whose bits a round trip through float would change (NaN
+    payloads and signs of bf16 and fp16)."""
     bits = torch.tensor([0x7FC1, 0xFF81, 0x7F81, 0x8000, 0x0001, 0x7F80, 0xFFFF, 0x7C01], dtype=torch.int32).to(torch.int16)
     return {
         "bf16": bits.view(torch.bfloat16).to(device),
         "fp16": bits.view(torch.float16).to(device),
         "bf16_strided": bits.view(torch.bfloat16).repeat(4).view(4, 8).t().to(device),  # not contiguous
+        # every other element width: 8 (complex64 of half-width NaNs), 16, 1
+        "c64": bits.repeat(2).view(torch.complex64).to(device),
+        "c128": bits.repeat(4).view(torch.complex128).to(device),
+        "flags": torch.tensor([True, False, True], device=device),
     }
 
 
