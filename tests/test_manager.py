@@ -452,7 +452,8 @@ def nan_payloads(device: str) -> dict[str, torch.Tensor]:
         "bf16": bits.view(torch.bfloat16).to(device),
         "fp16": bits.view(torch.float16).to(device),
         "bf16_strided": bits.view(torch.bfloat16).repeat(4).view(4, 8).t().to(device),  # not contiguous
-        # every other element width: 8 (complex64 of half-width NaNs), 16, 1
+        # every other element width: 4, 8, 16 and 1 bytes
+        "fp32": bits.view(torch.float32).to(device),
         "c64": bits.repeat(2).view(torch.complex64).to(device),
         "c128": bits.repeat(4).view(torch.complex128).to(device),
         "flags": torch.tensor([True, False, True], device=device),
