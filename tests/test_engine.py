@@ -24,6 +24,7 @@ from ckptzip.engine import writer as engine_writer
 from ckptzip.engine.decode import Runs, decode_batch
 from ckptzip.engine.encode import _trial, encode_batch
 from ckptzip.engine.policy import Policy
+from ckptzip.kernels import distinct
 from ckptzip.kernels import planes as planes_module
 from ckptzip.kernels.planes import merge_planes, plane_layout, split_planes
 from ckptzip.kernels.segments import gather_bytes, segment_sums
@@ -176,6 +177,14 @@ def test_gather_bytes_reads_each_address_of_several_tensors(device: str) -> None
     got = gather_bytes(bases, which, offsets)
     assert got.device.type == device and got.dtype == torch.uint8
     assert got.cpu().tolist() == [int(bases[b][o]) for b, o in zip(which.tolist(), offsets.tolist())]
+
+
+@pytest.mark.parametrize("values", [[], [5], [3, 1, 3, 0, 1, 1, 7], list(range(9, -1, -1)) * 3])
+def test_distinct_gives_what_numpy_unique_gives(values: list[int]) -> None:
+    array = np.array(values, dtype=np.int64)
+    got_values, got_first = distinct(array)
+    want_values, want_first = np.unique(array, return_index=True)
+    assert got_values.tolist() == want_values.tolist() and got_first.tolist() == want_first.tolist()
 
 
 @pytest.mark.gpu

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import CkptzipError, CorruptCheckpointError
 from ..format import TensorEntry
-from ..kernels import to_device
+from ..kernels import distinct, to_device
 from ..kernels.planes import PLANE_ALIGN, merge_planes
 from ..kernels.segments import segment_sums
 from .policy import codec_for
@@ -211,7 +211,7 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
             for e, g in zip(entries, given)]
     checksums = torch.zeros(len(entries), dtype=torch.int64, device=device)
     first_offset = np.zeros(len(streams), dtype=np.int64)  # region offset of each stream's first chunk
-    with_chunks, first = np.unique(chunks.stream, return_index=True)
+    with_chunks, first = distinct(chunks.stream)
     first_offset[with_chunks] = chunks.offset[first]
     source_base = np.where(coded, 1, 0)  # 0: the region (raw streams in place), 1: the decoded buffer
     source_offset = np.where(coded, stream_at, first_offset)

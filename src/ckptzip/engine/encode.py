@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..kernels import to_device
+from ..kernels import distinct, to_device
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
@@ -221,7 +221,7 @@ def _trial(streams: np.ndarray, bases: list[torch.Tensor], s_base: np.ndarray, s
     outputs: list[torch.Tensor] = []
     for c, config in enumerate(candidates):
         codec = codec_for(config, backend)
-        for base in np.unique(s_base[streams]).tolist():
+        for base in distinct(s_base[streams])[0].tolist():
             sel = s_base[streams] == base
             out, where[1, c, sel], coded[c, sel] = codec.encode_segments(bases[base], start[sel], n[sel])
             where[0, c, sel] = len(outputs)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..checksum import wsum64_array
-from . import INTERPRET, to_device, triton, use_triton
+from . import INTERPRET, distinct, to_device, triton, use_triton
 
 BLOCK = 8192  # bytes a program handles at once
 # Blocks per program: few programs, so the address tables the host builds stay small (two under
@@ -85,7 +85,7 @@ def gather_bytes(bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets:
     device = bases[0].device if bases else torch.device("cpu")
     if not use_triton(device):
         out_host = np.empty(len(offsets), dtype=np.uint8)
-        for b in np.unique(base_index).tolist():  # one fancy index per base
+        for b in distinct(base_index)[0].tolist():  # one fancy index per base
             sel = base_index == b
             out_host[sel] = bases[b].numpy()[offsets[sel]]
         return torch.from_numpy(out_host)
