@@ -116,26 +116,29 @@ class _Kept:
     chain: int  # checkpoints in its chain, the whole one included
 
 
-# Same-width integer types: ``_foreach_copy_`` on CUDA computes in float for bf16 and fp16 and
-# so replaces NaN payloads with the canonical NaN; copying integer views keeps every bit.
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """``t`` viewed as the integer type of its element width (itself for wider elements)."""
-    dtype = _BITS.get(t.element_size())
-    return t if dtype is None or t.dtype == dtype else t.view(dtype)
+# Floating types that the CUDA kernel of ``_foreach_copy_`` carries through float (its "opmath"
+# type), replacing their NaN payloads with the canonical NaN: those copy as same-width integers.
+_THROUGH_FLOAT = {
+    dtype: torch.int16 if dtype.itemsize == 2 else torch.int32 if dtype.itemsize == 4 else torch.uint8
+    for dtype in (torch.bfloat16, torch.float16, torch.complex32,
+                  *(getattr(torch, name) for name in dir(torch) if name.startswith("float8_")))
+    if isinstance(dtype, torch.dtype)
+}
 
 
 def _copy_batched(dst: list[torch.Tensor], src: list[torch.Tensor], *, non_blocking: bool) -> None:
-    """``dst[i].copy_(src[i])`` bit for bit, for all ``i`` in few launches: one ``_foreach_copy_``
-    per element width and layout, since its fused CUDA kernel needs one dtype and matching strides
-    per call."""
-    groups: dict[tuple[int, bool], list[int]] = collections.defaultdict(list)
+    """``dst[i].copy_(src[i])`` bit for bit, for all ``i`` (tensors of one device) in few launches:
+    one ``_foreach_copy_`` per dtype and layout, since its fused CUDA kernel needs one dtype and
+    matching strides per call."""
+    groups: dict[tuple[torch.dtype, bool], list[int]] = collections.defaultdict(list)
     for i, t in enumerate(src):
-        groups[t.element_size(), t.is_contiguous()].append(i)
-    for members in groups.values():
-        torch._foreach_copy_([_bits(dst[i]) for i in members], [_bits(src[i]) for i in members], non_blocking=non_blocking)
+        groups[t.dtype, t.is_contiguous()].append(i)
+    for (dtype, _), members in groups.items():
+        into, out_of = [dst[i] for i in members], [src[i] for i in members]
+        bits = _THROUGH_FLOAT.get(dtype) if out_of[0].is_cuda else None  # CPU copies are bytewise
+        if bits is not None:
+            into, out_of = [t.view(bits) for t in into], [t.view(bits) for t in out_of]
+        torch._foreach_copy_(into, out_of, non_blocking=non_blocking)
 
 
 class _SnapshotPool:
