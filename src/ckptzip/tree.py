@@ -219,7 +219,7 @@ def _plain_tensor(t: torch.Tensor, path: str) -> torch.Tensor:
             "ckptzip.dcp, or .full_tensor())."
         )
     _check_storable(t, path)
-    return t.detach()
+    return t if type(t) is torch.Tensor and not t.requires_grad else t.detach()
 
 
 def _check_storable(t: torch.Tensor, path: str) -> None:
