@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import zlib
 
 import lz4.block
@@ -11,9 +12,14 @@ import torch
 import zstandard
 from helpers import CPU_CODECS
 
+import ckptzip
 from ckptzip import CodecUnavailableError, CorruptCheckpointError, UnsupportedFormatError
 from ckptzip.codecs import Codec, codec_ids, get_codec, gpu_only_ids, has_codec, registry
+from ckptzip.codecs import _threads
+from ckptzip.codecs import cpu as cpu_module
 from ckptzip.codecs.cpu import ZstdCodec
+from ckptzip.engine import reader as engine_reader
+from ckptzip.engine import writer as engine_writer
 
 
 def _u8(data: bytes) -> torch.Tensor:
@@ -303,3 +309,36 @@ def test_a_damaged_chunk_in_a_zstd_batch_is_named(damage: str) -> None:
     with pytest.raises(CorruptCheckpointError, match="zstd ") as info:
         codec.decode_segments(out, out_offsets, out_lengths, dst, np.cumsum(raw) - raw, raw)
     assert info.value.chunk == 5
+
+
+# --------------------------------------------------------------------- threads per batch
+
+
+def test_batches_coded_at_once_split_the_cores_between_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPTZIP_THREADS", "16")
+    assert [_threads.batch_share(n) for n in (0, 1, 2, 3, 16, 100)] == [16, 16, 8, 5, 1, 1]
+    big = np.full(4, 1 << 20, dtype=np.int64)  # enough work for zstandard's threads
+    assert cpu_module._batch_threads(big) == 16
+    with _threads.codec_threads(1):
+        assert _threads.codec_thread_count() == 1
+        assert cpu_module._batch_threads(big) == 0  # the calling thread alone
+        with _threads.codec_threads(4):
+            assert cpu_module._batch_threads(big) == 4
+        assert cpu_module._batch_threads(big) == 0
+    assert _threads.codec_thread_count() == 16
+
+
+def test_a_state_of_many_batches_round_trips_with_the_cores_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPTZIP_THREADS", "4")
+    monkeypatch.setattr(engine_writer, "BATCH_BYTES", {"cuda": 1 << 30, "cpu": 1 << 18})
+    monkeypatch.setattr(engine_reader, "BATCH_BYTES", {"cuda": 1 << 29, "cpu": 1 << 18})
+    shares: list[int] = []
+    count = _threads.codec_thread_count
+    monkeypatch.setattr(cpu_module, "codec_thread_count", lambda: shares.append(count()) or count())
+    g = torch.Generator().manual_seed(0)
+    state = {f"w{i}": torch.randn(1 << 16, generator=g) for i in range(8)}  # 8 batches of 256 KiB
+    buf = io.BytesIO()
+    ckptzip.save(state, buf, codec="zstd")
+    got = ckptzip.load(buf.getvalue())
+    assert all(torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)) for k, v in state.items())
+    assert shares and set(shares) == {1}  # 4 workers on 8 batches: one thread each

@@ -1,9 +1,12 @@
-"""One shared thread pool for CPU codecs (zstandard, zlib and lz4 release the GIL)."""
+"""Threads of CPU codecs: one shared pool (zstandard, zlib and lz4 release the GIL), and each
+thread's share of the cores while the engine codes several batches at once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -12,6 +15,7 @@ R = TypeVar("R")
 
 _POOL: ThreadPoolExecutor | None = None
 MIN_PARALLEL_BYTES = 1 << 20
+_SHARE = threading.local()
 
 
 def cpu_threads() -> int:
@@ -22,10 +26,36 @@ def cpu_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+def batch_share(batches: int) -> int:
+    """Threads each of ``batches`` batches may use when the engine codes them at once, one per
+    worker thread: the cores split between the batches that run together."""
+    cores = cpu_threads()
+    return max(1, cores // max(1, min(cores, batches)))
+
+
+@contextlib.contextmanager
+def codec_threads(n: int) -> Iterator[None]:
+    """Within: this thread's codec calls use at most ``n`` threads (where several batches are
+    coded at once, each codec spawning threads for every core would oversubscribe them)."""
+    previous = getattr(_SHARE, "n", None)
+    _SHARE.n = n
+    try:
+        yield
+    finally:
+        _SHARE.n = previous
+
+
+def codec_thread_count() -> int:
+    """Threads one codec call of this thread may use: its share (:func:`codec_threads`), else
+    :func:`cpu_threads`."""
+    n: int | None = getattr(_SHARE, "n", None)
+    return cpu_threads() if n is None else n
+
+
 def parallel_map(fn: Callable[[T], R], items: Sequence[T], nbytes: int) -> list[R]:
     """``[fn(x) for x in items]``, on the shared pool when there is enough work to pay for it."""
     global _POOL
-    if len(items) < 2 or nbytes < MIN_PARALLEL_BYTES or cpu_threads() == 1:
+    if len(items) < 2 or nbytes < MIN_PARALLEL_BYTES or codec_thread_count() == 1:
         return [fn(x) for x in items]
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="ckptzip-codec")

@@ -12,7 +12,7 @@ import torch
 import zstandard
 
 from ..errors import CorruptCheckpointError
-from ._threads import MIN_PARALLEL_BYTES, cpu_threads, parallel_map
+from ._threads import MIN_PARALLEL_BYTES, codec_thread_count, parallel_map
 from .base import Codec
 from .registry import mark_unavailable, register
 
@@ -107,8 +107,9 @@ def _array(segment: object) -> np.ndarray:
 
 
 def _batch_threads(lengths: np.ndarray) -> int:
-    """Threads for one batch call of zstandard: every core when there is enough work (0: the caller's)."""
-    threads = cpu_threads()
+    """Threads for one batch call of zstandard: the calling thread's share of the cores when there
+    is enough work (0: the caller's own)."""
+    threads = codec_thread_count()
     return threads if lengths.size > 1 and int(lengths.sum()) >= MIN_PARALLEL_BYTES and threads > 1 else 0
 
 

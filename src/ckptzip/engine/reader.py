@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..codecs import gpu_only_ids, has_codec
-from ..codecs._threads import cpu_threads
+from ..codecs._threads import batch_share, codec_threads, cpu_threads
 from ..kernels import THREAD_SAFE
 from ..errors import CorruptCheckpointError
 from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
@@ -102,13 +102,15 @@ def _host_region(reader: ContainerReader, entries: list[TensorEntry]) -> tuple[t
     return torch.from_numpy(data) if data.flags.writeable else torch.from_numpy(data.copy()), runs
 
 
-def _decode_cpu(reader: ContainerReader, entries: list[TensorEntry], outs: list[torch.Tensor | None]
+def _decode_cpu(reader: ContainerReader, entries: list[TensorEntry], outs: list[torch.Tensor | None], share: int
                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Read and decode one CPU batch, its codecs on ``share`` threads (:func:`batch_share`)."""
     if not any(s.chunks for e in entries for s in e.streams):
         region, runs = torch.empty(0, dtype=torch.uint8), Runs.of([])
     else:
         region, runs = _host_region(reader, entries)
-    return decode_batch(entries, region, runs, "cpu", digests=reader.digest_is_wsum64, outs=outs)
+    with codec_threads(share):
+        return decode_batch(entries, region, runs, "cpu", digests=reader.digest_is_wsum64, outs=outs)
 
 
 class _Uploader:
@@ -340,16 +342,18 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     gpu = [(work, [items[j] for j in idx]) for backend, work, idx in plan if backend == "cuda"]
     uploader = _Uploader(reader, gpu) if gpu else None
     digests = reader.digest_is_wsum64
+    cpu_batches = sum(backend == "cpu" for backend, _, _ in plan)
+    workers = cpu_threads() if THREAD_SAFE and cpu_batches else 1
+    share = batch_share(cpu_batches if workers > 1 else 1)
     tasks = (
         Task(idx, functools.partial(_decode_gpu, uploader, [items[j] for j in idx], work, digests, outputs(idx)),
              inline=True)
         if backend == "cuda" else
-        Task(idx, functools.partial(_decode_cpu, reader, [items[j] for j in idx], outputs(idx)))
+        Task(idx, functools.partial(_decode_cpu, reader, [items[j] for j in idx], outputs(idx), share))
         for backend, work, idx in plan
     )
     data: dict[int, torch.Tensor] = {}
     sums: list[tuple[list[TensorEntry], torch.Tensor]] = []
-    workers = cpu_threads() if THREAD_SAFE and any(backend == "cpu" for backend, _, _ in plan) else 1
     try:
         for idx, (datas, checksums) in run_ahead(tasks, workers):
             kept = [n for n, j in enumerate(idx) if into[j] is None]

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 import numpy as np
 import torch
 
-from ..codecs._threads import cpu_threads
+from ..codecs._threads import batch_share, codec_threads, cpu_threads
 from ..kernels import THREAD_SAFE
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
 from .ahead import Task, run_ahead
@@ -75,12 +75,14 @@ def plan_batches(tensors: list[torch.Tensor], policy: Policy, gpu_batch_bytes: i
         yield key, members
 
 
-def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy) -> EncodedBatch:
+def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int) -> EncodedBatch:
+    """Encode one batch; a CPU batch's codecs use ``share`` threads (:func:`batch_share`)."""
     moved = [t if t.device == key.device else t.to(key.device) for t in tensors]
     if key.backend == "cuda":
         with torch.cuda.device(key.device):
             return encode_batch(moved, policy, "cuda")
-    return encode_batch(moved, policy, "cpu")
+    with codec_threads(share):
+        return encode_batch(moved, policy, "cpu")
 
 
 @dataclass(frozen=True)
@@ -329,9 +331,11 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     plan = [(key, [chosen[i] for i in idx])
             for key, idx in plan_batches([tensors[i] for i in chosen], policy, gpu_batch_bytes)]
     cuda = {key.device for key, _ in plan if key.backend == "cuda"}
-    workers = cpu_threads() if THREAD_SAFE and any(key.backend == "cpu" for key, _ in plan) else 1
+    cpu_batches = sum(key.backend == "cpu" for key, _ in plan)
+    workers = cpu_threads() if THREAD_SAFE and cpu_batches else 1
+    share = batch_share(cpu_batches if workers > 1 else 1)
     tasks = (
-        Task((key, idx), functools.partial(_encode, [tensors[i] for i in idx], key, policy),
+        Task((key, idx), functools.partial(_encode, [tensors[i] for i in idx], key, policy, share),
              inline=key.backend == "cuda")
         for key, idx in plan
     )
