@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .encode import entropy_of_count_array
 from .policy import RANDOM_ENTROPY_BITS
 
 SAMPLE_BYTES = 1 << 14  # bytes of each tensor the estimate looks at (from its middle)
@@ -56,8 +57,7 @@ def _plane_counts(samples: list[torch.Tensor], itemsize: int) -> np.ndarray:
 def _estimated_bits(counts: np.ndarray) -> np.ndarray:
     """Estimated coded bits per element of each sample: order-0 entropy of each byte plane,
     near-random planes raw."""
-    p = counts / np.maximum(counts.sum(axis=-1, keepdims=True), 1)
-    entropy = -(p * np.log2(np.maximum(p, 1e-300))).sum(axis=-1)
+    entropy = entropy_of_count_array(counts)
     bits: np.ndarray = np.where(entropy > RANDOM_ENTROPY_BITS, 8.0, entropy).sum(axis=-1)
     return bits
 

@@ -65,6 +65,15 @@ def entropy_of_counts(counts: torch.Tensor) -> torch.Tensor:
     return (-(p * torch.log2(p.clamp_min(1e-30))).sum(dim=-1)).clamp_min(0.0)
 
 
+def entropy_of_count_array(counts: np.ndarray) -> np.ndarray:
+    """:func:`entropy_of_counts` in NumPy (torch ops called from several threads at once compete
+    for its OpenMP threads)."""
+    freqs = counts.astype(np.float32)
+    p = freqs / np.maximum(freqs.sum(axis=-1, keepdims=True), 1)
+    entropy: np.ndarray = np.maximum(-(p * np.log2(np.maximum(p, 1e-30))).sum(axis=-1), 0.0)
+    return entropy
+
+
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Zeros on ``device``; from NumPy on the CPU (torch fills compete for OpenMP threads there)."""
     if device.type != "cpu":
@@ -194,14 +203,10 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
 
 
 def _plane_entropies(hist: torch.Tensor) -> np.ndarray:
-    """Entropy in bits/byte of each tensor's sampled plane bytes (``[tensors, 8]``); NumPy on the
-    CPU (torch ops called from several threads at once compete for its OpenMP threads)."""
+    """Entropy in bits/byte of each tensor's sampled plane bytes (``[tensors, 8]``)."""
     if hist.is_cuda:
         return entropy_of_counts(hist.view(-1, 8, 256)).cpu().numpy()
-    counts = hist.numpy().reshape(-1, 8, 256).astype(np.float32)
-    p = counts / np.maximum(counts.sum(axis=-1, keepdims=True), 1)
-    entropy: np.ndarray = np.maximum(-(p * np.log2(np.maximum(p, 1e-30))).sum(axis=-1), 0.0)
-    return entropy
+    return entropy_of_count_array(hist.numpy().reshape(-1, 8, 256))
 
 
 def _trial(streams: np.ndarray, bases: list[torch.Tensor], s_base: np.ndarray, s_offset: np.ndarray,
