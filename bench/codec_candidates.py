@@ -2,11 +2,18 @@
 planes, each plane's codec picked as the backend does) against codecs on the tensor's raw bytes,
 and the best of them per tensor (what a per-tensor trial could reach). On the CPU the raw-byte
 candidates are zstd levels 1 and 3; on a GPU (``--device cuda``, needs nvCOMP) nvCOMP's zstd and
-its ANS in float mode (``data_type`` from the dtype), one call per tensor.
+its ANS in float mode (``data_type`` from the dtype), one call per tensor, beside what ckptzip's
+``auto`` stores when the same tensor is saved from the CPU (zstd per plane, picked by a trial) and
+what ``portable`` stores on the GPU (nvCOMP zstd per plane).
 
     python3 bench/codec_candidates.py --preset tiny --steps 20            # fp32 weights, grads, AdamW
     python3 bench/codec_candidates.py --preset tiny --steps 20 --bf16     # bf16 weights + fp32 master
     python3 bench/codec_candidates.py --preset medium --steps 100 --device cuda
+    python3 bench/codec_candidates.py --preset medium --steps 100 --device cuda --planes
+
+``--planes`` splits each float tensor into its byte planes (as ckptzip does) and codes every plane
+with each codec of both backends, beside its order-0 entropy bound: where one backend's plane codec
+loses to another's, by tensor class and plane.
 """
 
 from __future__ import annotations
@@ -45,7 +52,50 @@ def candidates(device: str) -> dict[str, Callable[[torch.Tensor], int]]:
         if not ok:
             raise SystemExit(f"{name}: {why}")
         out[f"{name} raw"] = lambda t, b=baseline: sum(x.numel() for x in b.encode_on_device([t]))
+    out["ckptzip auto, cpu"] = lambda t: ckptzip.compress(t.cpu()).compressed_nbytes
+    out["ckptzip portable"] = lambda t: ckptzip.compress(t, codec="portable").compressed_nbytes
     return out
+
+
+def plane_candidates(device: str) -> dict[str, Callable[[torch.Tensor], int]]:
+    """Name -> the stored size of a ``uint8`` plane under that codec (zstd on the CPU, and nvCOMP's
+    ANS and zstd on a GPU)."""
+    coders = {level: zstandard.ZstdCompressor(level=level) for level in LEVELS}
+    out: dict[str, Callable[[torch.Tensor], int]] = {
+        f"zstd-{level}": (lambda t, c=c: len(c.compress(t.cpu().numpy().tobytes()))) for level, c in coders.items()}
+    if device == "cuda":
+        for name in GPU_CANDIDATES:
+            baseline = get_baseline(name)
+            out[name] = lambda t, b=baseline: sum(x.numel() for x in b.encode_on_device([t]))
+    return out
+
+
+def entropy_bytes(plane: torch.Tensor) -> float:
+    """The order-0 entropy bound of ``plane`` in bytes."""
+    counts = torch.bincount(plane, minlength=256).double()
+    p = counts[counts > 0] / plane.numel()
+    return float(-(p * p.log2()).sum()) * plane.numel() / 8
+
+
+def by_plane(state: object, device: str) -> None:
+    """Print, per tensor class, dtype and plane, the ratio of each codec against the entropy bound."""
+    coders = plane_candidates(device)
+    rows: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * (2 + len(coders)))
+    for item in flatten(state).tensors:
+        t = item.tensor
+        if not t.is_floating_point() or t.nbytes < 4096 or t.element_size() not in (2, 4, 8):
+            continue
+        planes = t.detach().contiguous().view(torch.uint8).reshape(-1, t.element_size())
+        for p in range(t.element_size()):
+            plane = planes[:, p].contiguous()
+            row = rows[f"{tensor_class(item.name, t)} {str(t.dtype).removeprefix('torch.')} #{p}"]
+            row[0] += plane.numel()
+            row[1] += entropy_bytes(plane)
+            for k, size_of in enumerate(coders.values()):
+                row[2 + k] += size_of(plane)
+    print(f"{'class, plane (#0: low byte)':32s} {'MB':>7s} {'bound':>7s} " + " ".join(f"{n:>16s}" for n in coders))
+    for name, (n, bound, *sizes) in sorted(rows.items()):
+        print(f"{name:32s} {n / 1e6:7.2f} {n / bound:7.3f} " + " ".join(f"{n / s:16.3f}" for s in sizes))
 
 
 def main() -> None:
@@ -54,9 +104,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--bf16", action="store_true", help="bf16 weights and grads, fp32 master weights")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--planes", action="store_true", help="per byte plane, against the entropy bound")
     args = p.parse_args()
     run = train(args.preset, args.steps, device=torch.device(args.device), bf16_weights=args.bf16)
     state = training_state(run.model, run.optimizer, run.step, master_weights=run.master_weights, include_grads=True)
+    if args.planes:
+        by_plane(state, args.device)
+        return
     coders = candidates(args.device)
     rows: dict[str, list[int]] = collections.defaultdict(lambda: [0] * (3 + len(coders)))
     for item in flatten(state).tensors:

@@ -8,11 +8,9 @@ choice is made per tensor, from the estimated coded size of a sample of both.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from .encode import entropy_of_count_array
-from .policy import RANDOM_ENTROPY_BITS
+from .estimate import middle, plane_bits, plane_counts
 
 SAMPLE_BYTES = 1 << 14  # bytes of each tensor the estimate looks at (from its middle)
 MIN_GAIN = 0.03  # a delta is kept when its estimated size is this much smaller
@@ -29,39 +27,6 @@ def xor_bytes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_xor(a, b)
 
 
-def _plane_counts(samples: list[torch.Tensor], itemsize: int) -> np.ndarray:
-    """Byte counts of each byte plane of each 1-D uint8 sample (lengths multiples of ``itemsize``,
-    one device): ``[samples, itemsize, 256]`` on the host, from one bincount and one copy."""
-    lengths = [s.numel() for s in samples]
-    bins = len(samples) * itemsize * 256
-    if samples[0].is_cuda:
-        device = samples[0].device
-        data = torch.cat(samples).to(torch.int32)
-        rows = torch.repeat_interleave(torch.arange(len(samples), dtype=torch.int32, device=device),
-                                       torch.tensor(lengths, device=device))
-        plane = torch.arange(data.numel(), dtype=torch.int32, device=device) % itemsize
-        counts = torch.bincount((rows * itemsize + plane) * 256 + data, minlength=bins).cpu().numpy()
-    else:
-        keys = np.empty(sum(lengths), dtype=np.int32)
-        planes = np.arange(itemsize, dtype=np.int32) * 256
-        at = 0
-        for r, sample in enumerate(samples):  # bin of each byte: (sample, plane, value)
-            n = lengths[r]
-            np.add(sample.numpy().reshape(-1, itemsize), planes + r * itemsize * 256,
-                   out=keys[at : at + n].reshape(-1, itemsize))
-            at += n
-        counts = np.bincount(keys, minlength=bins)
-    return counts.reshape(len(samples), itemsize, 256)
-
-
-def _estimated_bits(counts: np.ndarray) -> np.ndarray:
-    """Estimated coded bits per element of each sample: order-0 entropy of each byte plane,
-    near-random planes raw."""
-    entropy = entropy_of_count_array(counts)
-    bits: np.ndarray = np.where(entropy > RANDOM_ENTROPY_BITS, 8.0, entropy).sum(axis=-1)
-    return bits
-
-
 def deltas_that_pay(currents: list[torch.Tensor], bases: list[torch.Tensor], itemsizes: list[int]) -> list[bool]:
     """For each tensor (1-D uint8) and its base (same size, any device): whether storing their XOR
     is estimated to take fewer bytes than the tensor, from a sample of each (its middle ``SAMPLE_BYTES``).
@@ -76,13 +41,11 @@ def deltas_that_pay(currents: list[torch.Tensor], bases: list[torch.Tensor], ite
             chunk = members[first : first + GROUP]
             wholes, residues = [], []
             for j in chunk:
-                n = currents[j].numel()
-                take = min(n, SAMPLE_BYTES) // itemsize * itemsize
-                start = (n - take) // 2 // itemsize * itemsize
-                whole = currents[j][start : start + take]
+                sample = middle(currents[j].numel(), SAMPLE_BYTES, itemsize)
+                whole = currents[j][sample]
                 wholes.append(whole)
-                residues.append(xor_bytes(whole, bases[j][start : start + take].to(device, non_blocking=True)))
-            bits = _estimated_bits(_plane_counts(wholes + residues, itemsize))
+                residues.append(xor_bytes(whole, bases[j][sample].to(device, non_blocking=True)))
+            bits = plane_bits(plane_counts(wholes + residues, itemsize))
             for j, whole_bits, residue_bits in zip(chunk, bits[: len(chunk)], bits[len(chunk) :]):
                 out[j] = bool(residue_bits < (1 - MIN_GAIN) * whole_bits)
     return out

@@ -19,8 +19,9 @@ from ..kernels import distinct, to_device
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
-from .policy import (RAW, RANDOM_ENTROPY_BITS, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy,
-                     chunk_bytes, codec_for)
+from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts, middle, plane_bits, plane_counts
+from .policy import (LZ_MIN_GAIN, LZ_SAMPLE_BYTES, LZ_TRIAL_MIN_BYTES, RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES,
+                     TRIAL_MIN_GAIN, Policy, chunk_bytes, codec_for)
 
 
 @dataclass
@@ -56,22 +57,6 @@ def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
     if not t.is_contiguous():
         t = t.contiguous()
     return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
-
-
-def entropy_of_counts(counts: torch.Tensor) -> torch.Tensor:
-    """Order-0 entropy in bits/byte of each row of byte counts (``[..., 256]``); 0 for empty rows."""
-    counts = counts.to(torch.float32)
-    p = counts / counts.sum(dim=-1, keepdim=True).clamp_min(1)
-    return (-(p * torch.log2(p.clamp_min(1e-30))).sum(dim=-1)).clamp_min(0.0)
-
-
-def entropy_of_count_array(counts: np.ndarray) -> np.ndarray:
-    """:func:`entropy_of_counts` in NumPy (torch ops called from several threads at once compete
-    for its OpenMP threads)."""
-    freqs = counts.astype(np.float32)
-    p = freqs / np.maximum(freqs.sum(axis=-1, keepdims=True), 1)
-    entropy: np.ndarray = np.maximum(-(p * np.log2(np.maximum(p, 1e-30))).sum(axis=-1), 0.0)
-    return entropy
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -118,6 +103,8 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
     itemsize = np.array([t.element_size() for t in tensors], dtype=np.int64)
     floating = np.array([t.dtype.is_floating_point or t.dtype.is_complex for t in tensors])
     split = policy.splits(itemsize, nbytes)
+    lz = _lz_wins(datas, split & floating & (nbytes >= LZ_TRIAL_MIN_BYTES), itemsize, policy, backend)
+    split &= ~lz
     hist = _zeros((count, 8 * 256), torch.int32, device)
     checksums = _zeros((count,), torch.int64, device)
     bases: list[torch.Tensor] = []
@@ -148,19 +135,40 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
         streams.add(whole, len(bases), offsets, nbytes[whole])
         bases.append(buffer)
     s_tensor, s_base, s_offset, s_size = streams.columns()
-    coded, precoded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, hist, floating, bases, policy,
-                                     backend)
+    coded, precoded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, hist, floating, lz, bases,
+                                     policy, backend)
     return _assemble(tensors, checksums, bases, s_tensor, s_base, s_offset, s_size, coded, precoded, plane_of,
                      backend)
 
 
+def _lz_wins(datas: list[torch.Tensor], tried: np.ndarray, itemsize: np.ndarray, policy: Policy, backend: str
+             ) -> np.ndarray:
+    """Which of the ``tried`` tensors are stored whole with the policy's LZ codec: those whose
+    middle sample it codes ``LZ_MIN_GAIN`` smaller than the sample's byte planes are estimated to
+    take. One codec call and one histogram per item size."""
+    wins = np.zeros(tried.size, dtype=bool)
+    codec = policy.lz_codec(backend)
+    if codec is None:
+        return wins
+    for k in (2, 4, 8):
+        idx = np.flatnonzero(tried & (itemsize == k))
+        if not idx.size:
+            continue
+        samples = [datas[i][middle(datas[i].numel(), LZ_SAMPLE_BYTES, k)] for i in idx]
+        lz = np.array([c.numel() for c in codec.encode(samples)], dtype=np.int64)
+        elements = np.array([s.numel() // k for s in samples], dtype=np.int64)
+        wins[idx] = lz < (1 - LZ_MIN_GAIN) * plane_bits(plane_counts(samples, k)) * elements / 8
+    return wins
+
+
 def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
-                   plane_of: dict[int, int], hist: torch.Tensor, floating: np.ndarray,
+                   plane_of: dict[int, int], hist: torch.Tensor, floating: np.ndarray, lz: np.ndarray,
                    bases: list[torch.Tensor], policy: Policy, backend: str
                    ) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
     """The codec configuration each stream is tried with (``RAW``: stored as it is), and the
-    streams a trial already coded whole (:func:`_trial`)."""
+    streams a trial already coded whole (:func:`_trial`). Tensors in ``lz`` get the LZ codec."""
     plane_codec = policy.plane_codec(backend).get_config()
+    lz_codec = policy.lz_codec(backend)
     precoded: dict[int, tuple[int, int, int]] = {}
     if not s_tensor.size:
         return [], precoded
@@ -180,7 +188,8 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
         if size == 0:
             configs.append(RAW)
         elif not is_plane[s]:
-            configs.append(policy.whole_codec(backend, size).get_config())
+            codec = lz_codec if lz_codec is not None and lz[s_tensor[s]] else policy.whole_codec(backend, size)
+            configs.append(codec.get_config())
         elif not floating[s_tensor[s]]:
             configs.append(plane_codec)
         elif plane_entropy[s] < RANDOM_ENTROPY_BITS:

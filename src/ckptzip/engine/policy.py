@@ -26,7 +26,6 @@ from ..errors import CkptzipError
 
 PRESETS = ("auto", "fast", "portable")
 SMALL_TENSOR_BYTES = 1 << 12
-RANDOM_ENTROPY_BITS = 7.5
 # On the CPU the planner codes a sample of each structured float plane with every candidate codec
 # and keeps the smallest; a near-random plane is coded when a sample shrinks by this fraction.
 TRIAL_MIN_GAIN = 0.002
@@ -59,6 +58,23 @@ _PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
 }
 # Float planes of presets on the CPU: each is coded with whichever of these shrinks a sample most.
 _CPU_CANDIDATES = ({"id": "zstd", "level": 1}, {"id": "zstd", "level": 3})
+
+# Float tensors of LZ_TRIAL_MIN_BYTES or more are also tried whole, with an LZ codec on their raw
+# bytes: values that repeat whole (bf16 gradients scaled in fp32 by clipping, repeated rows) are
+# matches to LZ that byte planes scatter. A sample of LZ_SAMPLE_BYTES from the middle is coded and
+# kept when it is LZ_MIN_GAIN smaller than the order-0 estimate of its byte planes.
+LZ_TRIAL_MIN_BYTES = 1 << 23
+LZ_SAMPLE_BYTES = 1 << 18
+LZ_MIN_GAIN = 0.03
+# Level 3, not 1: such repeats lie further apart than level 1 looks (clipped bf16 gradients:
+# 1.68x against 1.22x). Where the plane codec is zstd the trial costs at most one sample's coding
+# per 32 bytes. Not for "fast", nor for "auto" on a GPU: nvCOMP's zstd encodes ~10x slower than its
+# ANS, so a gradient-heavy state would save ~1.7x slower.
+_LZ_CODECS: dict[tuple[str, str], dict[str, Any]] = {
+    ("auto", "cpu"): {"id": "zstd", "level": 3},
+    ("portable", "cpu"): {"id": "zstd", "level": 3},
+    ("portable", "cuda"): {"id": "zstd", "level": 3},
+}
 
 
 @functools.lru_cache(maxsize=64)
@@ -130,6 +146,11 @@ class Policy:
         if not self.is_preset or backend != "cpu" or self.name == "fast":
             return [first]
         return [first, *(c for c in _CPU_CANDIDATES if c != first)]
+
+    def lz_codec(self, backend: str) -> Codec | None:
+        """The LZ codec that large float tensors are tried with whole, or None (no trial)."""
+        config = _LZ_CODECS.get((self.name, backend))
+        return None if config is None else codec_for(config, backend)
 
     def whole_codec(self, backend: str, nbytes: int) -> Codec:
         """The codec of a tensor stored as one stream (not split into planes)."""

@@ -1,0 +1,81 @@
+"""Large float tensors whose values repeat whole are stored unsplit with an LZ codec, when a
+sample says LZ beats their byte planes (engine.encode._lz_wins)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from helpers import assert_same, load_bytes, save_bytes
+
+import ckptzip
+from ckptzip.codecs import has_codec
+from ckptzip.engine.estimate import middle
+from ckptzip.engine.policy import LZ_TRIAL_MIN_BYTES
+
+PLANES = [{"id": "byteplanes", "itemsize": 4}]
+ROWS = LZ_TRIAL_MIN_BYTES // 4 // 1024
+
+
+def _gradient(rows: int = ROWS, seed: int = 0) -> torch.Tensor:
+    """What bf16 autocast and gradient clipping leave in an fp32 gradient: bf16 values times one
+    fp32 scale, so a few thousand distinct values repeat whole."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 1024, generator=gen).bfloat16().float() * 0.37
+
+
+def _weight(rows: int = ROWS, seed: int = 1) -> torch.Tensor:
+    return torch.randn(rows, 1024, generator=torch.Generator().manual_seed(seed)) * 0.02
+
+
+def _entries(data: bytes) -> dict:
+    with ckptzip.open(io.BytesIO(data)) as reader:
+        return {e.name: e for e in reader.entries()}
+
+
+@pytest.mark.parametrize("preset", ["auto", "portable"])
+def test_values_that_repeat_whole_are_stored_whole_with_lz(preset: str) -> None:
+    state = {"grad": _gradient(), "weight": _weight()}
+    data = save_bytes(state, codec=preset)
+    entries = _entries(data)
+    assert entries["grad"].transforms == [] and entries["grad"].codecs == ["zstd"]
+    assert entries["weight"].transforms == PLANES
+    as_planes = _entries(save_bytes({"grad": state["grad"]}, codec="fast"))["grad"]
+    assert as_planes.transforms == PLANES
+    assert entries["grad"].compressed_nbytes < 0.95 * as_planes.compressed_nbytes
+    assert_same(load_bytes(data), state)
+
+
+def test_fast_and_smaller_tensors_are_not_tried() -> None:
+    small = _gradient(rows=ROWS // 2)
+    assert _entries(save_bytes({"g": _gradient()}, codec="fast"))["g"].transforms == PLANES
+    assert _entries(save_bytes({"g": small}, codec="auto"))["g"].transforms == PLANES
+
+
+def test_a_tensor_whose_sample_does_not_repeat_keeps_its_planes() -> None:
+    grad = _weight()
+    # repeats only outside the middle sample: the trial judges by the sample
+    grad[: ROWS // 4] = _gradient(rows=ROWS // 4)
+    assert _entries(save_bytes({"g": grad}, codec="auto"))["g"].transforms == PLANES
+
+
+@pytest.mark.parametrize(("nbytes", "size", "itemsize"), [(10_000_000, 1 << 18, 4), (1000, 1 << 18, 8),
+                                                          (1 << 20, 1 << 18, 2), (3 * 257, 512, 2)])
+def test_a_middle_sample_is_whole_elements_from_an_aligned_start(nbytes: int, size: int, itemsize: int) -> None:
+    sample = middle(nbytes, size, itemsize)
+    assert sample.start % 256 == 0 and 0 <= sample.start <= sample.stop <= nbytes
+    assert (sample.stop - sample.start) == min(nbytes, size) // itemsize * itemsize
+    assert sample.start <= nbytes - sample.stop + 256  # centred, up to the alignment
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not has_codec("zstd", "cuda"), reason="needs CUDA and nvCOMP")
+def test_on_a_gpu_portable_tries_lz_and_auto_keeps_its_planes() -> None:
+    state = {"grad": _gradient().cuda(), "weight": _weight().cuda()}
+    portable, auto = _entries(save_bytes(state, codec="portable")), _entries(save_bytes(state, codec="auto"))
+    assert portable["grad"].transforms == [] and portable["grad"].codecs == ["zstd"]
+    assert portable["weight"].transforms == PLANES and auto["grad"].transforms == PLANES
+    data = save_bytes(state, codec="portable")
+    assert_same(load_bytes(data), state)
+    assert_same(load_bytes(data, map_location="cpu"), {k: v.cpu() for k, v in state.items()})
