@@ -11,6 +11,7 @@ import torch
 
 # A byte plane whose order-0 entropy exceeds this (bits/byte) is near-random: stored raw.
 RANDOM_ENTROPY_BITS = 7.5
+GPU_COUNT_BYTES = 1 << 24  # sample bytes counted per bincount on a GPU
 
 
 def entropy_of_counts(counts: torch.Tensor) -> torch.Tensor:
@@ -31,17 +32,18 @@ def entropy_of_count_array(counts: np.ndarray) -> np.ndarray:
 
 def plane_counts(samples: list[torch.Tensor], itemsize: int) -> np.ndarray:
     """Byte counts of each byte plane of each 1-D uint8 sample (lengths multiples of ``itemsize``,
-    one device): ``[samples, itemsize, 256]`` on the host, from one bincount and one copy."""
-    lengths = [s.numel() for s in samples]
-    bins = len(samples) * itemsize * 256
+    one device): ``[samples, itemsize, 256]`` on the host, with one copy off a GPU."""
     if samples[0].is_cuda:
-        device = samples[0].device
-        data = torch.cat(samples).to(torch.int32)
-        rows = torch.repeat_interleave(torch.arange(len(samples), dtype=torch.int32, device=device),
-                                       torch.tensor(lengths, device=device))
-        plane = torch.arange(data.numel(), dtype=torch.int32, device=device) % itemsize
-        counts = torch.bincount((rows * itemsize + plane) * 256 + data, minlength=bins).cpu().numpy()
+        parts, group, size = [], [], 0
+        for i, sample in enumerate(samples):  # bounded groups: a bincount's int32 temporaries are ~12x its input
+            group.append(sample)
+            size += sample.numel()
+            if size >= GPU_COUNT_BYTES or i == len(samples) - 1:
+                parts.append(_device_counts(group, itemsize))
+                group, size = [], 0
+        counts = torch.cat(parts).cpu().numpy()
     else:
+        lengths = [s.numel() for s in samples]
         keys = np.empty(sum(lengths), dtype=np.int32)
         planes = np.arange(itemsize, dtype=np.int32) * 256
         at = 0
@@ -50,8 +52,19 @@ def plane_counts(samples: list[torch.Tensor], itemsize: int) -> np.ndarray:
             np.add(sample.numpy().reshape(-1, itemsize), planes + r * itemsize * 256,
                    out=keys[at : at + n].reshape(-1, itemsize))
             at += n
-        counts = np.bincount(keys, minlength=bins)
+        counts = np.bincount(keys, minlength=len(samples) * itemsize * 256)
     return counts.reshape(len(samples), itemsize, 256)
+
+
+def _device_counts(samples: list[torch.Tensor], itemsize: int) -> torch.Tensor:
+    """:func:`plane_counts` of samples on one GPU, left there (flat ``[samples * itemsize * 256]``)."""
+    device = samples[0].device
+    lengths = torch.tensor([s.numel() // itemsize for s in samples], device=device)
+    rows = torch.repeat_interleave(torch.arange(len(samples), dtype=torch.int32, device=device), lengths)
+    keys = torch.cat(samples).view(-1, itemsize).to(torch.int32)
+    keys += torch.arange(itemsize, dtype=torch.int32, device=device) * 256
+    keys += (rows * (itemsize * 256))[:, None]
+    return torch.bincount(keys.view(-1), minlength=len(samples) * itemsize * 256)
 
 
 def plane_bits(counts: np.ndarray) -> np.ndarray:
