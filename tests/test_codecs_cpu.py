@@ -122,6 +122,19 @@ def test_zstd_frames_are_plain_zstandard(name: str) -> None:
         assert torch.equal(decoded, chunk)
 
 
+def test_zstd_with_long_matches_only_writes_plain_frames_that_code_exponents_smaller() -> None:
+    codec = get_codec({"id": "zstd", "level": 1, "long_matches_only": True}, "cpu")
+    for chunk in CHUNKS.values():
+        (encoded,) = codec.encode([chunk])
+        assert zstandard.ZstdDecompressor().decompress(encoded.numpy().tobytes()) == chunk.numpy().tobytes()
+    (zeros,) = codec.encode([CHUNKS["zeros"]])
+    assert zeros.numel() < 100  # runs are still matches
+    weights = torch.randn(1 << 18, generator=torch.Generator().manual_seed(2)) * 0.02
+    exponents = weights.view(torch.uint8).reshape(-1, 4)[:, 3].contiguous()
+    sizes = [c.encode([exponents])[0].numel() for c in (codec, get_codec({"id": "zstd", "level": 1}, "cpu"))]
+    assert sizes[0] < 0.95 * sizes[1]
+
+
 @pytest.mark.parametrize("name", list(CHUNKS))
 def test_deflate_is_raw_zlib(name: str) -> None:
     chunk = CHUNKS[name]
@@ -175,6 +188,8 @@ def test_raw_is_the_bytes_themselves() -> None:
         ("raw", {"id": "raw"}),
         ({"id": "zstd"}, {"id": "zstd", "level": 3}),
         ({"id": "zstd", "level": -5}, {"id": "zstd", "level": -5}),
+        ({"id": "zstd", "level": 1, "long_matches_only": True}, {"id": "zstd", "level": 1, "long_matches_only": True}),
+        ({"id": "zstd", "long_matches_only": False}, {"id": "zstd", "level": 3}),
         ({"id": "deflate", "level": 9}, {"id": "deflate", "level": 9}),
         ({"id": "deflate", "algorithm_type": 2}, {"id": "deflate", "level": 6, "algorithm_type": 2}),
         ({"id": "lz4"}, {"id": "lz4"}),
@@ -231,6 +246,7 @@ def test_gpu_backend_unavailable_explains() -> None:
     [
         {"id": "zstd", "level": 99},
         {"id": "zstd", "level": "3"},
+        {"id": "zstd", "long_matches_only": "yes"},
         {"id": "deflate", "level": -2},
         {"id": "lz4", "acceleration": 4},
         {"id": "raw", "level": 1},

@@ -31,6 +31,13 @@ def _weight(rows: int = ROWS, seed: int = 1) -> torch.Tensor:
     return torch.randn(rows, 1024, generator=torch.Generator().manual_seed(seed)) * 0.02
 
 
+def _moment(rows: int, seed: int = 2) -> torch.Tensor:
+    """Like Adam's exp_avg_sq of a linear layer: a row scale times a column scale, squared, so
+    exponent bytes repeat in short runs that zstd level 3 matches."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.rand(rows, 1, generator=gen) * 1e-3) ** 2 * (torch.rand(1, 1024, generator=gen) * 1e-2) ** 2 + 1e-12
+
+
 def _entries(data: bytes) -> dict:
     with ckptzip.open(io.BytesIO(data)) as reader:
         return {e.name: e for e in reader.entries()}
@@ -69,6 +76,16 @@ def test_a_middle_sample_is_whole_elements_from_an_aligned_start(nbytes: int, si
     assert sample.start % 256 == 0 and 0 <= sample.start <= sample.stop <= nbytes
     assert (sample.stop - sample.start) == min(nbytes, size) // itemsize * itemsize
     assert sample.start <= nbytes - sample.stop + 256  # centred, up to the alignment
+
+
+LITERALS = {"id": "zstd", "level": 1, "long_matches_only": True}
+
+
+@pytest.mark.parametrize("preset", ["auto", "portable", "fast"])
+def test_cpu_exponent_planes_take_the_zstd_that_codes_their_sample_smallest(preset: str) -> None:
+    entries = _entries(save_bytes({"w": _weight(rows=64), "v": _moment(rows=64)}, codec=preset))
+    assert entries["w"].streams[3].codec == LITERALS
+    assert entries["v"].streams[3].codec == (LITERALS if preset == "fast" else {"id": "zstd", "level": 3})
 
 
 def _samples(device: str) -> list[torch.Tensor]:

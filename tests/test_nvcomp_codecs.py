@@ -130,6 +130,7 @@ def test_config_round_trip(codec: gpu._NvcompCodec, config: dict) -> None:
 
 def test_cpu_codec_configs_are_accepted_and_gpu_configs_read_on_the_cpu() -> None:
     assert gpu.NvcompZstdCodec.from_config({"id": "zstd", "level": 19}) == gpu.NvcompZstdCodec()
+    assert gpu.NvcompZstdCodec.from_config({"id": "zstd", "level": 1, "long_matches_only": True}) == gpu.NvcompZstdCodec()
     assert gpu.NvcompDeflateCodec.from_config({"id": "deflate", "level": 9}) == gpu.NvcompDeflateCodec()
     for cls in (gpu.NvcompZstdCodec, gpu.NvcompDeflateCodec, gpu.NvcompLz4Codec):
         if has_codec(cls.codec_id, "cpu"):

