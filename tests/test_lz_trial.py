@@ -1,5 +1,8 @@
 """Large float tensors whose values repeat whole are stored unsplit with an LZ codec, when a
-sample says LZ beats their byte planes (engine.encode._lz_wins)."""
+sample says LZ beats their byte planes, up to a share of each batch (engine.encode._lz_wins).
+
+The trial runs for ``portable`` on a GPU; the CPU tests give the CPU backend the same LZ codec
+(``lz_on_the_cpu``) to exercise the backend-independent machinery where CI runs."""
 
 from __future__ import annotations
 
@@ -12,9 +15,10 @@ from helpers import assert_same, load_bytes, save_bytes
 
 import ckptzip
 from ckptzip.codecs import has_codec
-from ckptzip.engine import estimate
+from ckptzip.engine import encode, estimate, policy
+from ckptzip.engine.encode import _lz_wins, tensor_bytes
 from ckptzip.engine.estimate import middle
-from ckptzip.engine.policy import LZ_TRIAL_MIN_BYTES
+from ckptzip.engine.policy import LZ_TRIAL_MIN_BYTES, Policy
 
 PLANES = [{"id": "byteplanes", "itemsize": 4}]
 ROWS = LZ_TRIAL_MIN_BYTES // 4 // 1024
@@ -43,10 +47,16 @@ def _entries(data: bytes) -> dict:
         return {e.name: e for e in reader.entries()}
 
 
-@pytest.mark.parametrize("preset", ["auto", "portable"])
-def test_values_that_repeat_whole_are_stored_whole_with_lz(preset: str) -> None:
+@pytest.fixture
+def lz_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(policy._LZ_CODECS, ("portable", "cpu"), {"id": "zstd", "level": 3})
+    monkeypatch.setattr(encode, "LZ_MAX_SHARE", 1.0)
+
+
+@pytest.mark.usefixtures("lz_on_the_cpu")
+def test_values_that_repeat_whole_are_stored_whole_with_lz() -> None:
     state = {"grad": _gradient(), "weight": _weight()}
-    data = save_bytes(state, codec=preset)
+    data = save_bytes(state, codec="portable")
     entries = _entries(data)
     assert entries["grad"].transforms == [] and entries["grad"].codecs == ["zstd"]
     assert entries["weight"].transforms == PLANES
@@ -56,17 +66,43 @@ def test_values_that_repeat_whole_are_stored_whole_with_lz(preset: str) -> None:
     assert_same(load_bytes(data), state)
 
 
-def test_fast_and_smaller_tensors_are_not_tried() -> None:
-    small = _gradient(rows=ROWS // 2)
-    assert _entries(save_bytes({"g": _gradient()}, codec="fast"))["g"].transforms == PLANES
-    assert _entries(save_bytes({"g": small}, codec="auto"))["g"].transforms == PLANES
+@pytest.mark.usefixtures("lz_on_the_cpu")
+def test_other_presets_and_smaller_tensors_are_not_tried() -> None:
+    for preset in ("auto", "fast"):
+        assert _entries(save_bytes({"g": _gradient()}, codec=preset))["g"].transforms == PLANES
+    assert _entries(save_bytes({"g": _gradient(rows=ROWS // 2)}, codec="portable"))["g"].transforms == PLANES
 
 
+def test_without_an_lz_codec_the_cpu_keeps_planes() -> None:
+    assert Policy.parse("portable").lz_codec("cpu") is None and Policy.parse("auto").lz_codec("cuda") is None
+    assert _entries(save_bytes({"g": _gradient()}, codec="portable"))["g"].transforms == PLANES
+
+
+@pytest.mark.usefixtures("lz_on_the_cpu")
 def test_a_tensor_whose_sample_does_not_repeat_keeps_its_planes() -> None:
     grad = _weight()
     # repeats only outside the middle sample: the trial judges by the sample
     grad[: ROWS // 4] = _gradient(rows=ROWS // 4)
-    assert _entries(save_bytes({"g": grad}, codec="auto"))["g"].transforms == PLANES
+    assert _entries(save_bytes({"g": grad}, codec="portable"))["g"].transforms == PLANES
+
+
+@pytest.mark.usefixtures("lz_on_the_cpu")
+def test_lz_takes_at_most_its_share_of_a_batch_largest_savings_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    coarse = (torch.randint(-64, 64, (ROWS, 1024), generator=torch.Generator().manual_seed(3)) * 0.01).float()
+    tensors = [_weight(), _gradient(), coarse, _gradient(seed=4)]  # coarse: 128 values, the largest saving
+    datas = [tensor_bytes(t) for t in tensors]
+    tried = np.ones(4, dtype=bool)
+    itemsize = np.full(4, 4)
+
+    def wins(share: float) -> list[bool]:
+        monkeypatch.setattr(encode, "LZ_MAX_SHARE", share)
+        return _lz_wins(datas, tried, itemsize, Policy.parse("portable"), "cpu").tolist()
+
+    assert wins(1.0) == [False, True, True, True]
+    half = wins(0.5)  # room for two: the coarse tensor and one gradient (their savings differ little)
+    assert half[0] is False and half[2] is True and sum(half) == 2
+    assert wins(0.25) == [False, False, True, False]
+    assert wins(0.2) == [False, False, False, False]
 
 
 @pytest.mark.parametrize(("nbytes", "size", "itemsize"), [(10_000_000, 1 << 18, 4), (1000, 1 << 18, 8),
@@ -112,7 +148,8 @@ def test_plane_counts_of_many_samples_on_a_gpu_count_in_bounded_groups(monkeypat
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or not has_codec("zstd", "cuda"), reason="needs CUDA and nvCOMP")
-def test_on_a_gpu_portable_tries_lz_and_auto_keeps_its_planes() -> None:
+def test_on_a_gpu_portable_tries_lz_and_auto_keeps_its_planes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(encode, "LZ_MAX_SHARE", 1.0)
     state = {"grad": _gradient().cuda(), "weight": _weight().cuda()}
     portable, auto = _entries(save_bytes(state, codec="portable")), _entries(save_bytes(state, codec="auto"))
     assert portable["grad"].transforms == [] and portable["grad"].codecs == ["zstd"]

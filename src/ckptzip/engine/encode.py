@@ -20,7 +20,7 @@ from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts, middle, plane_bits, plane_counts
-from .policy import (LZ_MIN_GAIN, LZ_SAMPLE_BYTES, LZ_TRIAL_MIN_BYTES, RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES,
+from .policy import (LZ_MAX_SHARE, LZ_MIN_GAIN, LZ_SAMPLE_BYTES, LZ_TRIAL_MIN_BYTES, RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES,
                      TRIAL_MIN_GAIN, Policy, chunk_bytes, codec_for)
 
 
@@ -145,19 +145,26 @@ def _lz_wins(datas: list[torch.Tensor], tried: np.ndarray, itemsize: np.ndarray,
              ) -> np.ndarray:
     """Which of the ``tried`` tensors are stored whole with the policy's LZ codec: those whose
     middle sample it codes ``LZ_MIN_GAIN`` smaller than the sample's byte planes are estimated to
-    take. One codec call and one histogram per item size."""
+    take, largest savings first, up to ``LZ_MAX_SHARE`` of the batch's bytes. One codec call and
+    one histogram per item size."""
     wins = np.zeros(tried.size, dtype=bool)
     codec = policy.lz_codec(backend)
-    if codec is None:
+    if codec is None or not tried.any():
         return wins
+    nbytes = np.array([d.numel() for d in datas], dtype=np.int64)
+    saved = np.zeros(tried.size)  # estimated bytes saved by LZ, where it wins
     for k in (2, 4, 8):
         idx = np.flatnonzero(tried & (itemsize == k))
         if not idx.size:
             continue
         samples = [datas[i][middle(datas[i].numel(), LZ_SAMPLE_BYTES, k)] for i in idx]
         lz = np.array([c.numel() for c in codec.encode(samples)], dtype=np.int64)
-        elements = np.array([s.numel() // k for s in samples], dtype=np.int64)
-        wins[idx] = lz < (1 - LZ_MIN_GAIN) * plane_bits(plane_counts(samples, k)) * elements / 8
+        sizes = np.array([s.numel() for s in samples], dtype=np.int64)
+        planes = plane_bits(plane_counts(samples, k)) * (sizes // k) / 8
+        saved[idx] = np.where(lz < (1 - LZ_MIN_GAIN) * planes, (planes - lz) * nbytes[idx] / sizes, 0.0)
+    order = np.argsort(-saved, kind="stable")
+    order = order[saved[order] > 0]
+    wins[order[np.cumsum(nbytes[order]) <= LZ_MAX_SHARE * nbytes.sum()]] = True
     return wins
 
 
