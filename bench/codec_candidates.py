@@ -22,12 +22,14 @@ import argparse
 import collections
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import zstandard
 
 import ckptzip
 from ckptzip.bench.baselines import get_baseline
 from ckptzip.bench.training import train, training_state
+from ckptzip.engine.policy import codec_for
 from ckptzip.report import tensor_class
 from ckptzip.tree import flatten
 
@@ -57,16 +59,36 @@ def candidates(device: str) -> dict[str, Callable[[torch.Tensor], int]]:
     return out
 
 
+# GPU codecs of ckptzip tried on each plane, in the chunks ckptzip would store them in.
+GPU_PLANE_CODECS = {
+    "ans": ({"id": "ans", "data_type": "|u1"}, 1 << 20),
+    "gdeflate-0": ({"id": "gdeflate", "algorithm_type": 0}, 1 << 16),
+    "gdeflate-1": ({"id": "gdeflate", "algorithm_type": 1}, 1 << 16),
+    "nvcomp zstd": ({"id": "zstd"}, 1 << 18),
+}
+
+
+def _chunked(config: dict, chunk: int) -> Callable[[torch.Tensor], int]:
+    codec = codec_for(config, "cuda")
+
+    def size(plane: torch.Tensor) -> int:
+        offsets = np.arange(0, plane.numel(), chunk, dtype=np.int64)
+        lengths = np.minimum(chunk, plane.numel() - offsets)
+        return min(plane.numel(), int(codec.encode_segments(plane, offsets, lengths)[2].sum()))
+
+    return size
+
+
 def plane_candidates(device: str) -> dict[str, Callable[[torch.Tensor], int]]:
-    """Name -> the stored size of a ``uint8`` plane under that codec (zstd on the CPU, and nvCOMP's
-    ANS and zstd on a GPU)."""
-    coders = {level: zstandard.ZstdCompressor(level=level) for level in LEVELS}
+    """Name -> the stored size of a ``uint8`` plane under that codec (zstd on the CPU, with
+    ckptzip's float-plane candidates; on a GPU also ckptzip's nvCOMP codecs, chunked as stored)."""
     out: dict[str, Callable[[torch.Tensor], int]] = {
-        f"zstd-{level}": (lambda t, c=c: len(c.compress(t.cpu().numpy().tobytes()))) for level, c in coders.items()}
+        f"zstd-{level}": (lambda t, c=zstandard.ZstdCompressor(level=level): len(c.compress(t.cpu().numpy().tobytes())))
+        for level in LEVELS}
+    literals = codec_for({"id": "zstd", "level": 1, "long_matches_only": True}, "cpu")
+    out["zstd-1 long matches"] = lambda t: literals.encode([t.cpu()])[0].numel()
     if device == "cuda":
-        for name in GPU_CANDIDATES:
-            baseline = get_baseline(name)
-            out[name] = lambda t, b=baseline: sum(x.numel() for x in b.encode_on_device([t]))
+        out.update({name: _chunked(config, chunk) for name, (config, chunk) in GPU_PLANE_CODECS.items()})
     return out
 
 
