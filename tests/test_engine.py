@@ -312,6 +312,23 @@ def test_the_cpu_planner_keeps_the_candidate_that_codes_a_sample_smallest() -> N
     assert Policy.parse("fast").plane_candidates("cpu") == candidates[:1]
 
 
+@pytest.mark.parametrize("preset", ["auto", "portable", "fast"])
+def test_cpu_exponent_planes_take_the_zstd_that_codes_their_sample_smallest(preset: str) -> None:
+    gen = torch.Generator().manual_seed(2)
+    weight = torch.randn(64, 1024, generator=gen) * 0.02
+    # like Adam's exp_avg_sq of a linear layer: row scale x column scale, squared, so exponent
+    # bytes repeat in short runs that zstd level 3 matches
+    moment = (torch.rand(64, 1, generator=gen) * 1e-3) ** 2 * (torch.rand(1, 1024, generator=gen) * 1e-2) ** 2 + 1e-12
+    data = io.BytesIO()
+    ckptzip.save({"w": weight, "v": moment}, data, codec=preset)
+    with ckptzip.open(io.BytesIO(data.getvalue())) as reader:
+        entries = {e.name: e for e in reader.entries()}
+        assert_same(reader["v"], moment)
+    literals = {"id": "zstd", "level": 1, "long_matches_only": True}
+    assert entries["w"].streams[3].codec == literals
+    assert entries["v"].streams[3].codec == (literals if preset == "fast" else {"id": "zstd", "level": 3})
+
+
 def test_a_plane_a_trial_coded_whole_is_stored_as_the_trial_coded_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # 16384 fp32 values: byte planes of 16 KiB, within the structured trial's sample, so the trial
     # codes each structured plane whole with every candidate and the final coding is skipped.

@@ -19,9 +19,8 @@ from ..kernels import distinct, to_device
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
-from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts, middle, plane_bits, plane_counts
-from .policy import (LZ_MAX_SHARE, LZ_MIN_GAIN, LZ_SAMPLE_BYTES, LZ_TRIAL_MIN_BYTES, RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES,
-                     TRIAL_MIN_GAIN, Policy, chunk_bytes, codec_for)
+from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts
+from .policy import RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy, chunk_bytes, codec_for
 
 
 @dataclass
@@ -103,8 +102,6 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
     itemsize = np.array([t.element_size() for t in tensors], dtype=np.int64)
     floating = np.array([t.dtype.is_floating_point or t.dtype.is_complex for t in tensors])
     split = policy.splits(itemsize, nbytes)
-    lz = _lz_wins(datas, split & floating & (nbytes >= LZ_TRIAL_MIN_BYTES), itemsize, policy, backend)
-    split &= ~lz
     hist = _zeros((count, 8 * 256), torch.int32, device)
     checksums = _zeros((count,), torch.int64, device)
     bases: list[torch.Tensor] = []
@@ -135,47 +132,19 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
         streams.add(whole, len(bases), offsets, nbytes[whole])
         bases.append(buffer)
     s_tensor, s_base, s_offset, s_size = streams.columns()
-    coded, precoded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, hist, floating, lz, bases,
-                                     policy, backend)
+    coded, precoded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, hist, floating, bases, policy,
+                                     backend)
     return _assemble(tensors, checksums, bases, s_tensor, s_base, s_offset, s_size, coded, precoded, plane_of,
                      backend)
 
 
-def _lz_wins(datas: list[torch.Tensor], tried: np.ndarray, itemsize: np.ndarray, policy: Policy, backend: str
-             ) -> np.ndarray:
-    """Which of the ``tried`` tensors are stored whole with the policy's LZ codec: those whose
-    middle sample it codes ``LZ_MIN_GAIN`` smaller than the sample's byte planes are estimated to
-    take, largest savings first, up to ``LZ_MAX_SHARE`` of the batch's bytes. One codec call and
-    one histogram per item size."""
-    wins = np.zeros(tried.size, dtype=bool)
-    codec = policy.lz_codec(backend)
-    if codec is None or not tried.any():
-        return wins
-    nbytes = np.array([d.numel() for d in datas], dtype=np.int64)
-    saved = np.zeros(tried.size)  # estimated bytes saved by LZ, where it wins
-    for k in (2, 4, 8):
-        idx = np.flatnonzero(tried & (itemsize == k))
-        if not idx.size:
-            continue
-        samples = [datas[i][middle(datas[i].numel(), LZ_SAMPLE_BYTES, k)] for i in idx]
-        lz = np.array([c.numel() for c in codec.encode(samples)], dtype=np.int64)
-        sizes = np.array([s.numel() for s in samples], dtype=np.int64)
-        planes = plane_bits(plane_counts(samples, k)) * (sizes // k) / 8
-        saved[idx] = np.where(lz < (1 - LZ_MIN_GAIN) * planes, (planes - lz) * nbytes[idx] / sizes, 0.0)
-    order = np.argsort(-saved, kind="stable")
-    order = order[saved[order] > 0]
-    wins[order[np.cumsum(nbytes[order]) <= LZ_MAX_SHARE * nbytes.sum()]] = True
-    return wins
-
-
 def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
-                   plane_of: dict[int, int], hist: torch.Tensor, floating: np.ndarray, lz: np.ndarray,
+                   plane_of: dict[int, int], hist: torch.Tensor, floating: np.ndarray,
                    bases: list[torch.Tensor], policy: Policy, backend: str
                    ) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
     """The codec configuration each stream is tried with (``RAW``: stored as it is), and the
-    streams a trial already coded whole (:func:`_trial`). Tensors in ``lz`` get the LZ codec."""
+    streams a trial already coded whole (:func:`_trial`)."""
     plane_codec = policy.plane_codec(backend).get_config()
-    lz_codec = policy.lz_codec(backend)
     precoded: dict[int, tuple[int, int, int]] = {}
     if not s_tensor.size:
         return [], precoded
@@ -195,8 +164,7 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
         if size == 0:
             configs.append(RAW)
         elif not is_plane[s]:
-            codec = lz_codec if lz_codec is not None and lz[s_tensor[s]] else policy.whole_codec(backend, size)
-            configs.append(codec.get_config())
+            configs.append(policy.whole_codec(backend, size).get_config())
         elif not floating[s_tensor[s]]:
             configs.append(plane_codec)
         elif plane_entropy[s] < RANDOM_ENTROPY_BITS:

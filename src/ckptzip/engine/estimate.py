@@ -1,7 +1,7 @@
 """Coded sizes estimated from byte counts: the order-0 entropy of byte planes, and of samples.
 
-The planner reads plane entropies to pick what it codes; the delta and LZ trials compare a
-tensor's estimated size as byte planes against an alternative from a sample of it.
+The planner reads plane entropies to pick what it codes; the delta decision compares a tensor's
+estimated size as byte planes with its XOR against a base's, from a sample of each.
 """
 
 from __future__ import annotations

@@ -60,25 +60,6 @@ _PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
 _LITERALS = {"id": "zstd", "level": 1, "long_matches_only": True}
 _CPU_FLOAT_CANDIDATES = (_LITERALS, {"id": "zstd", "level": 3})
 
-# Float tensors of LZ_TRIAL_MIN_BYTES or more are also tried whole, with an LZ codec on their raw
-# bytes: values that repeat whole (bf16 gradients scaled in fp32 by clipping, repeated rows) are
-# matches to LZ that byte planes scatter. A sample of LZ_SAMPLE_BYTES from the middle is coded and
-# kept when it is LZ_MIN_GAIN smaller than the order-0 estimate of its byte planes. Coding a whole
-# tensor with zstd is slower than coding its planes (whose mantissa bytes are stored raw), so at
-# most LZ_MAX_SHARE of a batch's bytes go this way, the largest estimated savings first: on an
-# H200 the `large` state's gradients (a quarter of it) all going to zstd made `portable` 6.8%
-# smaller and its save 54% slower; a sixteenth keeps the save within the 10% the trial may cost.
-LZ_TRIAL_MIN_BYTES = 1 << 23
-LZ_SAMPLE_BYTES = 1 << 18
-LZ_MIN_GAIN = 0.03
-LZ_MAX_SHARE = 1 / 16
-# Only for "portable" on a GPU, where the plane codec is zstd already. Not for "auto" or "fast"
-# there (nvCOMP's zstd encodes ~10x slower than its ANS), nor on the CPU: zstd level 3, which finds
-# these repeats (level 1 does not: 1.22x against 1.68x on clipped bf16 gradients), codes whole
-# tensors 4-5x slower than the planes' codecs, so the share that fits the budget is too small.
-_LZ_CODECS: dict[tuple[str, str], dict[str, Any]] = {
-    ("portable", "cuda"): {"id": "zstd", "level": 3},
-}
 
 
 @functools.lru_cache(maxsize=64)
@@ -149,11 +130,6 @@ class Policy:
         if not self.is_preset or backend != "cpu":
             return [self.plane_codec(backend).get_config()]
         return list(_CPU_FLOAT_CANDIDATES[:1] if self.name == "fast" else _CPU_FLOAT_CANDIDATES)
-
-    def lz_codec(self, backend: str) -> Codec | None:
-        """The LZ codec that large float tensors are tried with whole, or None (no trial)."""
-        config = _LZ_CODECS.get((self.name, backend))
-        return None if config is None else codec_for(config, backend)
 
     def whole_codec(self, backend: str, nbytes: int) -> Codec:
         """The codec of a tensor stored as one stream (not split into planes)."""
