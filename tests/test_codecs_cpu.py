@@ -294,6 +294,19 @@ def test_cpu_and_gpu_bitstreams_interchange(codec_id: str) -> None:
     assert all(torch.equal(d.cpu(), c) for d, c in zip(gpu.decode(from_cpu, sizes), chunks))
 
 
+@pytest.mark.gpu
+def test_frames_without_short_matches_decode_on_the_gpu() -> None:
+    config = {"id": "zstd", "level": 1, "long_matches_only": True}
+    if not has_codec("zstd", "cuda"):
+        pytest.skip("no GPU implementation of 'zstd' here")
+    weights = torch.randn(1 << 18, generator=torch.Generator().manual_seed(2)) * 0.02
+    chunks = [c for c in CHUNKS.values() if c.numel() > 1]
+    chunks.append(weights.view(torch.uint8).reshape(-1, 4)[:, 3].contiguous())
+    from_cpu = [e.cuda() for e in get_codec(config, "cpu").encode(chunks)]
+    decoded = get_codec(config, "cuda").decode(from_cpu, [c.numel() for c in chunks])
+    assert all(torch.equal(d.cpu(), c) for d, c in zip(decoded, chunks))
+
+
 def test_zstd_codes_many_tiny_segments_in_one_batch_call() -> None:
     rng = np.random.default_rng(5)
     base = torch.from_numpy(np.repeat(rng.integers(0, 256, 70_000, dtype=np.uint8), 3))
