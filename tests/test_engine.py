@@ -296,18 +296,43 @@ def test_the_numpy_split_and_merge_agree_across_their_blocks(monkeypatch: pytest
     test_splitting_on_the_cpu_matches_numpy_reference()
 
 
-def test_the_cpu_planner_keeps_the_candidate_that_codes_a_sample_smallest() -> None:
-    # 600 KB of noise twice: only zstd level 3's 2 MiB window reaches back to the repeat; and a
-    # plane of pure noise that neither candidate shrinks.
-    noise = np.random.default_rng(2).integers(0, 256, 600_000, dtype=np.uint8)
-    base = torch.from_numpy(np.concatenate([noise, noise, noise]))
-    offsets = np.array([0, 1_200_000], dtype=np.int64)
-    sizes = np.array([1_200_000, 600_000], dtype=np.int64)
+def _exponents(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.numpy().view(np.uint8).reshape(-1, 4)[:, 3])
+
+
+def _counting_zstd(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[int, bool], int]:
+    """Bytes each zstd configuration codes through encode_segments, by (level, long_matches_only)."""
+    coded: dict[tuple[int, bool], int] = {}
+    encode_segments = ZstdCodec.encode_segments
+
+    def counting(self: ZstdCodec, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> object:
+        key = (self.level, self.long_matches_only)
+        coded[key] = coded.get(key, 0) + int(lengths.sum())
+        return encode_segments(self, base, offsets, lengths)
+
+    monkeypatch.setattr(ZstdCodec, "encode_segments", counting)
+    return coded
+
+
+def test_the_cpu_planner_keeps_the_candidate_that_codes_a_sample_smallest(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Exponent planes of: a moment-like tensor (row scale x column scale, squared: short repeats
+    # that level 1 matches and level 3 matches better), weights (no repeats worth a match), and a
+    # plane of pure noise that no candidate shrinks.
+    gen = torch.Generator().manual_seed(2)
+    moment = (torch.rand(64, 1, generator=gen) * 1e-3) ** 2 * (torch.rand(1, 1024, generator=gen) * 1e-2) ** 2 + 1e-12
+    weight = torch.randn(65536, generator=gen) * 0.02
+    noise = np.random.default_rng(2).integers(0, 256, 65536, dtype=np.uint8)
+    base = torch.from_numpy(np.concatenate([_exponents(moment), _exponents(weight), noise]))
+    offsets = np.array([0, 65536, 131072], dtype=np.int64)
+    sizes = np.full(3, 65536, dtype=np.int64)
     candidates = [{"id": "zstd", "level": 1, "long_matches_only": True}, {"id": "zstd", "level": 1},
                   {"id": "zstd", "level": 3}]
-    picks, whole = _trial(np.arange(2), [base], np.zeros(2, np.int64), offsets, sizes, candidates, 1_200_000, "cpu")
-    assert picks == [{"id": "zstd", "level": 3}, {"id": "raw"}]
-    assert whole == {}  # a sample over one stored chunk (1 MiB) is not what the stream stores
+    coded = _counting_zstd(monkeypatch)
+    picks, whole = _trial(np.arange(3), [base], np.zeros(3, np.int64), offsets, sizes, candidates, 1 << 15, "cpu")
+    assert picks == [candidates[2], candidates[0], {"id": "raw"}]
+    assert whole == {}  # samples of part of a stream are not what the stream stores
+    # level 3 (the slowest) coded only the sample where level 1 beat the long-matches-only coding
+    assert coded == {(1, True): 3 << 15, (1, False): 3 << 15, (3, False): 1 << 15}
     for preset in ("auto", "portable"):
         assert Policy.parse(preset).plane_candidates("cpu") == candidates
     assert Policy.parse("fast").plane_candidates("cpu") == candidates[:1]
@@ -332,24 +357,19 @@ def test_cpu_exponent_planes_take_the_zstd_that_codes_their_sample_smallest(pres
 
 def test_a_plane_a_trial_coded_whole_is_stored_as_the_trial_coded_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # 16384 fp32 values: byte planes of 16 KiB, within the structured trial's sample, so the trial
-    # codes each structured plane whole with every candidate and the final coding is skipped.
+    # codes each structured plane whole and the final coding is skipped.
     t = torch.randn(16384, generator=torch.Generator().manual_seed(5)) * 0.02
-    coded: dict[int, int] = {}
-    encode_segments = ZstdCodec.encode_segments
-
-    def counting(self: ZstdCodec, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> object:
-        coded[self.level] = coded.get(self.level, 0) + int(lengths.sum())
-        return encode_segments(self, base, offsets, lengths)
-
-    monkeypatch.setattr(ZstdCodec, "encode_segments", counting)
+    coded = _counting_zstd(monkeypatch)
     blob = io.BytesIO()
     ckptzip.save({"w": t}, blob, codec="auto")
-    assert coded[1] == 2 * coded[3] > 0  # the trial's three codings (two at level 1), no fourth
+    # the trial's codings of the exponent plane (level 3 not tried: level 1 did not beat the
+    # long-matches-only coding), and no final coding
+    assert coded == {(1, True): 16384, (1, False): 16384}
     data = blob.getvalue()
     with ckptzip.open(io.BytesIO(data)) as reader:
         assert_same(reader["w"], t)
         stream = reader.entries()[0].streams[3]  # the sign/exponent plane
-    plane = np.ascontiguousarray(t.numpy().view(np.uint8).reshape(-1, 4)[:, 3])
+    plane = _exponents(t)
     frame = ZstdCodec.from_config(stream.codec).encode([torch.from_numpy(plane)])[0].numpy().tobytes()
     (chunk,) = stream.chunks
     assert data[chunk.offset : chunk.offset + chunk.length] == frame

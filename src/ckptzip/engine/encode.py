@@ -198,20 +198,23 @@ def _trial(streams: np.ndarray, bases: list[torch.Tensor], s_base: np.ndarray, s
            ) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
     """For each of ``streams``: the candidate that codes a sample from its middle (up to
     ``sample`` bytes) smallest, or RAW where none shrinks it by TRIAL_MIN_GAIN. One batched codec
-    call per candidate and buffer.
+    call per candidate and buffer. The first two candidates code every sample; each later one
+    (a slower search for matches) only those where the one before it coded smallest so far, since
+    more search pays only where the matches found so far did.
 
     A sample that is a whole stream of one chunk was coded as the stream is stored: such streams
     are returned too, as stream -> (index in ``bases``, offset, length) of the picked coding,
     whose output buffers are appended to ``bases``, so they are not coded again."""
     n = np.minimum(s_size[streams], sample)
     start = s_offset[streams] + (s_size[streams] - n) // 2
-    coded = np.empty((len(candidates), streams.size), dtype=np.int64)
+    coded = np.full((len(candidates), streams.size), np.iinfo(np.int64).max, dtype=np.int64)
     where = np.empty((2, len(candidates), streams.size), dtype=np.int64)  # output buffer, offset
     outputs: list[torch.Tensor] = []
     for c, config in enumerate(candidates):
         codec = codec_for(config, backend)
-        for base in distinct(s_base[streams])[0].tolist():
-            sel = s_base[streams] == base
+        tried = np.ones(streams.size, dtype=bool) if c < 2 else coded[c - 1] < coded[: c - 1].min(axis=0)
+        for base in distinct(s_base[streams[tried]])[0].tolist():
+            sel = tried & (s_base[streams] == base)
             out, where[1, c, sel], coded[c, sel] = codec.encode_segments(bases[base], start[sel], n[sel])
             where[0, c, sel] = len(outputs)
             outputs.append(out)

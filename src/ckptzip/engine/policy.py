@@ -55,7 +55,8 @@ _PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
     ("portable", "cpu"): {"id": "zstd", "level": 1},
 }
 # Float planes of presets on the CPU: each is coded with whichever of these shrinks a sample most
-# (the first alone for "fast"; ties go to the first, the fastest). On an H200-trained state's
+# (the first alone for "fast"; ties go to the first, the fastest; level 3 is tried only where
+# level 1 beat the first, encode._trial). On an H200-trained state's
 # exponent planes (bench/results/h200-codec-candidates-medium-planes.txt): weights 3.08x without
 # short matches against 2.79x at level 1 (codecs/cpu.py); exp_avg and gradients 2.64x and 2.71x at
 # level 1 against 2.56x and 2.51x; Adam's exp_avg_sq 3.77x at level 3.
