@@ -8,6 +8,9 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
+from ..codecs._threads import batch_share, cpu_threads
+from ..kernels import THREAD_SAFE
+
 K = TypeVar("K")
 R = TypeVar("R")
 T = TypeVar("T")
@@ -23,6 +26,13 @@ class Task(Generic[K, R]):
         self.key = key
         self.run = run
         self.inline = inline
+
+
+def cpu_workers(cpu_batches: int) -> tuple[int, int]:
+    """Workers for :func:`run_ahead` over a plan with ``cpu_batches`` CPU batches (one per core,
+    else one), and the codec threads each CPU batch may use (:func:`batch_share`)."""
+    workers = cpu_threads() if THREAD_SAFE and cpu_batches else 1
+    return workers, batch_share(cpu_batches if workers > 1 else 1)
 
 
 def run_ahead(tasks: Iterable[Task[K, R]], workers: int) -> Iterator[tuple[K, R]]:

@@ -77,7 +77,7 @@ def plane_bits(counts: np.ndarray) -> np.ndarray:
 
 def middle(nbytes: int, size: int, itemsize: int) -> slice:
     """Up to ``size`` bytes from the middle of ``nbytes``, whole elements, starting at a multiple
-    of 256 bytes (GPU codecs read aligned chunks without a copy)."""
+    of 256 bytes (so word-wise passes over the sample, such as ``delta.xor_bytes``, stay aligned)."""
     take = min(nbytes, size) // itemsize * itemsize
     start = (nbytes - take) // 2 // 256 * 256
     return slice(start, start + take)

@@ -64,7 +64,6 @@ _LITERALS = {"id": "zstd", "level": 1, "long_matches_only": True}
 _CPU_FLOAT_CANDIDATES = (_LITERALS, {"id": "zstd", "level": 1}, {"id": "zstd", "level": 3})
 
 
-
 @functools.lru_cache(maxsize=64)
 def _codec(config: str, backend: str) -> Codec:
     """Codec objects are immutable values: one per configuration and backend per process."""

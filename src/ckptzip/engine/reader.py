@@ -22,13 +22,12 @@ import numpy as np
 import torch
 
 from ..codecs import gpu_only_ids, has_codec
-from ..codecs._threads import batch_share, codec_threads, cpu_threads
-from ..kernels import THREAD_SAFE
+from ..codecs._threads import codec_threads
 from ..errors import CorruptCheckpointError
 from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
 from ..format.reader import verify_xxh3
 from ..kernels.segments import segment_sums
-from .ahead import Task, run_ahead
+from .ahead import Task, cpu_workers, run_ahead
 from .decode import Runs, decode_batch
 from .sources import LoadPlan
 from .staging import copy_stream, pinned_pool
@@ -342,9 +341,7 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     gpu = [(work, [items[j] for j in idx]) for backend, work, idx in plan if backend == "cuda"]
     uploader = _Uploader(reader, gpu) if gpu else None
     digests = reader.digest_is_wsum64
-    cpu_batches = sum(backend == "cpu" for backend, _, _ in plan)
-    workers = cpu_threads() if THREAD_SAFE and cpu_batches else 1
-    share = batch_share(cpu_batches if workers > 1 else 1)
+    workers, share = cpu_workers(sum(backend == "cpu" for backend, _, _ in plan))
     tasks = (
         Task(idx, functools.partial(_decode_gpu, uploader, [items[j] for j in idx], work, digests, outputs(idx)),
              inline=True)

@@ -22,10 +22,9 @@ from typing import Any, BinaryIO, Generic, TypeVar
 import numpy as np
 import torch
 
-from ..codecs._threads import batch_share, codec_threads, cpu_threads
-from ..kernels import THREAD_SAFE
+from ..codecs._threads import codec_threads
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
-from .ahead import Task, run_ahead
+from .ahead import Task, cpu_workers, run_ahead
 from .encode import EncodedBatch, encode_batch
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
@@ -331,9 +330,7 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     plan = [(key, [chosen[i] for i in idx])
             for key, idx in plan_batches([tensors[i] for i in chosen], policy, gpu_batch_bytes)]
     cuda = {key.device for key, _ in plan if key.backend == "cuda"}
-    cpu_batches = sum(key.backend == "cpu" for key, _ in plan)
-    workers = cpu_threads() if THREAD_SAFE and cpu_batches else 1
-    share = batch_share(cpu_batches if workers > 1 else 1)
+    workers, share = cpu_workers(sum(key.backend == "cpu" for key, _ in plan))
     tasks = (
         Task((key, idx), functools.partial(_encode, [tensors[i] for i in idx], key, policy, share),
              inline=key.backend == "cuda")
