@@ -18,6 +18,7 @@ import ckptzip
 from ckptzip.checksum import wsum64_array
 from ckptzip.codecs import has_codec
 from ckptzip.codecs.cpu import ZstdCodec
+from ckptzip.engine import memory as engine_memory
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
 from ckptzip.engine.decode import Runs, decode_batch
@@ -247,7 +248,9 @@ def test_a_decode_budget_refuses_a_small_file_declaring_much(tmp_path) -> None: 
 @pytest.mark.parametrize("device", _devices())
 def test_a_tensor_larger_than_a_slice_decodes_in_parts_into_its_output(device: str, monkeypatch: pytest.MonkeyPatch,
                                                                         small_chunks: int) -> None:
-    monkeypatch.setattr(engine_reader, "SLICE_BYTES", {"cuda": 16 << 10, "cpu": 16 << 10})
+    monkeypatch.setattr(engine_reader, "CPU_SLICE_BYTES", 16 << 10)
+    monkeypatch.setattr(engine_reader, "BATCH_BYTES", {"cuda": 16 << 10, "cpu": 8 << 20})  # GPU slices: a batch
+    monkeypatch.setattr(engine_memory, "_MIN_BATCH", 1 << 10)
     parts = []
     slices = engine_reader._slices
     monkeypatch.setattr(engine_reader, "_slices", lambda e, limit: parts.append(slices(e, limit)) or parts[-1])

@@ -1,7 +1,7 @@
 """ckptzip: lossless, GPU-native compression of deep-learning training checkpoints."""
 
 from ._version import __version__
-from .api import CheckpointReader, CompressedTensor, compress, decompress, load, open, save
+from .api import CheckpointReader, CompressedTensor, compress, decompress, load, open, save, warmup
 from .errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
@@ -10,6 +10,7 @@ from .errors import (
     CorruptCheckpointError,
     DecodeBudgetError,
     DeviceUnavailableError,
+    GpuMemoryError,
     StorageUnavailableError,
     UnsupportedFormatError,
     UnsupportedObjectError,
@@ -28,6 +29,7 @@ __all__ = [
     "CorruptCheckpointError",
     "DecodeBudgetError",
     "DeviceUnavailableError",
+    "GpuMemoryError",
     "StorageUnavailableError",
     "UnsupportedFormatError",
     "UnsupportedObjectError",
@@ -37,4 +39,5 @@ __all__ = [
     "load",
     "open",
     "save",
+    "warmup",
 ]

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from .engine.policy import Policy
 from .engine.reader import read_tensors
 from .engine.sources import DeltaBase
+from .engine.warmup import warm_up
 from .engine.writer import write_state
 from .errors import CheckpointWriteError, CkptzipError, DecodeBudgetError, DeviceUnavailableError
 from .format import BaseRef, ContainerReader, TensorEntry, content_hash
@@ -30,34 +31,34 @@ def _progress(total: int, enabled: bool, desc: str) -> tqdm[Any]:
 
 
 def write_checkpoint(f: BinaryIO, obj: Any, policy: Policy, *, progress: bool = False,
-                     base: DeltaBase | None = None) -> list[TensorEntry]:
+                     base: DeltaBase | None = None, gpu_memory: int | None = None) -> list[TensorEntry]:
     """Write ``obj`` to the binary file ``f``, tensors that pay stored as XOR deltas against
     ``base``; return the tensor table (what :func:`~ckptzip.format.content_hash` hashes)."""
     flat = flatten(obj)
     tensors = [item.tensor for item in flat.tensors]
     total = sum(t.numel() * t.element_size() for t in tensors)
     with _progress(total, progress, "compress") as bar:
-        return write_state(f, [item.name for item in flat.tensors], tensors, flat.tree, policy, bar.update, base)
+        return write_state(f, [item.name for item in flat.tensors], tensors, flat.tree, policy, bar.update, base,
+                           gpu_memory)
 
 
-def _write(f: BinaryIO, obj: Any, policy: Policy, progress: bool) -> None:
-    write_checkpoint(f, obj, policy, progress=progress)
-
-
-def save(obj: Any, f: PathOrFile, *, codec: CodecArg = "auto", progress: bool = False) -> None:
+def save(obj: Any, f: PathOrFile, *, codec: CodecArg = "auto", progress: bool = False,
+         gpu_memory: int | None = None) -> None:
     """Save ``obj`` (nested dict/list/tuple of tensors and plain values) to a path or binary file.
 
     A path is written atomically: to a temporary file, synced, then renamed. ``codec`` is a preset
     (``"auto"``, ``"fast"``, ``"portable"``) or a codec id applied to every tensor. ``progress``
-    shows a progress bar on stderr.
+    shows a progress bar on stderr. ``gpu_memory`` caps the GPU memory the save uses beside the
+    state, in bytes (default ``CKPTZIP_GPU_MEMORY_MB``, else what is free); it is given back when
+    the save returns. Below 256 MiB it raises :class:`~ckptzip.errors.GpuMemoryError`.
     """
     policy = Policy.parse(codec)
     if isinstance(f, (str, os.PathLike)):
         with atomic_file(f) as fh:
-            _write(fh, obj, policy, progress)
+            write_checkpoint(fh, obj, policy, progress=progress, gpu_memory=gpu_memory)
         return
     try:
-        _write(f, obj, policy, progress)
+        write_checkpoint(f, obj, policy, progress=progress, gpu_memory=gpu_memory)
     except OSError as exc:
         if isinstance(exc, CkptzipError):
             raise
@@ -105,8 +106,10 @@ def resolve_device(saved: str | None, map_location: MapLocation) -> torch.device
 class CheckpointReader:
     """Lazy access to a checkpoint: the index is read and validated up front, tensors on demand."""
 
-    def __init__(self, f: Source, *, map_location: MapLocation = None, max_bytes: int | None = None) -> None:
+    def __init__(self, f: Source, *, map_location: MapLocation = None, max_bytes: int | None = None,
+                 gpu_memory: int | None = None) -> None:
         self._owned: BinaryIO | None = None  # a file this reader opened, and closes
+        self.gpu_memory = gpu_memory
         if isinstance(f, (str, os.PathLike)):
             f = self._owned = open_for_read(f)  # refuses FIFOs and devices instead of blocking on them
         try:
@@ -149,13 +152,14 @@ class CheckpointReader:
     def _tensor(self, index: int) -> torch.Tensor:
         entry = self._reader.tensors[index]
         device = resolve_device(entry.device, self.map_location)
-        return read_tensors(self._reader, [index], [device], lambda _: None, self.base_tensors)[0]
+        return read_tensors(self._reader, [index], [device], lambda _: None, self.base_tensors, self.gpu_memory)[0]
 
     def _all_tensors(self, progress: bool) -> list[torch.Tensor]:
         entries = self._reader.tensors
         devices = [resolve_device(e.device, self.map_location) for e in entries]
         with _progress(self.nbytes, progress, "decompress") as bar:
-            return read_tensors(self._reader, list(range(len(entries))), devices, bar.update, self.base_tensors)
+            return read_tensors(self._reader, list(range(len(entries))), devices, bar.update, self.base_tensors,
+                                self.gpu_memory)
 
     def load(self, *, progress: bool = False) -> Any:
         """The whole saved object, every tensor decoded and verified (read in file order)."""
@@ -209,14 +213,15 @@ class CheckpointReader:
         self.close()
 
 
-def open(path: Source, *, map_location: MapLocation = None, max_bytes: int | None = None) -> CheckpointReader:
+def open(path: Source, *, map_location: MapLocation = None, max_bytes: int | None = None,
+         gpu_memory: int | None = None) -> CheckpointReader:
     """Open a checkpoint (a path, a binary file, or its bytes) for lazy, per-tensor reads:
-    ``ckptzip.open(p)["model.w"]``. ``max_bytes``: as for :func:`load`."""
-    return CheckpointReader(path, map_location=map_location, max_bytes=max_bytes)
+    ``ckptzip.open(p)["model.w"]``. ``max_bytes``, ``gpu_memory``: as for :func:`load`."""
+    return CheckpointReader(path, map_location=map_location, max_bytes=max_bytes, gpu_memory=gpu_memory)
 
 
 def load(f: Source, *, map_location: MapLocation = None, progress: bool = False,
-         max_bytes: int | None = None) -> Any:
+         max_bytes: int | None = None, gpu_memory: int | None = None) -> Any:
     """Load what :func:`save` saved from a path, a binary file, or the bytes of one (read in
     place, without a copy); every tensor is verified bit-exact against its checksum.
 
@@ -224,8 +229,10 @@ def load(f: Source, *, map_location: MapLocation = None, progress: bool = False,
     declare gigabytes of zeros): a file declaring more is refused with
     :class:`~ckptzip.errors.DecodeBudgetError` before any tensor memory is allocated. Decoding
     needs about the decoded size, plus one batch (at most 1 GiB on a GPU, 8 MiB on the CPU).
+    ``gpu_memory`` caps the GPU memory decoding uses beside the tensors it returns (as for
+    :func:`save`).
     """
-    with CheckpointReader(f, map_location=map_location, max_bytes=max_bytes) as reader:
+    with CheckpointReader(f, map_location=map_location, max_bytes=max_bytes, gpu_memory=gpu_memory) as reader:
         return reader.load(progress=progress)
 
 
@@ -287,6 +294,15 @@ class CompressedTensor:
             f"CompressedTensor(dtype={self.dtype}, shape={tuple(self.shape)}, nbytes={self.nbytes}, "
             f"compressed_nbytes={self.compressed_nbytes}, ratio={self.ratio:.3f})"
         )
+
+
+def warmup(device: str | torch.device | None = None, *, codec: CodecArg = "auto", wait: bool = False) -> None:
+    """Compile the GPU kernels and create the codecs that saving and loading with ``codec`` use
+    on ``device`` (default: the current CUDA device), on a background thread, so that the first
+    save or load of a fresh process (an empty kernel cache) costs what later ones cost. Call it
+    when a job starts; :class:`CheckpointManager` and the DCP plugin call it themselves. ``wait``
+    blocks until it is done. Without CUDA it does nothing."""
+    warm_up(None if device is None else torch.device(device), Policy.parse(codec), wait=wait)
 
 
 def compress(tensor: torch.Tensor, *, codec: CodecArg = "auto") -> CompressedTensor:

@@ -51,6 +51,11 @@ class DecodeBudgetError(CkptzipError, MemoryError):
     was allocated for its tensors."""
 
 
+class GpuMemoryError(CkptzipError, MemoryError):
+    """Too little GPU memory can be had for a call (below the documented minimum, or what a
+    tensor needs); the message gives the numbers. Nothing was written or changed."""
+
+
 class TargetMismatchError(CkptzipError, ValueError):
     """A checkpoint does not fit the object it is restored into (a missing entry, a shape or dtype)."""
 

@@ -18,6 +18,7 @@ import random
 import re
 import sys
 import threading
+import logging
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +32,9 @@ from .errors import CheckpointNotFoundError, CorruptCheckpointError, MissingBase
 from .engine.policy import Policy
 from .engine.sources import DeltaBase
 from .engine.staging import PinnedPool
-from .engine.writer import StagedState, stage_state, write_staged
+from .engine import memory
+from .engine.warmup import warm_up
+from .engine.writer import GpuLimits, StagedState, gpu_coded, stage_state, write_staged
 from .format import BaseRef, TensorEntry, content_hash
 from .storage import WriterLock, open_storage
 from .tree import flatten, unflatten
@@ -51,6 +54,8 @@ SnapshotMode = Literal["auto", "device", "host"]
 DEVICE_HEADROOM = 2 << 30
 # GPU batch of a host snapshot: its encoding needs a few of these beside the state.
 HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
+_GIB = 1 << 30
+_LOG = logging.getLogger("ckptzip")
 
 
 class CheckpointSkippedWarning(UserWarning):
@@ -152,10 +157,12 @@ class _SnapshotPool:
     beside a safety margin, else ``"host"``. Buffers return to the pool after the save that used them.
     """
 
-    def __init__(self, where: SnapshotMode, policy: Policy) -> None:
+    def __init__(self, where: SnapshotMode, policy: Policy, gpu_memory: int | None = None) -> None:
         self._where = where
         self._policy = policy
+        self._gpu_memory = gpu_memory
         self.last_mode: Literal["device", "host"] | None = None
+        self.last_reason: str | None = None
         self._free: dict[_BufferKey, list[torch.Tensor]] = {}
         self._staging = PinnedPool(count=sys.maxsize)
         self._lock = threading.Lock()
@@ -172,9 +179,10 @@ class _SnapshotPool:
         device, pinned = key
         return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pinned)
 
-    def _device_has_room(self, sources: list[torch.Tensor]) -> bool:
-        """Whether a device snapshot fits on every GPU beside ``DEVICE_HEADROOM`` (or 5 %) of
-        free memory, counting pooled buffers that would be reused."""
+    def _device_room(self, sources: list[torch.Tensor]) -> str | None:
+        """Why a device snapshot does not fit, or None when it does on every GPU: its copy, beside
+        ``DEVICE_HEADROOM`` (or 5 % of the GPU) left for training, out of what can really be had
+        (free memory, what torch's cache would release, and pooled buffers it would reuse)."""
         need: dict[torch.device, int] = collections.defaultdict(int)
         for t in sources:
             if t.is_cuda:
@@ -184,10 +192,14 @@ class _SnapshotPool:
                 pooled = max((b.numel() for b in self._free.get((device, False), [])), default=0)
             if pooled >= nbytes:
                 continue
-            free, total = torch.cuda.mem_get_info(device)
-            if nbytes > free - max(DEVICE_HEADROOM, total // 20):
-                return False
-        return True
+            total = torch.cuda.get_device_properties(device).total_memory
+            headroom = max(DEVICE_HEADROOM, total // 20)
+            have = memory.available(device) + pooled
+            if nbytes + headroom > have:
+                return (f"a device copy of the state needs {nbytes / _GIB:.2f} GiB on {device} and "
+                        f"{headroom / _GIB:.2f} GiB must stay free for training, but only {have / _GIB:.2f} GiB "
+                        "can be had there")
+        return None
 
     def take(self, state: Any, base: DeltaBase | None, keep: bool) -> _Snapshot:
         """Validate ``state`` (raises :class:`~ckptzip.errors.UnsupportedObjectError`) and snapshot
@@ -196,12 +208,16 @@ class _SnapshotPool:
         flat = flatten(state)  # also a deep copy of every non-tensor value
         names = [item.name for item in flat.tensors]
         sources = [item.tensor for item in flat.tensors]
-        host = self._where == "host" or (self._where == "auto" and not self._device_has_room(sources))
-        encoded = {i for i, t in enumerate(sources) if host and t.is_cuda and self._policy.backend(t.device) == "cuda"}
-        copied = [i for i in range(len(sources)) if keep or i not in encoded]
+        reason = "snapshot='host' was asked for" if self._where == "host" else (
+            "snapshot='device' was asked for" if self._where == "device" else self._device_room(sources))
+        host = self._where == "host" or (self._where == "auto" and reason is not None)
+        limits = GpuLimits.of(sources, self._policy, self._gpu_memory, HOST_SNAPSHOT_BATCH_BYTES) if host else None
+        coded = gpu_coded(sources, self._policy, limits) if limits is not None else [False] * len(sources)
+        encoded = {i for i, t in enumerate(sources) if host and t.is_cuda}
+        copied = [i for i in range(len(sources)) if keep or i not in encoded or not coded[i]]
         groups: dict[_BufferKey, list[int]] = collections.defaultdict(list)
         for i in copied:
-            pinned = i in encoded  # a host copy of a CUDA tensor
+            pinned = i in encoded  # a host copy of a CUDA tensor (kept as a base, or coded on the host)
             groups[torch.device("cpu") if pinned else sources[i].device, pinned].append(i)
         placeholder = torch.empty(0)
         copies = [placeholder] * len(sources)
@@ -219,9 +235,14 @@ class _SnapshotPool:
         ready = self._copy([sources[i] for i in copied], [copies[i] for i in copied])
         staged = None
         if encoded:  # the caller's stream is ordered after the copies: the table reads them
-            snapshot = [sources[i] if i in encoded else copies[i] for i in range(len(sources))]
-            staged = stage_state(names, snapshot, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base)
+            snapshot = [sources[i] if i in encoded and coded[i] else copies[i] for i in range(len(sources))]
+            staged = stage_state(names, snapshot, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base,
+                                 self._gpu_memory)
+        if host and self._where == "auto" and self.last_mode != "host":
+            _LOG.warning("ckptzip: taking host snapshots (compressed on the GPU in small batches, stored in pinned "
+                         "host memory) instead of device copies: %s", reason)
         self.last_mode = "host" if host else "device"
+        self.last_reason = reason or "a device copy of the state fits beside the headroom left for training"
         return _Snapshot(flat.tree, names, copies, buffers, ready, staged, len(copied) == len(sources))
 
     def _copy(self, sources: list[torch.Tensor], copies: list[torch.Tensor]) -> list[torch.cuda.Event]:
@@ -259,7 +280,7 @@ class _SnapshotPool:
             if staged is not None:  # its table was rewritten (against the base) when it was taken
                 return _Written(write_staged(f, staged, snapshot.tree, self._policy), kept)
             state = unflatten(snapshot.tree, snapshot.tensors.__getitem__, len(snapshot.tensors))
-            return _Written(api.write_checkpoint(f, state, self._policy, base=base), kept)
+            return _Written(api.write_checkpoint(f, state, self._policy, base=base, gpu_memory=self._gpu_memory), kept)
 
         try:
             for event in snapshot.ready:
@@ -322,13 +343,20 @@ class CheckpointManager:
             state's size free on the GPU); ``"host"`` compresses them on the GPU in small batches
             and keeps only the compressed bytes, in pinned host memory (little extra GPU memory;
             ``save`` returns once they are queued to the host); ``"auto"`` (default) picks
-            ``"device"`` when the GPU has room for the copy, else ``"host"``.
+            ``"device"`` when the GPU has room for the copy (free memory and what torch's cache
+            would release, beside 2 GiB or 5 % for training), else ``"host"``, logging a warning
+            the first time (``last_snapshot``, ``last_snapshot_reason`` say what it chose and why).
         storage_options: passed to the fsspec filesystem (credentials, ``endpoint_url``, ...).
         incremental: ``None`` (every checkpoint whole) or K >= 1: a save may store each tensor as
             an XOR delta against the same tensor of the previous save, where that is estimated to
             be smaller; a chain of deltas holds at most K checkpoints, the first one whole. Costs
             one copy of the state kept as the next base (on its device; in host memory for the
             CUDA tensors of a ``"host"`` snapshot). docs/MANAGER.md.
+        gpu_memory: cap, in bytes, on the GPU memory a save's encoding uses beside the state
+            (as for :func:`ckptzip.save`; default ``CKPTZIP_GPU_MEMORY_MB``, else what is free).
+
+    A manager starts compiling ckptzip's GPU kernels on a background thread when it is made
+    (:func:`ckptzip.warmup`), so the first save of a fresh node does not wait for them.
 
     One manager writes to a directory at a time: the first ``save`` takes the directory's writer
     lock (held until ``close``), and a ``save`` of a second manager while it is held raises
@@ -349,6 +377,7 @@ class CheckpointManager:
         snapshot: SnapshotMode = "auto",
         storage_options: dict[str, Any] | None = None,
         incremental: int | None = None,
+        gpu_memory: int | None = None,
     ) -> None:
         if incremental is not None and (type(incremental) is not int or incremental < 1):
             raise ValueError(f"incremental must be None (every checkpoint whole) or an int >= 1, got {incremental!r}")
@@ -359,6 +388,8 @@ class CheckpointManager:
         if snapshot not in ("auto", "device", "host"):
             raise ValueError(f"snapshot must be 'auto', 'device' or 'host', got {snapshot!r}")
         self._policy = Policy.parse(codec)
+        self._gpu_memory = gpu_memory
+        memory.cap(gpu_memory)  # a bad value fails here, not at the first save
         self._storage = open_storage(directory, storage_options)
         self._keep_last = keep_last
         self._incremental = incremental
@@ -369,7 +400,8 @@ class CheckpointManager:
         self._leftovers: list[str] = []  # found when the lock was taken; discarded after the first commit
         self._newest_committed = max(map(_step_of, self._storage.list(_STEP_PATTERN).committed), default=None)
         self._pending: collections.deque[tuple[int, concurrent.futures.Future[None]]] = collections.deque()
-        self._snapshots = _SnapshotPool(snapshot, self._policy)
+        self._snapshots = _SnapshotPool(snapshot, self._policy, gpu_memory)
+        warm_up(policy=self._policy)  # compile the GPU kernels before the first save needs them
         self._executor = (
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-save")
             if async_save
@@ -381,6 +413,12 @@ class CheckpointManager:
     def last_snapshot(self) -> Literal["device", "host"] | None:
         """The kind of snapshot the latest asynchronous ``save`` took (what ``"auto"`` chose)."""
         return self._snapshots.last_mode
+
+    @property
+    def last_snapshot_reason(self) -> str | None:
+        """Why the latest asynchronous ``save`` took the snapshot it took (the memory numbers when
+        ``"auto"`` chose a host snapshot; a warning is logged on ``ckptzip`` when it starts to)."""
+        return self._snapshots.last_reason
 
     @property
     def directory(self) -> str:
@@ -428,7 +466,8 @@ class CheckpointManager:
                 "separate run"
             )
         if self._executor is None:
-            self._write(step, lambda f, base: _Written(api.write_checkpoint(f, state, self._policy, base=base),
+            self._write(step, lambda f, base: _Written(api.write_checkpoint(f, state, self._policy, base=base,
+                                                                            gpu_memory=self._gpu_memory),
                                                        {item.name: item.tensor for item in flatten(state).tensors}))
             self._after_commit(step)
             future: concurrent.futures.Future[None] = concurrent.futures.Future()

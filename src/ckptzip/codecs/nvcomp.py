@@ -23,6 +23,7 @@ Contract, beyond :class:`~ckptzip.codecs.base.Codec`:
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import threading
 from collections import OrderedDict
@@ -97,10 +98,46 @@ _nv, _problem = _load_nvcomp(import_it=_CUDA_AVAILABLE)
 UNAVAILABLE_REASON: str | None = _why_unavailable(_CUDA_AVAILABLE, _problem)
 
 
+class _TorchBuffer:
+    """Device memory nvCOMP asked for, taken from torch's caching allocator on the calling
+    thread's current stream (nvCOMP's own, which the engine binds to it)."""
+
+    __slots__ = ("ptr", "_tensor")
+
+    def __init__(self, nbytes: int, stream: Any) -> None:
+        self._tensor = torch.empty(max(1, int(nbytes)), dtype=torch.uint8, device="cuda")
+        self.ptr = self._tensor.data_ptr()
+
+
+_ROUTED = threading.Lock()
+_routed = False
+
+
+def _route_allocations() -> None:
+    """Make nvCOMP allocate through torch's caching allocator (once per process). Its default,
+    cudaMalloc, fails while torch caches the free memory, and cudaFree synchronises the device;
+    through torch, its scratch and outputs come from the memory torch can hand out, within the
+    engine's private pools (:mod:`ckptzip.engine.memory`)."""
+    global _routed
+    with _ROUTED:
+        if not _routed:
+            _nv.set_device_allocator(_TorchBuffer)
+            atexit.register(_unroute)
+            _routed = True
+
+
+def _unroute() -> None:
+    """At exit, drop this thread's codec objects while torch can still take their memory back."""
+    lru = getattr(_ENGINES, "lru", None)
+    if lru is not None:
+        lru.clear()
+
+
 class _Engine:
     """One ``nvcomp.Codec`` bound to a device, a stream and a chunk capacity (not thread-safe)."""
 
     def __init__(self, algorithm: str, options: dict[str, Any], capacity: int, device: int, stream: int) -> None:
+        _route_allocations()
         self.stream = stream
         self.codec = _nv.Codec(
             algorithm=algorithm,
@@ -154,7 +191,8 @@ def _slots(sizes: Sequence[int], alignment: int) -> tuple[list[int], int]:
 
 def _retry_out_of_memory(call: Callable[[], Any]) -> Any:
     """``call()``; once more after emptying PyTorch's cache if nvCOMP ran out of device memory
-    (nvCOMP allocates its scratch with cudaMalloc, which cannot take blocks PyTorch caches)."""
+    (an allocation nvCOMP makes itself, outside :class:`_TorchBuffer`, cannot take blocks PyTorch
+    caches)."""
     try:
         return call()
     except RuntimeError as exc:

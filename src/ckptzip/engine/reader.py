@@ -28,12 +28,15 @@ from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
 from ..format.reader import verify_xxh3
 from ..kernels.segments import segment_sums
 from .ahead import Task, cpu_workers, run_ahead
+from . import memory
 from .decode import Runs, decode_batch
 from .sources import LoadPlan
 from .staging import copy_stream, pinned_pool
 
 BATCH_BYTES = {"cuda": 512 << 20, "cpu": 8 << 20}
-SLICE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}  # larger byte-plane tensors decode in parts
+# A GPU batch's region, its decode buffers and the regions the uploader fills ahead: budget / 6.
+LOAD_WORKING_SETS = 6
+CPU_SLICE_BYTES = 64 << 20  # larger byte-plane tensors decode in parts (on a GPU: its batch size)
 # Reads in flight: each copies into a pinned buffer at about 6 GB/s (one core; 4.5 GB/s each when
 # eight copy at once), so a dozen keep the host-to-device link (55 GB/s) fed from memory too.
 _READ_THREADS = max(1, min(12, os.cpu_count() or 1))
@@ -48,10 +51,11 @@ def decode_backend(entry: TensorEntry, device: torch.device) -> str:
     return "cpu"
 
 
-def plan_batches(entries: list[TensorEntry], devices: list[torch.device]
-                 ) -> list[tuple[str, torch.device, list[int]]]:
+def plan_batches(entries: list[TensorEntry], devices: list[torch.device],
+                 gpu_batch: Mapping[torch.device, int] | None = None) -> list[tuple[str, torch.device, list[int]]]:
     """Tensors decoded alike (backend and device), in file order, about ``BATCH_BYTES`` decoded
-    each; a batch's stored bytes are one range of the file wherever the writer kept them so."""
+    each (on a GPU, ``gpu_batch`` where given); a batch's stored bytes are one range of the file
+    wherever the writer kept them so."""
     keyed = []
     for i, (entry, device) in enumerate(zip(entries, devices)):
         backend = decode_backend(entry, device)
@@ -66,7 +70,7 @@ def plan_batches(entries: list[TensorEntry], devices: list[torch.device]
         members, size = open_batches.get((backend, work), ([], 0))
         members.append(i)
         size += max(entries[i].compressed_nbytes, entries[i].nbytes)  # bounds the decode buffers too
-        if size >= BATCH_BYTES[backend]:
+        if size >= (gpu_batch or {}).get(work, BATCH_BYTES[backend]):
             out.append((backend, work, members))
             open_batches.pop((backend, work), None)
         else:
@@ -116,8 +120,10 @@ class _Uploader:
     """Reads GPU batches' stored bytes into pinned buffers and copies them to their devices, in
     batch order, on a thread of its own; ``get`` returns each batch's device region."""
 
-    def __init__(self, reader: ContainerReader, batches: list[tuple[torch.device, list[TensorEntry]]]) -> None:
+    def __init__(self, reader: ContainerReader, batches: list[tuple[torch.device, list[TensorEntry]]],
+                 pools: memory.Pools) -> None:
         self._reader = reader
+        self._pools = pools
         self._pool = pinned_pool()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
         self._stop = False
@@ -133,30 +139,8 @@ class _Uploader:
     def _run(self, batches: list[tuple[torch.device, list[TensorEntry]]]) -> None:
         pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]] = collections.deque()
         try:
-            plans = [(device, entries, Runs.of(entries)) for device, entries in batches]
-            # format-1 digests are checked on the host as the bytes arrive: those files' chunks by batch
-            chunks = None if self._reader.digest_is_wsum64 else [_chunk_list(entries) for _, entries, _ in plans]
-            spans = self._spans(plans, chunks)
-            left = [len(batch) for batch in spans]
-            regions: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}
-            handed = 0  # batches put on the queue, in order (a batch without bytes as soon as it is next)
-            for b, offset, n, buffer in self._pieces(plans, spans, chunks, pending):
-                if self._stop:
-                    return
-                device, _, runs = plans[b]
-                stream = copy_stream(device)
-                with torch.cuda.device(device), torch.cuda.stream(stream):
-                    region = regions[b][0] if b in regions else torch.empty(runs.total, dtype=torch.uint8,
-                                                                           device=device)
-                    at = int(runs.locate(np.array([offset]))[0])
-                    region[at : at + n].copy_(buffer[:n], non_blocking=True)
-                    done = torch.cuda.Event()
-                    done.record(stream)
-                    pending.append((done, buffer))
-                regions[b] = (region, done)  # the last copy's event covers the batch's earlier ones
-                left[b] -= 1
-                handed = self._hand_over(plans, left, regions, handed)
-            self._hand_over(plans, left, regions, handed)
+            with self._pools.routed():
+                self._upload(batches, pending)
             self._queue.put(None)
         except BaseException as exc:
             self._queue.put(exc)
@@ -164,6 +148,34 @@ class _Uploader:
             for done, buffer in pending:
                 done.synchronize()
                 self._pool.release(buffer)
+
+    def _upload(self, batches: list[tuple[torch.device, list[TensorEntry]]],
+                pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]]) -> None:
+        """Fill every batch's device region, handing each over once complete."""
+        plans = [(device, entries, Runs.of(entries)) for device, entries in batches]
+        # format-1 digests are checked on the host as the bytes arrive: those files' chunks by batch
+        chunks = None if self._reader.digest_is_wsum64 else [_chunk_list(entries) for _, entries, _ in plans]
+        spans = self._spans(plans, chunks)
+        left = [len(batch) for batch in spans]
+        regions: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}
+        handed = 0  # batches put on the queue, in order (a batch without bytes as soon as it is next)
+        for b, offset, n, buffer in self._pieces(plans, spans, chunks, pending):
+            if self._stop:
+                return
+            device, _, runs = plans[b]
+            stream = copy_stream(device)
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                region = regions[b][0] if b in regions else torch.empty(runs.total, dtype=torch.uint8,
+                                                                       device=device)
+                at = int(runs.locate(np.array([offset]))[0])
+                region[at : at + n].copy_(buffer[:n], non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(stream)
+                pending.append((done, buffer))
+            regions[b] = (region, done)  # the last copy's event covers the batch's earlier ones
+            left[b] -= 1
+            handed = self._hand_over(plans, left, regions, handed)
+        self._hand_over(plans, left, regions, handed)
 
     def _hand_over(self, plans: list[tuple[torch.device, list[TensorEntry], Runs]], left: list[int],
                    regions: dict[int, tuple[torch.Tensor, torch.cuda.Event]], handed: int) -> int:
@@ -296,38 +308,66 @@ def _slices(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | N
 
 def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torch.device],
                  on_progress: Callable[[int], object],
-                 base_tensors: Sequence[Mapping[str, torch.Tensor]] | None = None) -> list[torch.Tensor]:
+                 base_tensors: Sequence[Mapping[str, torch.Tensor]] | None = None,
+                 gpu_memory: int | None = None) -> list[torch.Tensor]:
     """Decode and verify tensors ``indices`` of the container onto ``devices`` (one each).
     Copies and casts are rebuilt from the entries they refer to, XOR deltas from ``base_tensors``
-    (by base, the base's tensors by name)."""
+    (by base, the base's tensors by name). GPU work stays within each GPU's budget beside the
+    tensors returned (:func:`.memory.budget`; ``gpu_memory`` caps it)."""
     plan = LoadPlan(reader.tensors, reader.index.bases, indices, devices, base_tensors)
-    decoded = _read_stored(reader, plan.entries, plan.devices, on_progress)
+    decoded = _read_stored(reader, plan.entries, plan.devices, on_progress, gpu_memory)
     return plan.finish(decoded, indices)
 
 
+def _decode_all(tasks: Iterator[Task[list[int], tuple[list[torch.Tensor], torch.Tensor]]], workers: int,
+                into: list[tuple[int, int] | None], items: list[TensorEntry], item_entry: list[int],
+                data: dict[int, torch.Tensor], sums: list[tuple[list[TensorEntry], torch.Tensor]],
+                on_progress: Callable[[int], object]) -> None:
+    """Run the decode tasks in order; whole tensors go to ``data``, their checksums to ``sums``
+    (parts of larger tensors are checked whole afterwards)."""
+    for idx, (datas, checksums) in run_ahead(tasks, workers):
+        kept = [n for n, j in enumerate(idx) if into[j] is None]
+        for n in kept:
+            data[item_entry[idx[n]]] = datas[n]
+        if kept:
+            sums.append(([items[idx[n]] for n in kept], checksums[kept] if len(kept) < len(idx) else checksums))
+        on_progress(sum(items[j].nbytes for j in idx))
+
+
+def _work_device(backend: str, device: torch.device) -> torch.device:
+    """Where a tensor bound for ``device`` is decoded by ``backend``."""
+    if backend == "cpu":
+        return torch.device("cpu")
+    return device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+
+
 def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
-                 on_progress: Callable[[int], object]) -> list[torch.Tensor]:
+                 on_progress: Callable[[int], object], gpu_memory: int | None = None) -> list[torch.Tensor]:
     """Decode and verify stored entries onto ``devices``.
 
-    Tensors larger than a batch decode in parts straight into their output, so decoding needs
-    about the decoded size plus one batch, not twice the largest tensor."""
+    Every GPU output is allocated first, outside the call's private pools (:mod:`.memory`); the
+    GPU's budget left beside them sets the batch size. Tensors larger than a batch decode in
+    parts straight into their output, so decoding needs about the decoded size plus a few
+    batches, not twice the largest tensor."""
+    works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
+    outs_of = {i: torch.empty(entry.nbytes, dtype=torch.uint8, device=work)
+               for i, (entry, work) in enumerate(zip(entries, works)) if work.type == "cuda"}
+    gpu_batch = {work: memory.budget(work, gpu_memory, "load").batch_bytes(LOAD_WORKING_SETS, BATCH_BYTES["cuda"])
+                 for work in {w for w in works if w.type == "cuda"}}
     items: list[TensorEntry] = []
     item_devices: list[torch.device] = []
     into: list[tuple[int, int] | None] = []  # (tensor, byte offset) where an item decodes into a part
     item_entry: list[int] = []
     whole: dict[int, torch.Tensor] = {}
-    for i, (entry, device) in enumerate(zip(entries, devices)):
-        backend = decode_backend(entry, device)
-        parts = _slices(entry, SLICE_BYTES[backend])
+    for i, (entry, device, work) in enumerate(zip(entries, devices, works)):
+        parts = _slices(entry, gpu_batch[work] if work.type == "cuda" else CPU_SLICE_BYTES)
         if parts is None:
             items.append(entry)
             item_devices.append(device)
             into.append(None)
             item_entry.append(i)
             continue
-        work = device if backend == "cuda" and device.type == "cuda" else (
-            torch.device("cuda", torch.cuda.current_device()) if backend == "cuda" else torch.device("cpu"))
-        whole[i] = torch.empty(entry.nbytes, dtype=torch.uint8, device=work)
+        whole[i] = outs_of[i] if i in outs_of else torch.empty(entry.nbytes, dtype=torch.uint8, device=work)
         for part, offset in parts:
             items.append(part)
             item_devices.append(device)
@@ -335,11 +375,13 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
             item_entry.append(i)
 
     def outputs(idx: list[int]) -> list[torch.Tensor | None]:
-        return [None if (at := into[j]) is None else whole[at[0]][at[1] : at[1] + items[j].nbytes] for j in idx]
+        return [outs_of.get(item_entry[j]) if (at := into[j]) is None else whole[at[0]][at[1] : at[1] + items[j].nbytes]
+                for j in idx]
 
-    plan = plan_batches(items, item_devices)
+    plan = plan_batches(items, item_devices, gpu_batch)
     gpu = [(work, [items[j] for j in idx]) for backend, work, idx in plan if backend == "cuda"]
-    uploader = _Uploader(reader, gpu) if gpu else None
+    pools = memory.Pools(gpu_batch)
+    uploader = _Uploader(reader, gpu, pools) if gpu else None
     digests = reader.digest_is_wsum64
     workers, share = cpu_workers(sum(backend == "cpu" for backend, _, _ in plan))
     tasks = (
@@ -352,17 +394,14 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     data: dict[int, torch.Tensor] = {}
     sums: list[tuple[list[TensorEntry], torch.Tensor]] = []
     try:
-        for idx, (datas, checksums) in run_ahead(tasks, workers):
-            kept = [n for n, j in enumerate(idx) if into[j] is None]
-            for n in kept:
-                data[item_entry[idx[n]]] = datas[n]
-            if kept:
-                sums.append(([items[idx[n]] for n in kept], checksums[kept] if len(kept) < len(idx) else checksums))
-            on_progress(sum(items[j].nbytes for j in idx))
+        with pools.routed():
+            _decode_all(tasks, workers, into, items, item_entry, data, sums, on_progress)
     finally:
         if uploader is not None:
             uploader.close()
+        pools.release()
     for i, buffer in whole.items():
+
         data[i] = buffer
         sums.append(([entries[i]], segment_sums([buffer], np.zeros(1, np.int64), np.zeros(1, np.int64),
                                                 np.array([buffer.numel()]))))

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,13 +25,19 @@ import torch
 
 from ..codecs._threads import codec_threads
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
+from . import memory
 from .ahead import Task, cpu_workers, run_ahead
 from .encode import EncodedBatch, encode_batch
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
-from .staging import PinnedPool, copy_stream, pinned_pool
+from .staging import PinnedPool, copy_stream, pinned_pool, work_stream
 
 BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
+# A GPU batch's peak is about three times its bytes (planes, codec outputs, the stored chunks),
+# and the pipeline holds up to three batches' stored bytes besides: budget / 6 per batch. A
+# tensor over a fifth of the budget is coded on the host.
+SAVE_WORKING_SETS = 6
+LARGEST_TENSOR_SHARE = 5
 WRITEBACK_BYTES = 64 << 20
 T = TypeVar("T")
 _MASK64 = (1 << 64) - 1
@@ -44,28 +51,56 @@ class BatchKey:
     device: torch.device
 
 
-def _key(tensor: torch.Tensor, policy: Policy) -> BatchKey:
+def _key(tensor: torch.Tensor, policy: Policy, limits: GpuLimits | None = None) -> BatchKey:
     backend = policy.backend(tensor.device)
     if backend == "cpu":
         return BatchKey("cpu", torch.device("cpu"))
     device = tensor.device if tensor.is_cuda else torch.device("cuda", torch.cuda.current_device())
+    if limits is not None and not limits.fits(device, tensor):
+        return BatchKey("cpu", torch.device("cpu"))  # more than the GPU's budget: coded on the host
     return BatchKey("cuda", device)
 
 
-def plan_batches(tensors: list[torch.Tensor], policy: Policy, gpu_batch_bytes: int | None = None
+@dataclass(frozen=True)
+class GpuLimits:
+    """Per GPU, from its memory budget (:mod:`.memory`): the batch size, and the largest tensor
+    coded there (larger ones are coded on the host, slower but within the budget)."""
+
+    batch: dict[torch.device, int]
+    largest: dict[torch.device, int]
+
+    @classmethod
+    def of(cls, tensors: list[torch.Tensor], policy: Policy, gpu_memory: int | None,
+           batch_cap: int = BATCH_BYTES["cuda"]) -> GpuLimits:
+        devices = {key.device for key in (_key(t, policy) for t in tensors) if key.backend == "cuda"}
+        budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
+        return cls({b.device: b.batch_bytes(SAVE_WORKING_SETS, batch_cap) for b in budgets},
+                   {b.device: b.nbytes // LARGEST_TENSOR_SHARE for b in budgets})
+
+    def fits(self, device: torch.device, tensor: torch.Tensor) -> bool:
+        return tensor.numel() * tensor.element_size() <= self.largest.get(device, sys.maxsize)
+
+
+def gpu_coded(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits | None = None) -> list[bool]:
+    """Which of ``tensors`` a save codes on a GPU (the others: on the host)."""
+    return [_key(t, policy, limits).backend == "cuda" for t in tensors]
+
+
+def plan_batches(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits | None = None
                  ) -> Iterator[tuple[BatchKey, list[int]]]:
     """Tensors encoded alike, in table order within a batch, in batches of about ``BATCH_BYTES``
-    of their backend (``gpu_batch_bytes`` on a GPU where given). Tensors of other backends in
-    between (an optimizer's CPU step counters among CUDA moments) do not cut a batch; the file
-    holds batches in the order they fill."""
-    limits = dict(BATCH_BYTES, **({"cuda": gpu_batch_bytes} if gpu_batch_bytes else {}))
+    of their backend (on a GPU, what ``limits`` allow). Tensors of other backends in between (an
+    optimizer's CPU step counters among CUDA moments) do not cut a batch; the file holds batches
+    in the order they fill."""
     open_batches: dict[BatchKey, tuple[list[int], int]] = {}
     for i, t in enumerate(tensors):
-        key = _key(t, policy)
+        key = _key(t, policy, limits)
+        limit = limits.batch.get(key.device, BATCH_BYTES["cuda"]) if limits and key.backend == "cuda" else (
+            BATCH_BYTES[key.backend])
         members, size = open_batches.get(key, ([], 0))
         members.append(i)
         size += t.numel() * t.element_size()
-        if size >= limits[key.backend]:
+        if size >= limit:
             yield key, members
             open_batches.pop(key, None)
         else:
@@ -74,14 +109,26 @@ def plan_batches(tensors: list[torch.Tensor], policy: Policy, gpu_batch_bytes: i
         yield key, members
 
 
-def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int) -> EncodedBatch:
-    """Encode one batch; a CPU batch's codecs use ``share`` threads (:func:`batch_share`)."""
-    moved = [t if t.device == key.device else t.to(key.device) for t in tensors]
+def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int
+            ) -> list[tuple[list[int], EncodedBatch]]:
+    """Encode one batch: ``[(positions in the batch, encoded)]``, one part unless a GPU ran out
+    of memory, when the batch is encoded in halves (a lone tensor on the host). A CPU batch's
+    codecs use ``share`` threads (:func:`batch_share`)."""
     if key.backend == "cuda":
-        with torch.cuda.device(key.device):
-            return encode_batch(moved, policy, "cuda")
+        try:
+            with torch.cuda.device(key.device):
+                return [(list(range(len(tensors))), encode_batch([t.to(key.device) for t in tensors], policy, "cuda"))]
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if not memory.is_out_of_memory(exc):
+                raise
+        # out of the except block: the failed attempt's memory is freed with its frames
+        if len(tensors) == 1:
+            return _encode(tensors, BatchKey("cpu", torch.device("cpu")), policy, share)
+        half = len(tensors) // 2
+        return [*_encode(tensors[:half], key, policy, share),
+                *[([half + p for p in pos], b) for pos, b in _encode(tensors[half:], key, policy, share)]]
     with codec_threads(share):
-        return encode_batch(moved, policy, "cpu")
+        return [(list(range(len(tensors))), encode_batch([t.to("cpu") for t in tensors], policy, "cpu"))]
 
 
 @dataclass(frozen=True)
@@ -277,14 +324,15 @@ def _file_descriptor(f: BinaryIO) -> int | None:
 
 @contextlib.contextmanager
 def _side_streams(devices: set[torch.device]) -> Iterator[None]:
-    """Run on fresh streams of ``devices`` that first wait for the work already queued there;
-    afterwards the caller's streams wait for what ran on them (so the caller's later kernels may
-    change the tensors that were read, without a host sync)."""
+    """Run on the engine's work streams of ``devices`` (:func:`~.staging.work_stream`), which
+    first wait for the work already queued on the caller's; afterwards the caller's streams wait
+    for what ran on them (so the caller's later kernels may change the tensors that were read,
+    without a host sync)."""
     sides = []
     try:
         with contextlib.ExitStack() as stack:
             for device in devices:
-                caller, stream = torch.cuda.current_stream(device), torch.cuda.Stream(device)
+                caller, stream = torch.cuda.current_stream(device), work_stream(device)
                 stream.wait_stream(caller)
                 stack.enter_context(torch.cuda.stream(stream))
                 sides.append((caller, stream))
@@ -322,13 +370,13 @@ class _Stager(_InOrder[_Batch]):
 
 
 def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, stager: _Stager,
-                on_progress: Callable[[int], object], gpu_batch_bytes: int | None = None,
+                on_progress: Callable[[int], object], limits: GpuLimits | None = None,
                 only: list[int] | None = None) -> None:
     """Encode every batch of the state (of tensors ``only``, where given) and hand it to
     ``stager``, in file order."""
     chosen = list(range(len(tensors))) if only is None else only
     plan = [(key, [chosen[i] for i in idx])
-            for key, idx in plan_batches([tensors[i] for i in chosen], policy, gpu_batch_bytes)]
+            for key, idx in plan_batches([tensors[i] for i in chosen], policy, limits)]
     cuda = {key.device for key, _ in plan if key.backend == "cuda"}
     workers, share = cpu_workers(sum(key.backend == "cpu" for key, _ in plan))
     tasks = (
@@ -337,10 +385,12 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
         for key, idx in plan
     )
     with _side_streams(cuda):
-        for (_, idx), batch in run_ahead(tasks, workers):
-            metas = [_Meta.of(tensors[i]) for i in idx]
-            stager.stage(idx, [names[i] for i in idx], metas, batch)
-            on_progress(sum(m.nbytes for m in metas))
+        for (_, idx), parts in run_ahead(tasks, workers):
+            for positions, batch in parts:
+                part = [idx[p] for p in positions]
+                metas = [_Meta.of(tensors[i]) for i in part]
+                stager.stage(part, [names[i] for i in part], metas, batch)
+                on_progress(sum(m.nbytes for m in metas))
 
 
 def _run_pipeline(encode: Callable[[_Stager], None], stager: _Stager, sink: _Sink | None) -> None:
@@ -370,17 +420,21 @@ def _finish(writer: ContainerWriter, sink: _Sink, tree: Any, table: Table | None
 
 
 def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree: Any, policy: Policy,
-                on_progress: Callable[[int], object], base: DeltaBase | None = None) -> list[TensorEntry]:
+                on_progress: Callable[[int], object], base: DeltaBase | None = None,
+                gpu_memory: int | None = None) -> list[TensorEntry]:
     """Write a whole container to ``f``: every tensor, then the index and trailer. Returns the
     tensor table. Duplicates and casts are stored as references; with ``base``, tensors may be
-    stored as XOR deltas against it (:mod:`.sources`)."""
+    stored as XOR deltas against it (:mod:`.sources`). GPU work stays within each GPU's budget
+    (:func:`.memory.budget`, ``gpu_memory`` caps it) and its memory is released on return."""
+    limits = GpuLimits.of(tensors, policy, gpu_memory)
     table = rewrite_table(names, tensors, base)
     names, tensors = table.names, table.tensors
     writer = ContainerWriter(f, table.version)
     pool = pinned_pool() if any(t.is_cuda for t in tensors) else None
     sink = _Sink(writer, pool, f, len(tensors))
-    _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress),
-                  _Stager(pool, sink.put), sink)
+    with memory.private_pools(limits.batch):
+        _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress, limits),
+                      _Stager(pool, sink.put), sink)
     return _finish(writer, sink, tree, table)
 
 
@@ -395,6 +449,7 @@ class StagedState:
     pool: PinnedPool
     table: Table
     rest: list[int]  # positions in ``table.tensors`` not staged (host tensors)
+    gpu: memory.Pools  # the GPU memory of the encoding, given back once its copies are done
 
     def release(self) -> None:
         """Return the buffers to the pool (a write does this as it goes)."""
@@ -403,26 +458,31 @@ class StagedState:
                 job.ready.synchronize()
             self.pool.release(job.piece[0])
         self.jobs = []
+        self.gpu.release()
 
 
 def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
-                gpu_batch_bytes: int, base: DeltaBase | None = None) -> StagedState:
+                gpu_batch_bytes: int, base: DeltaBase | None = None, gpu_memory: int | None = None) -> StagedState:
     """Rewrite the state's table as :func:`write_state` does, encode its CUDA tensors in batches
     of about ``gpu_batch_bytes`` (so the GPU needs little memory beyond the state and the XOR
     residues) and start copying their stored bytes into ``pool``'s buffers, which must not run
     out (a growing pool). Returns once the work is queued: the caller's current streams wait for
     it, so its later kernels may change the tensors without a host sync. The host tensors of
     ``tensors`` are encoded by :func:`write_staged`: they must not change until then."""
+    limits = GpuLimits.of(tensors, policy, gpu_memory, gpu_batch_bytes)
     table = rewrite_table(names, tensors, base)
-    cuda = [i for i, t in enumerate(table.tensors) if t.is_cuda and policy.backend(t.device) == "cuda"]
+    cuda = [i for i, (t, on_gpu) in enumerate(zip(table.tensors, gpu_coded(table.tensors, policy, limits)))
+            if t.is_cuda and on_gpu]
     # stored bytes are at most about the raw size: one slab for them is quicker than many buffers
     pool.reserve(sum(table.tensors[i].numel() * table.tensors[i].element_size() for i in cuda))
     jobs: list[_Job] = []
-    _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
-                                             gpu_batch_bytes, cuda),
-                  _Stager(pool, jobs.append), None)
+    gpu = memory.Pools(limits.batch)
+    with gpu.routed():
+        _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
+                                                 limits, cuda),
+                      _Stager(pool, jobs.append), None)
     chosen = set(cuda)
-    return StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen])
+    return StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen], gpu)
 
 
 def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:
@@ -439,5 +499,8 @@ def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) ->
         if staged.rest:
             _encode_all(table.names, table.tensors, policy, stager, lambda _: None, only=staged.rest)
 
-    _run_pipeline(encode, _Stager(None, sink.put), sink)
+    try:
+        _run_pipeline(encode, _Stager(None, sink.put), sink)
+    finally:
+        staged.gpu.release()
     return _finish(writer, sink, tree, table)

@@ -1,0 +1,321 @@
+"""ckptzip under a training job's conditions (issue 21), on one GPU.
+
+Parts (``--parts``, comma-separated):
+- ``filled``: a state of 7B-like shapes (fp32 weights and both AdamW moments, bf16 gradients);
+  the GPU filled so that only ``--free`` GiB stay free beside it; save to a file object that
+  discards its input, and load from bytes in host memory with the same room beside the tensors
+  returned; bit-exact against the state; speed against the unconstrained run of the same process.
+- ``repeat``: many saves and loads of one state in one process, ``memory_reserved()`` after each.
+- ``manager``: ``CheckpointManager(snapshot="auto")`` with the GPU filled as training fills it:
+  what it chose and why, how long ``save()`` blocked, reserved memory after each save.
+- ``fresh``: new processes with an empty Triton cache: first save and first load, with and
+  without ``ckptzip.warmup()`` started when the job starts, against a warm process.
+
+Prints one JSON object per measurement (``--json`` collects them in a file) and a table last.
+
+    python bench/training_job.py --gib 32 --free 1,2,3 --parts filled,repeat,manager,fresh
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+import ckptzip
+
+GIB = 1 << 30
+RESULTS: list[dict[str, Any]] = []
+
+
+def report(**row: Any) -> None:
+    RESULTS.append(row)
+    print(json.dumps(row), flush=True)
+
+
+class Discard(io.RawIOBase):
+    """A binary file that counts and discards what it is given."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        n = memoryview(b).nbytes
+        self.n += n
+        return n
+
+
+class Memory(io.RawIOBase):
+    """A binary file into one preallocated host buffer (no regrowth, unlike BytesIO)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.buffer = np.empty(capacity, dtype=np.uint8)
+        self.n = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        view = np.frombuffer(memoryview(b).cast("B"), dtype=np.uint8)
+        self.buffer[self.n : self.n + view.size] = view
+        self.n += view.size
+        return view.size
+
+    def data(self) -> memoryview:
+        return memoryview(self.buffer)[: self.n]
+
+
+def llama_like_state(gib: float, device: str = "cuda") -> dict[str, torch.Tensor]:
+    """Tensors of a 7B Llama's shapes (hidden 4096, MLP 11008, vocabulary 32000), as many layers
+    as ``gib`` allows: fp32 weights N(0, 0.02), AdamW moments, bf16 gradients."""
+    g = torch.Generator(device=device).manual_seed(1)
+    shapes = {"embed": (32000, 4096), "head": (32000, 4096)}
+    per_layer = {"q": (4096, 4096), "k": (4096, 4096), "v": (4096, 4096), "o": (4096, 4096),
+                 "gate": (11008, 4096), "up": (11008, 4096), "down": (4096, 11008), "norm": (4096,)}
+    layer_bytes = sum(int(np.prod(s)) for s in per_layer.values()) * 14
+    fixed = sum(int(np.prod(s)) for s in shapes.values()) * 14
+    layers = max(1, int((gib * GIB - fixed) // layer_bytes))
+    for i in range(layers):
+        shapes.update({f"layers.{i}.{k}": s for k, s in per_layer.items()})
+    state: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        w = torch.randn(shape, generator=g, device=device) * 0.02
+        state[f"model.{name}"] = w
+        state[f"opt.{name}.exp_avg"] = torch.randn(shape, generator=g, device=device) * 1e-4
+        state[f"opt.{name}.exp_avg_sq"] = torch.rand(shape, generator=g, device=device) * 1e-8
+        state[f"grad.{name}"] = (torch.randn(shape, generator=g, device=device) * 1e-3).bfloat16()
+    return state
+
+
+def nbytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def fill_gpu(leave: int) -> torch.Tensor | None:
+    """Allocate what is free on the GPU except ``leave`` bytes (as training's tensors would)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    take = free - leave
+    return torch.empty(take, dtype=torch.uint8, device="cuda") if take > 0 else None
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(-1).view(torch.uint8)) for k in a)
+
+
+def mib(n: int) -> float:
+    return round(n / (1 << 20), 1)
+
+
+def timed(fn: Any) -> tuple[float, Any]:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t, out
+
+
+def part_filled(args: argparse.Namespace) -> None:
+    state = llama_like_state(args.gib)
+    size = nbytes(state)
+    sink = Memory(size + (1 << 30))
+    ckptzip.save(state, sink)  # the bytes the loads read, and a first save (compiles, creates codecs)
+    data = sink.data()
+    base_save = [timed(lambda: ckptzip.save(state, Discard()))[0] for _ in range(3)]
+    base_load = []
+    for _ in range(2):
+        seconds, out = timed(lambda: ckptzip.load(data))
+        base_load.append(seconds)
+        del out
+    report(part="filled", free_gib=None, state_gb=round(size / 1e9, 2), ratio=round(size / sink.n, 4),
+           save_s=[round(s, 3) for s in base_save], save_gbs=round(size / 1e9 / statistics.median(base_save), 1),
+           load_s=[round(s, 3) for s in base_load], load_gbs=round(size / 1e9 / statistics.median(base_load), 1))
+    for leave in args.free:
+        filler = fill_gpu(int(leave * GIB))
+        row: dict[str, Any] = {"part": "filled", "free_gib": leave}
+        try:
+            seconds = [timed(lambda: ckptzip.save(state, Discard()))[0] for _ in range(3)]
+            row.update(save_s=[round(s, 3) for s in seconds],
+                       save_gbs=round(size / 1e9 / statistics.median(seconds), 1),
+                       of_unconstrained=round(statistics.median(base_save) / statistics.median(seconds), 3))
+        except Exception as exc:
+            row.update(save_error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        row["reserved_after_save_mib"] = mib(torch.cuda.memory_reserved())
+        del filler
+        report(**row)
+    state.clear()  # loads: room for the tensors a load returns, plus ``leave``
+    for leave in args.free:
+        filler = fill_gpu(size + int(leave * GIB))
+        row = {"part": "filled-load", "free_gib": leave}
+        try:
+            seconds, out = timed(lambda: ckptzip.load(data))
+            row.update(load_s=round(seconds, 3), load_gbs=round(size / 1e9 / seconds, 1))
+        except Exception as exc:
+            out = None
+            row.update(load_error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        row["reserved_after_load_mib"] = mib(torch.cuda.memory_reserved())
+        del filler
+        if out is not None:
+            row["bit_exact"] = same(out, llama_like_state(args.gib))  # the same seed: the same state
+        del out
+        torch.cuda.empty_cache()
+        report(**row)
+
+
+def part_repeat(args: argparse.Namespace) -> None:
+    state = llama_like_state(args.repeat_gib)
+    size = nbytes(state)
+    sink = Memory(size + (1 << 30))
+    ckptzip.save(state, sink)
+    data = sink.data()
+    reserved: list[float] = []
+    times: list[float] = []
+    for _ in range(args.repeats):
+        seconds, _ = timed(lambda: ckptzip.save(state, Discard()))
+        times.append(seconds)
+        reserved.append(mib(torch.cuda.memory_reserved()))
+    load_reserved: list[float] = []
+    load_times: list[float] = []
+    for _ in range(args.repeats):
+        seconds, out = timed(lambda: ckptzip.load(data))
+        load_times.append(seconds)
+        del out
+        load_reserved.append(mib(torch.cuda.memory_reserved()))
+    ok = same(ckptzip.load(data), state)
+    report(part="repeat", state_gb=round(size / 1e9, 2), saves=args.repeats, bit_exact=ok,
+           save_median_s=round(statistics.median(times), 4), load_median_s=round(statistics.median(load_times), 4),
+           reserved_after_save_mib=reserved, reserved_after_load_mib=load_reserved,
+           allocated_end_mib=mib(torch.cuda.memory_allocated()))
+
+
+def part_manager(args: argparse.Namespace) -> None:
+    state = llama_like_state(args.manager_gib)
+    size = nbytes(state)
+    for leave in args.manager_free:
+        filler = fill_gpu(int(leave * GIB))
+        with tempfile.TemporaryDirectory(dir=args.dir) as run:
+            manager = ckptzip.CheckpointManager(run, keep_last=1, async_save=True)
+            blocks, reserved, modes = [], [], []
+            for step in range(args.manager_saves):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                manager.save(step, state)
+                torch.cuda.synchronize()
+                blocks.append(round(time.perf_counter() - t, 3))
+                modes.append(manager.last_snapshot)
+                manager.wait()
+                reserved.append(mib(torch.cuda.memory_reserved()))
+            reason = manager.last_snapshot_reason
+            restored = manager.restore(map_location="cpu") if leave >= 8 else None
+            manager.close()
+        report(part="manager", free_gib=leave, state_gb=round(size / 1e9, 2), blocks_s=blocks, modes=modes,
+               reason=reason, reserved_mib=reserved,
+               bit_exact=None if restored is None else same({k: v.cuda() for k, v in restored.items()}, state))
+        del filler
+
+
+_FRESH = r"""
+import io, json, os, sys, time, torch
+t0 = time.perf_counter(); torch.zeros(1, device="cuda"); torch.cuda.synchronize(); init = time.perf_counter() - t0
+import ckptzip
+warm = sys.argv[1] == "warmup"
+if warm:
+    ckptzip.warmup()
+    time.sleep(float(sys.argv[2]))  # the job's first training steps
+g = torch.Generator(device="cuda").manual_seed(0)
+state = {f"w{i}": torch.randn(1 << 22, generator=g, device="cuda") * 0.02 for i in range(20)}
+state.update({f"g{i}": (torch.randn(1 << 22, generator=g, device="cuda") * 1e-3).bfloat16() for i in range(10)})
+state["step"] = torch.tensor(7)
+class D(io.RawIOBase):
+    def writable(self): return True
+    def write(self, b): return memoryview(b).nbytes
+def timed(f):
+    torch.cuda.synchronize(); t = time.perf_counter(); r = f(); torch.cuda.synchronize(); return time.perf_counter() - t, r
+first_save, _ = timed(lambda: ckptzip.save(state, D()))
+later_save = min(timed(lambda: ckptzip.save(state, D()))[0] for _ in range(3))
+buf = io.BytesIO(); ckptzip.save(state, buf); data = buf.getvalue()
+open(sys.argv[3], "wb").write(data)
+print(json.dumps({"first_save": round(first_save, 3), "later_save": round(later_save, 3), "cuda_init": round(init, 3)}))
+"""
+
+_FRESH_LOAD = r"""
+import json, sys, time, torch
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+import ckptzip
+data = open(sys.argv[1], "rb").read()
+if sys.argv[2] == "warmup":
+    ckptzip.warmup(wait=True)  # as the manager does while the job starts; timed separately below
+def timed(f):
+    torch.cuda.synchronize(); t = time.perf_counter(); r = f(); torch.cuda.synchronize(); return time.perf_counter() - t, r
+first, _ = timed(lambda: ckptzip.load(data))
+later = min(timed(lambda: ckptzip.load(data))[0] for _ in range(3))
+print(json.dumps({"first_load": round(first, 3), "later_load": round(later, 3)}))
+"""
+
+
+def part_fresh(args: argparse.Namespace) -> None:
+    for mode in ("cold", "warmup"):
+        with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as files:
+            env = dict(os.environ, TRITON_CACHE_DIR=cache)
+            path = os.path.join(files, "s.ckz")
+            saved = subprocess.run([sys.executable, "-c", _FRESH, mode, str(args.job_start_s), path], env=env,
+                                   capture_output=True, text=True, timeout=300)
+            row: dict[str, Any] = {"part": "fresh", "mode": mode}
+            row.update(json.loads(saved.stdout.strip().splitlines()[-1]) if saved.returncode == 0
+                       else {"error": saved.stderr[-500:]})
+            with tempfile.TemporaryDirectory() as cache2:  # the restore of a failed job: a new node again
+                loaded = subprocess.run([sys.executable, "-c", _FRESH_LOAD, path, mode],
+                                        env=dict(os.environ, TRITON_CACHE_DIR=cache2),
+                                        capture_output=True, text=True, timeout=300)
+            row.update(json.loads(loaded.stdout.strip().splitlines()[-1]) if loaded.returncode == 0
+                       else {"load_error": loaded.stderr[-500:]})
+            row["exit_codes"] = [saved.returncode, loaded.returncode]
+            report(**row)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", default="filled,repeat,manager,fresh")
+    p.add_argument("--gib", type=float, default=32, help="size of the 7B-like state")
+    p.add_argument("--free", default="3,2,1", help="GiB left free beside the state (the first also runs a load)")
+    p.add_argument("--repeat-gib", type=float, default=4)
+    p.add_argument("--repeats", type=int, default=100)
+    p.add_argument("--manager-gib", type=float, default=8, help="size of the manager's state (it writes to disk)")
+    p.add_argument("--manager-free", default="40,3,1", help="GiB left free beside the state for the manager")
+    p.add_argument("--manager-saves", type=int, default=5)
+    p.add_argument("--job-start-s", type=float, default=20, help="seconds between warmup() and the first save")
+    p.add_argument("--dir", default=None, help="where the manager writes (default: a temporary directory)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    args.free = [float(x) for x in args.free.split(",") if x]
+    args.manager_free = [float(x) for x in args.manager_free.split(",") if x]
+    print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                      "ckptzip": ckptzip.__version__}), flush=True)
+    for name in args.parts.split(","):
+        try:
+            globals()[f"part_{name}"](args)
+        except Exception as exc:  # one part's failure is a result too
+            report(part=name, error=f"{type(exc).__name__}: {str(exc)[:500]}")
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(RESULTS, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The GPU memory budget (engine/memory.py): what a call may use, the error below the minimum, no
+memory kept after a call, batches that shrink to what is free, and the manager's choice."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+import torch
+
+import ckptzip
+from ckptzip.engine import memory
+from ckptzip.engine import writer as engine_writer
+from helpers import assert_same
+
+MIB = 1 << 20
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _state(n: int = 6, elements: int = 1 << 22) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(3)
+    state = {f"w{i}": torch.randn(elements, generator=g, device="cuda") * 0.02 for i in range(n)}
+    state["g"] = (torch.randn(elements, generator=g, device="cuda") * 1e-3).bfloat16()
+    state["step"] = torch.tensor(5, device="cuda")
+    return state
+
+
+def _fill(leave: int) -> torch.Tensor | None:
+    """Take what is free on the GPU except ``leave`` bytes, as a training job's tensors do."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    return torch.empty(free - leave, dtype=torch.uint8, device="cuda") if free > leave else None
+
+
+def test_the_cap_comes_from_the_argument_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(memory.ENV, raising=False)
+    assert memory.cap(None) is None
+    assert memory.cap(512 * MIB) == 512 * MIB
+    monkeypatch.setenv(memory.ENV, "300")
+    assert memory.cap(None) == 300 * MIB
+    assert memory.cap(1 << 30) == 1 << 30  # the argument wins
+    monkeypatch.setenv(memory.ENV, "lots")
+    with pytest.raises(ckptzip.CkptzipError, match=r"CKPTZIP_GPU_MEMORY_MB='lots': expected a whole number of MiB"):
+        memory.cap(None)
+    for bad in (0, -5, 1.5, True, "1G"):
+        with pytest.raises(ckptzip.CkptzipError, match=r"gpu_memory must be a number of bytes above 0"):
+            memory.cap(bad)  # type: ignore[arg-type]
+
+
+def test_a_budget_below_the_minimum_names_the_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(memory.ENV, raising=False)
+    monkeypatch.setattr(memory, "available", lambda device: 200 * MIB)
+    device = torch.device("cuda", 0)
+    with pytest.raises(ckptzip.GpuMemoryError, match=r"save on cuda:0 needs at least 256 MiB of GPU memory beside "
+                                                      r"the state; 200 MiB can be had there .*Nothing was written"):
+        memory.budget(device, None, "save")
+    monkeypatch.setattr(memory, "available", lambda device: 8 << 30)
+    with pytest.raises(ckptzip.GpuMemoryError, match=r"8192 MiB can be had there .*, capped at 100 MiB"):
+        memory.budget(device, 100 * MIB, "load")
+    assert isinstance(ckptzip.GpuMemoryError("x"), MemoryError)
+
+
+def test_batches_are_sized_from_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    device = torch.device("cuda", 0)
+    monkeypatch.setattr(memory, "available", lambda device: 2 << 30)
+    budget = memory.budget(device, None, "save")
+    assert budget.nbytes == 2 << 30
+    assert budget.batch_bytes(6, 1 << 30) == (2 << 30) // 6 // MIB * MIB
+    assert memory.budget(device, None, "save").batch_bytes(6, 64 * MIB) == 64 * MIB  # at most the cap
+    monkeypatch.setattr(memory, "available", lambda device: 300 * MIB)
+    assert memory.budget(device, None, "save").batch_bytes(6, 1 << 30) == 50 * MIB
+
+
+@gpu
+@needs_cuda
+def test_save_and_load_work_with_the_gpu_filled_to_one_gib() -> None:
+    state = _state(n=12, elements=1 << 24)  # 12 x 64 MiB of fp32 beside a bf16 tensor
+    buf = io.BytesIO()
+    filler = _fill(1 << 30)
+    try:
+        ckptzip.save(state, buf)
+    finally:
+        del filler
+    saved = {k: v.cpu() for k, v in state.items()}
+    state.clear()
+    torch.cuda.empty_cache()
+    size = sum(t.nbytes for t in saved.values())
+    filler = _fill(size + (1 << 30))  # a load: room for the tensors it returns, and 1 GiB
+    try:
+        loaded = ckptzip.load(buf.getvalue())
+    finally:
+        del filler
+    assert_same({k: v.cpu() for k, v in loaded.items()}, saved)
+
+
+@gpu
+@needs_cuda
+def test_reserved_memory_does_not_grow_with_saves_and_loads() -> None:
+    state = _state()
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)
+    data = buf.getvalue()
+    loaded = ckptzip.load(data)  # its outputs, once freed, stay in torch's cache for the next load
+    del loaded
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    for _ in range(5):
+        ckptzip.save(state, io.BytesIO())
+        loaded = ckptzip.load(data)
+        del loaded
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_reserved() <= before + 64 * MIB
+
+
+@gpu
+@needs_cuda
+def test_below_the_minimum_a_save_raises_and_leaves_the_previous_file(tmp_path: object) -> None:
+    import pathlib
+
+    path = pathlib.Path(str(tmp_path)) / "c.ckz"
+    state = _state(n=2)
+    ckptzip.save(state, path)
+    before = path.read_bytes()
+    filler = _fill(64 * MIB)
+    try:
+        with pytest.raises(ckptzip.GpuMemoryError, match=r"save on cuda:0 needs at least 256 MiB"):
+            ckptzip.save({k: v * 2 for k, v in list(state.items())[:1]}, path)
+    finally:
+        del filler
+    assert path.read_bytes() == before
+
+
+@gpu
+@needs_cuda
+def test_a_small_cap_codes_large_tensors_on_the_host_and_stays_bit_exact() -> None:
+    state = _state(n=3, elements=1 << 24)  # 64 MiB tensors, over a fifth of a 256 MiB budget
+    buf = io.BytesIO()
+    ckptzip.save(state, buf, gpu_memory=256 * MIB)
+    codecs = {e.name: {s.codec["id"] for s in e.streams} for e in ckptzip.open(buf.getvalue()).entries()}
+    assert all("ans" not in codecs[f"w{i}"] for i in range(3))  # coded on the host: zstd
+    assert "ans" in codecs["g"]  # 32 MiB: on the GPU
+    assert_same(ckptzip.load(buf.getvalue(), gpu_memory=256 * MIB), state)
+
+
+@gpu
+@needs_cuda
+def test_a_batch_that_runs_out_of_memory_is_encoded_in_halves(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = engine_writer.encode_batch
+    sizes: list[int] = []
+
+    def flaky(tensors: list[torch.Tensor], policy: object, backend: str) -> object:
+        sizes.append(len(tensors))
+        if backend == "cuda" and len(tensors) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return real(tensors, policy, backend)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_writer, "encode_batch", flaky)
+    state = _state(n=6)
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)
+    assert max(sizes) > 2 and sizes[-1] <= 2
+    assert_same(ckptzip.load(buf.getvalue()), state)
+
+
+@gpu
+@needs_cuda
+def test_the_manager_says_why_it_takes_host_snapshots(tmp_path: object, caplog: pytest.LogCaptureFixture) -> None:
+    state = _state(n=8, elements=1 << 24)  # 512 MiB of fp32
+    filler = _fill(1536 * MIB)  # less than the copy and the 2 GiB headroom
+    try:
+        with caplog.at_level(logging.WARNING, logger="ckptzip"), ckptzip.CheckpointManager(str(tmp_path)) as manager:
+            manager.save(1, state)
+            manager.wait()
+            assert manager.last_snapshot == "host"
+            assert "a device copy of the state needs 0.50 GiB on cuda:0" in (manager.last_snapshot_reason or "")
+    finally:
+        del filler
+    assert any("taking host snapshots" in r.getMessage() for r in caplog.records)
+    with ckptzip.CheckpointManager(str(tmp_path)) as manager:
+        assert_same(manager.restore(), state)
+        manager.save(2, state)
+        manager.wait()
+        assert manager.last_snapshot == "device"
