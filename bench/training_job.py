@@ -19,6 +19,7 @@ Prints one JSON object per measurement (``--json`` collects them in a file) and 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import io
 import json
 import os
@@ -301,7 +302,10 @@ def main() -> None:
     p.add_argument("--job-start-s", type=float, default=20, help="seconds between warmup() and the first save")
     p.add_argument("--dir", default=None, help="where the manager writes (default: a temporary directory)")
     p.add_argument("--json", default=None)
+    p.add_argument("--watchdog-s", type=float, default=0, help="dump every thread's stack and exit after this")
     args = p.parse_args()
+    if args.watchdog_s:
+        faulthandler.dump_traceback_later(args.watchdog_s, exit=True)
     args.free = [float(x) for x in args.free.split(",") if x]
     args.manager_free = [float(x) for x in args.manager_free.split(",") if x]
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -93,8 +93,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 class Pools:
-    """Private allocator pools, one per device, that the calling thread (and threads that enter
-    :meth:`routed`) allocate from; released with :func:`private_pools`."""
+    """Private allocator pools, one per device, that one thread at a time allocates from while
+    in :meth:`routed` (torch routes a pool to one thread); :meth:`release` gives them back."""
 
     def __init__(self, devices: Iterable[torch.device]) -> None:
         mem_pool = getattr(torch.cuda, "MemPool", None)

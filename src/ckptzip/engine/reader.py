@@ -120,10 +120,10 @@ class _Uploader:
     """Reads GPU batches' stored bytes into pinned buffers and copies them to their devices, in
     batch order, on a thread of its own; ``get`` returns each batch's device region."""
 
-    def __init__(self, reader: ContainerReader, batches: list[tuple[torch.device, list[TensorEntry]]],
-                 pools: memory.Pools) -> None:
+    def __init__(self, reader: ContainerReader, batches: list[tuple[torch.device, list[TensorEntry]]]) -> None:
         self._reader = reader
-        self._pools = pools
+        # the regions come from a private pool of this thread's own (torch routes one pool to one thread)
+        self._pools = memory.Pools({device for device, _ in batches})
         self._pool = pinned_pool()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
         self._stop = False
@@ -247,6 +247,7 @@ class _Uploader:
                 self._queue.get(timeout=0.05)
         self._thread.join()
         self._reads.shutdown(wait=True)
+        self._pools.release()
 
 
 def _chunk_spans(chunks: list[tuple[TensorEntry, int, int, Any]], size: int) -> list[tuple[int, int]]:
@@ -381,7 +382,7 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     plan = plan_batches(items, item_devices, gpu_batch)
     gpu = [(work, [items[j] for j in idx]) for backend, work, idx in plan if backend == "cuda"]
     pools = memory.Pools(gpu_batch)
-    uploader = _Uploader(reader, gpu, pools) if gpu else None
+    uploader = _Uploader(reader, gpu) if gpu else None
     digests = reader.digest_is_wsum64
     workers, share = cpu_workers(sum(backend == "cpu" for backend, _, _ in plan))
     tasks = (
