@@ -122,8 +122,9 @@ class _Uploader:
 
     def __init__(self, reader: ContainerReader, batches: list[tuple[torch.device, list[TensorEntry]]]) -> None:
         self._reader = reader
-        # the regions come from a private pool of this thread's own (torch routes one pool to one thread)
-        self._pools = memory.Pools({device for device, _ in batches})
+        # regions are allocated on the caller's streams, where the decoder frees them: into the
+        # blocks the caller's stream caches, and back there
+        self._callers = {device: torch.cuda.current_stream(device) for device, _ in batches}
         self._pool = pinned_pool()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
         self._stop = False
@@ -139,8 +140,7 @@ class _Uploader:
     def _run(self, batches: list[tuple[torch.device, list[TensorEntry]]]) -> None:
         pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]] = collections.deque()
         try:
-            with self._pools.routed():
-                self._upload(batches, pending)
+            self._upload(batches, pending)
             self._queue.put(None)
         except BaseException as exc:
             self._queue.put(exc)
@@ -164,9 +164,9 @@ class _Uploader:
                 return
             device, _, runs = plans[b]
             stream = copy_stream(device)
+            with torch.cuda.device(device):
+                region = regions[b][0] if b in regions else self._region(device, runs.total, stream)
             with torch.cuda.device(device), torch.cuda.stream(stream):
-                region = regions[b][0] if b in regions else torch.empty(runs.total, dtype=torch.uint8,
-                                                                       device=device)
                 at = int(runs.locate(np.array([offset]))[0])
                 region[at : at + n].copy_(buffer[:n], non_blocking=True)
                 done = torch.cuda.Event()
@@ -176,6 +176,13 @@ class _Uploader:
             left[b] -= 1
             handed = self._hand_over(plans, left, regions, handed)
         self._hand_over(plans, left, regions, handed)
+
+    def _region(self, device: torch.device, nbytes: int, stream: torch.cuda.Stream) -> torch.Tensor:
+        """A batch's device region: allocated on the caller's stream, written on ``stream``."""
+        with torch.cuda.stream(self._callers[device]):
+            region = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        region.record_stream(stream)
+        return region
 
     def _hand_over(self, plans: list[tuple[torch.device, list[TensorEntry], Runs]], left: list[int],
                    regions: dict[int, tuple[torch.Tensor, torch.cuda.Event]], handed: int) -> int:
@@ -247,7 +254,6 @@ class _Uploader:
                 self._queue.get(timeout=0.05)
         self._thread.join()
         self._reads.shutdown(wait=True)
-        self._pools.release()
 
 
 def _chunk_spans(chunks: list[tuple[TensorEntry, int, int, Any]], size: int) -> list[tuple[int, int]]:
@@ -267,7 +273,6 @@ def _decode_gpu(uploader: _Uploader | None, entries: list[TensorEntry], device: 
     region, runs, ready = uploader.get()
     with torch.cuda.device(device):
         torch.cuda.current_stream(device).wait_event(ready)
-        region.record_stream(torch.cuda.current_stream(device))
         return decode_batch(entries, region, runs, "cuda", digests=digests, outs=outs)
 
 
@@ -346,8 +351,8 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
                  on_progress: Callable[[int], object], gpu_memory: int | None = None) -> list[torch.Tensor]:
     """Decode and verify stored entries onto ``devices``.
 
-    Every GPU output is allocated first, outside the call's private pools (:mod:`.memory`); the
-    GPU's budget left beside them sets the batch size. Tensors larger than a batch decode in
+    Every GPU output is allocated first; the GPU's budget left beside them (:mod:`.memory`) sets
+    the batch size. Tensors larger than a batch decode in
     parts straight into their output, so decoding needs about the decoded size plus a few
     batches, not twice the largest tensor."""
     works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
@@ -381,7 +386,6 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
 
     plan = plan_batches(items, item_devices, gpu_batch)
     gpu = [(work, [items[j] for j in idx]) for backend, work, idx in plan if backend == "cuda"]
-    pools = memory.Pools(gpu_batch)
     uploader = _Uploader(reader, gpu) if gpu else None
     digests = reader.digest_is_wsum64
     workers, share = cpu_workers(sum(backend == "cpu" for backend, _, _ in plan))
@@ -395,12 +399,10 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     data: dict[int, torch.Tensor] = {}
     sums: list[tuple[list[TensorEntry], torch.Tensor]] = []
     try:
-        with pools.routed():
-            _decode_all(tasks, workers, into, items, item_entry, data, sums, on_progress)
+        _decode_all(tasks, workers, into, items, item_entry, data, sums, on_progress)
     finally:
         if uploader is not None:
             uploader.close()
-        pools.release()
     for i, buffer in whole.items():
 
         data[i] = buffer

@@ -1,5 +1,5 @@
 """Pinned host memory for device↔host copies: a bounded pool of buffers, reused across saves and
-loads; and the engine's two streams per device (copies, work).
+loads, and a copy stream per device.
 
 Host memory is bounded by the pool (``CKPTZIP_PINNED_MB`` in all, default 1024 MiB in 64 MiB
 buffers, created on first use), never by the size of the state: when every buffer waits for the
@@ -91,7 +91,7 @@ class PinnedPool:
 
 
 _POOL: PinnedPool | None = None
-_STREAMS: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
+_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 _LOCK = threading.Lock()
 
 
@@ -104,21 +104,10 @@ def pinned_pool() -> PinnedPool:
         return _POOL
 
 
-def _stream(device: torch.device, role: str) -> torch.cuda.Stream:
-    with _LOCK:
-        stream = _STREAMS.get((device, role))
-        if stream is None:
-            stream = _STREAMS[device, role] = torch.cuda.Stream(device)
-        return stream
-
-
 def copy_stream(device: torch.device) -> torch.cuda.Stream:
     """The process-wide stream for host↔device copies of ``device`` (copies overlap compute)."""
-    return _stream(device, "copy")
-
-
-def work_stream(device: torch.device) -> torch.cuda.Stream:
-    """The process-wide stream the engine's kernels and codecs run on, beside the caller's. One
-    stream for every call: torch caches freed blocks per stream, and nvCOMP's codec objects are
-    made per stream, so a fresh stream per call would strand both."""
-    return _stream(device, "work")
+    with _LOCK:
+        stream = _STREAMS.get(device)
+        if stream is None:
+            stream = _STREAMS[device] = torch.cuda.Stream(device)
+        return stream

@@ -60,7 +60,7 @@ def warm_up(device: torch.device | None = None, policy: Policy | None = None, *,
     compile, as it would have."""
     if not torch.cuda.is_available():
         return
-    if device is None or device.index is None:
+    if device is None or str(device) == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     policy = policy or Policy.parse("auto")
     with _LOCK:

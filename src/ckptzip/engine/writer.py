@@ -30,7 +30,7 @@ from .ahead import Task, cpu_workers, run_ahead
 from .encode import EncodedBatch, encode_batch
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
-from .staging import PinnedPool, copy_stream, pinned_pool, work_stream
+from .staging import PinnedPool, copy_stream, pinned_pool
 
 BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
 # A GPU batch's peak is about three times its bytes (planes, codec outputs, the stored chunks),
@@ -322,26 +322,6 @@ def _file_descriptor(f: BinaryIO) -> int | None:
         return None
 
 
-@contextlib.contextmanager
-def _side_streams(devices: set[torch.device]) -> Iterator[None]:
-    """Run on the engine's work streams of ``devices`` (:func:`~.staging.work_stream`), which
-    first wait for the work already queued on the caller's; afterwards the caller's streams wait
-    for what ran on them (so the caller's later kernels may change the tensors that were read,
-    without a host sync)."""
-    sides = []
-    try:
-        with contextlib.ExitStack() as stack:
-            for device in devices:
-                caller, stream = torch.cuda.current_stream(device), work_stream(device)
-                stream.wait_stream(caller)
-                stack.enter_context(torch.cuda.stream(stream))
-                sides.append((caller, stream))
-            yield
-    finally:
-        for caller, stream in sides:
-            caller.wait_stream(stream)
-
-
 _Batch = tuple[list[int], list[str], list[_Meta], EncodedBatch, "torch.cuda.Event | None"]
 
 
@@ -377,20 +357,20 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     chosen = list(range(len(tensors))) if only is None else only
     plan = [(key, [chosen[i] for i in idx])
             for key, idx in plan_batches([tensors[i] for i in chosen], policy, limits)]
-    cuda = {key.device for key, _ in plan if key.backend == "cuda"}
     workers, share = cpu_workers(sum(key.backend == "cpu" for key, _ in plan))
     tasks = (
         Task((key, idx), functools.partial(_encode, [tensors[i] for i in idx], key, policy, share),
              inline=key.backend == "cuda")
         for key, idx in plan
     )
-    with _side_streams(cuda):
-        for (_, idx), parts in run_ahead(tasks, workers):
-            for positions, batch in parts:
-                part = [idx[p] for p in positions]
-                metas = [_Meta.of(tensors[i]) for i in part]
-                stager.stage(part, [names[i] for i in part], metas, batch)
-                on_progress(sum(m.nbytes for m in metas))
+    # GPU work runs on the caller's current stream: after what the caller queued, before what it
+    # queues next (so it may change the tensors at once), in the blocks the caller's stream caches
+    for (_, idx), parts in run_ahead(tasks, workers):
+        for positions, batch in parts:
+            part = [idx[p] for p in positions]
+            metas = [_Meta.of(tensors[i]) for i in part]
+            stager.stage(part, [names[i] for i in part], metas, batch)
+            on_progress(sum(m.nbytes for m in metas))
 
 
 def _run_pipeline(encode: Callable[[_Stager], None], stager: _Stager, sink: _Sink | None) -> None:
@@ -425,16 +405,15 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
     """Write a whole container to ``f``: every tensor, then the index and trailer. Returns the
     tensor table. Duplicates and casts are stored as references; with ``base``, tensors may be
     stored as XOR deltas against it (:mod:`.sources`). GPU work stays within each GPU's budget
-    (:func:`.memory.budget`, ``gpu_memory`` caps it) and its memory is released on return."""
+    (:func:`.memory.budget`, ``gpu_memory`` caps it), on the caller's current stream."""
     limits = GpuLimits.of(tensors, policy, gpu_memory)
     table = rewrite_table(names, tensors, base)
     names, tensors = table.names, table.tensors
     writer = ContainerWriter(f, table.version)
     pool = pinned_pool() if any(t.is_cuda for t in tensors) else None
     sink = _Sink(writer, pool, f, len(tensors))
-    with memory.private_pools(limits.batch):
-        _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress, limits),
-                      _Stager(pool, sink.put), sink)
+    _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress, limits),
+                  _Stager(pool, sink.put), sink)
     return _finish(writer, sink, tree, table)
 
 
@@ -449,7 +428,6 @@ class StagedState:
     pool: PinnedPool
     table: Table
     rest: list[int]  # positions in ``table.tensors`` not staged (host tensors)
-    gpu: memory.Pools  # the GPU memory of the encoding, given back once its copies are done
 
     def release(self) -> None:
         """Return the buffers to the pool (a write does this as it goes)."""
@@ -458,7 +436,6 @@ class StagedState:
                 job.ready.synchronize()
             self.pool.release(job.piece[0])
         self.jobs = []
-        self.gpu.release()
 
 
 def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
@@ -476,13 +453,11 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
     # stored bytes are at most about the raw size: one slab for them is quicker than many buffers
     pool.reserve(sum(table.tensors[i].numel() * table.tensors[i].element_size() for i in cuda))
     jobs: list[_Job] = []
-    gpu = memory.Pools(limits.batch)
-    with gpu.routed():
-        _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
-                                                 limits, cuda),
-                      _Stager(pool, jobs.append), None)
+    _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
+                                             limits, cuda),
+                  _Stager(pool, jobs.append), None)
     chosen = set(cuda)
-    return StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen], gpu)
+    return StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen])
 
 
 def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:
@@ -499,8 +474,5 @@ def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) ->
         if staged.rest:
             _encode_all(table.names, table.tensors, policy, stager, lambda _: None, only=staged.rest)
 
-    try:
-        _run_pipeline(encode, _Stager(None, sink.put), sink)
-    finally:
-        staged.gpu.release()
+    _run_pipeline(encode, _Stager(None, sink.put), sink)
     return _finish(writer, sink, tree, table)

@@ -117,7 +117,7 @@ def segment_sums(
 
     With ``outs``, also copy segment i to ``outs[out_index[i]][out_offsets[i]:]`` in the same pass.
     """
-    device = bases[0].device if bases else torch.device("cpu")
+    device = bases[0].device if bases else outs[0].device if outs else torch.device("cpu")
     count = len(lengths)
     if count == 0:
         return torch.zeros(0, dtype=torch.int64, device=device)
