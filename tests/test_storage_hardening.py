@@ -315,3 +315,64 @@ def test_store_failures_are_checkpoint_write_errors_with_the_cause(moto: tuple[A
     assert type(info.value.__cause__).__name__ == "EndpointConnectionError"
     with pytest.raises(CheckpointWriteError):
         manager.close()
+
+
+# --- the lock file: a regular file only, never followed --------------------------------------------
+
+
+def _lock_path(tmp_path: Path) -> Path:
+    tmp_path.mkdir(exist_ok=True)
+    return tmp_path / LOCK_NAME
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_symlinked_lock_file_is_refused_and_its_target_left_alone(tmp_path: Path, dangling: bool) -> None:
+    run, outside = tmp_path / "run", tmp_path / "outside.txt"
+    if not dangling:
+        outside.write_bytes(b"precious")
+    _lock_path(run).symlink_to(outside)
+    with CheckpointManager(run) as manager, pytest.raises(
+        CheckpointWriteError, match=rf"the lock file '{run / LOCK_NAME}' of '{run}' is a symbolic link; a lock file "
+                                    "is never followed. Remove the link and retry"):
+        manager.save(1, STATE)
+    assert (outside.read_bytes() == b"precious") if not dangling else not outside.exists()
+    assert os.path.islink(run / LOCK_NAME) and os.listdir(run) == [LOCK_NAME]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "socket"])
+def test_a_special_file_as_lock_file_is_refused_without_blocking(tmp_path: Path, kind: str) -> None:
+    path = _lock_path(tmp_path / "run")
+    holder = None
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        holder = socket.socket(socket.AF_UNIX)
+        holder.bind(str(path))
+    try:
+        with CheckpointManager(path.parent) as manager, pytest.raises(CheckpointWriteError) as caught:
+            manager.save(1, STATE)  # a FIFO opened for reading and writing would not block, but is refused
+    finally:
+        if holder is not None:
+            holder.close()
+    assert isinstance(caught.value, CheckpointWriteError) and f"the lock file '{path}'" in str(caught.value)
+    expected = {"fifo": "is not a regular file (a FIFO); remove it and retry",
+                "directory": "cannot be opened: Is a directory",
+                "socket": "cannot be opened: No such device or address"}[kind]
+    assert expected in str(caught.value)
+    assert CheckpointManager(path.parent).all_steps() == []
+
+
+def test_lock_failures_other_than_a_second_writer_name_the_lock_file(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with CheckpointManager(tmp_path) as manager, pytest.raises(
+        CheckpointWriteError, match=rf"\[Errno {errno.ENOLCK}\] the lock file '{tmp_path / LOCK_NAME}' of "
+                                    rf"'{tmp_path}' cannot be locked: No locks available"):
+        manager.save(1, STATE)
