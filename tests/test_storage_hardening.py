@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from helpers import assert_same
 import ckptzip
 from ckptzip.storage import files
 from ckptzip.errors import CheckpointNotFoundError, CheckpointWriteError, UnsupportedObjectError
-from ckptzip.manager import CheckpointManager
+from ckptzip.manager import CheckpointManager, IgnoredFileWarning
 from ckptzip.storage import LOCK_NAME, open_directory, open_storage
 
 STATE = {"w": torch.arange(6, dtype=torch.float32), "step": 1}
@@ -195,9 +196,33 @@ def test_only_canonical_step_names_are_checkpoints(tmp_path: Path) -> None:
     ckptzip.save(STATE, tmp_path / "step_00000100.ckz")
     ckptzip.save({"other": 1}, tmp_path / "step_000000100.ckz")
     ckptzip.save(STATE, tmp_path / "step_123456789.ckz")
-    manager = CheckpointManager(tmp_path)
+    with pytest.warns(IgnoredFileWarning, match=r"ignoring 1 file\(s\) in .* named like checkpoints .*: "
+                                                r"'step_000000100.ckz'$"):
+        manager = CheckpointManager(tmp_path)
     assert manager.all_steps() == [100, 123456789]
     assert_same(manager.restore(100), STATE)
+
+
+ODD_NAMES = ["step_\u0660\u0660\u0660\u0660\u0660\u0669\u0669\u0669.ckz",  # Arabic-Indic digits: \d takes them
+             "step_\uff10\uff10\uff10\uff10\uff10\uff19\uff19\uff19.ckz",  # fullwidth digits
+             "step_999.ckz", "step_+0000999.ckz", "step_ 0000999.ckz", "step_0000999 .ckz"]
+
+
+def test_names_that_are_not_canonical_ascii_steps_are_ignored_and_reported_once(tmp_path: Path) -> None:
+    for odd in [*ODD_NAMES, "step_00000999.ckz\n"]:  # the last is not even named like a checkpoint: not reported
+        ckptzip.save({"odd": 1}, tmp_path / odd)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        manager = CheckpointManager(tmp_path)
+        assert manager.all_steps() == [] and manager.should_save(300, every=100)
+        manager.save(300, STATE).result()
+        manager.close()
+        assert manager.all_steps() == [300]
+    assert [(w.category, str(w.message).split(":")[0]) for w in caught] == [
+        (IgnoredFileWarning, f"ignoring {len(ODD_NAMES)} file(s) in {tmp_path} named like checkpoints but not as a "
+                             "CheckpointManager names them (step_ and 8 or more ASCII digits, no leading zero beyond "
+                             "eight, .ckz)")]
+    assert set(ODD_NAMES) | {"step_00000999.ckz\n"} <= set(os.listdir(tmp_path))  # ignored, never deleted
 
 
 def test_a_manager_on_a_file_fails_at_construction(tmp_path: Path) -> None:
@@ -228,7 +253,7 @@ def test_a_writer_in_another_process_holds_the_lock_until_it_dies(tmp_path: Path
     proc = _child(
         f"""
         import time
-        from ckptzip.manager import CheckpointManager
+        from ckptzip.manager import CheckpointManager, IgnoredFileWarning
         manager = CheckpointManager({str(tmp_path)!r})
         manager.save(1, {{"step": 1}}).result()
         print("saved", flush=True)

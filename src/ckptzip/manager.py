@@ -36,12 +36,14 @@ from .format import BaseRef, TensorEntry, content_hash
 from .storage import WriterLock, open_storage
 from .tree import flatten, unflatten
 
-__all__ = ["CheckpointManager", "CheckpointSkippedWarning", "capture_rng_state", "restore_rng_state"]
+__all__ = ["CheckpointManager", "CheckpointSkippedWarning", "IgnoredFileWarning", "capture_rng_state", "restore_rng_state"]
 
 _STEP_NAME = "step_{:08d}.ckz"
-# Exactly the names _STEP_NAME writes: 8 digits, or more without a leading zero. Others (such as
-# step_000000100.ckz beside step_00000100.ckz) are not checkpoints of this manager.
-_STEP_PATTERN = re.compile(r"step_(\d{8}|[1-9]\d{8,})\.ckz")
+# Exactly the names _STEP_NAME writes: 8 ASCII digits, or more without a leading zero. Others (such
+# as step_000000100.ckz beside step_00000100.ckz, or digits of other scripts, which ``\d`` would
+# accept) are not checkpoints of this manager: they are ignored, and reported once.
+_STEP_PATTERN = re.compile(r"step_([0-9]{8}|[1-9][0-9]{8,})\.ckz")
+_STEP_LIKE = re.compile(r"step_.*\.ckz", re.DOTALL)
 _ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
 
 _BufferKey = tuple[torch.device, bool]  # (device, pinned)
@@ -55,6 +57,11 @@ HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
 
 class CheckpointSkippedWarning(UserWarning):
     """``restore()`` skipped a damaged checkpoint and fell back to an older one."""
+
+
+class IgnoredFileWarning(UserWarning):
+    """Files in a manager's directory are named like checkpoints but not as the manager names
+    them (``step_<8 or more ASCII digits>.ckz``, no leading zero beyond eight); they are ignored."""
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -306,6 +313,17 @@ def _step_of(name: str) -> int:
     return int(name.removeprefix("step_").removesuffix(".ckz"))
 
 
+def _report_ignored(names: list[str], location: str) -> None:
+    """Warn once about files named like checkpoints that are not this manager's."""
+    shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    warnings.warn(
+        f"ignoring {len(names)} file(s) in {location} named like checkpoints but not as a CheckpointManager "
+        f"names them (step_ and 8 or more ASCII digits, no leading zero beyond eight, .ckz): {shown}",
+        IgnoredFileWarning,
+        stacklevel=4,  # the caller of CheckpointManager(...)
+    )
+
+
 class CheckpointManager:
     """Periodic checkpoints of a training run in a directory or an fsspec URL (``s3://bucket/run``).
 
@@ -367,7 +385,7 @@ class CheckpointManager:
         self._max_pending = max_pending
         self._lock: WriterLock | None = None  # taken by the first save
         self._leftovers: list[str] = []  # found when the lock was taken; discarded after the first commit
-        self._newest_committed = max(map(_step_of, self._storage.list(_STEP_PATTERN).committed), default=None)
+        self._newest_committed = max(map(_step_of, self._committed_steps()), default=None)
         self._pending: collections.deque[tuple[int, concurrent.futures.Future[None]]] = collections.deque()
         self._snapshots = _SnapshotPool(snapshot, self._policy)
         self._executor = (
@@ -537,6 +555,15 @@ class CheckpointManager:
     def all_steps(self) -> list[int]:
         """Steps of the committed checkpoints, ascending (pending saves are not included)."""
         return sorted(map(_step_of, self._storage.list(_STEP_PATTERN).committed))
+
+    def _committed_steps(self) -> list[str]:
+        """Committed checkpoint names, at construction: files named like checkpoints in another
+        form are reported here, once."""
+        committed = self._storage.list(_STEP_LIKE).committed
+        ignored = [n for n in committed if not _STEP_PATTERN.fullmatch(n)]
+        if ignored:
+            _report_ignored(ignored, self.directory)
+        return [n for n in committed if _STEP_PATTERN.fullmatch(n)]
 
     def latest_step(self) -> int | None:
         """The newest committed step, or ``None`` if there is none."""
