@@ -44,6 +44,8 @@ _STEP_NAME = "step_{:08d}.ckz"
 # accept) are not checkpoints of this manager: they are ignored, and reported once.
 _STEP_PATTERN = re.compile(r"step_([0-9]{8}|[1-9][0-9]{8,})\.ckz")
 _STEP_LIKE = re.compile(r"step_.*\.ckz", re.DOTALL)
+# Longest chain ``incremental=`` allows: restoring its last step reads (and decodes) every file of it.
+MAX_INCREMENTAL = 1000
 _ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
 
 _BufferKey = tuple[torch.device, bool]  # (device, pinned)
@@ -112,6 +114,16 @@ class _Written:
 
 
 _Write = Callable[[BinaryIO, "DeltaBase | None"], _Written]
+
+
+@dataclass(frozen=True)
+class _Below:
+    """A checkpoint below one being restored: its bases, its content hash, and the first
+    (checkpoint step, reference) that led to it."""
+
+    refs: list[BaseRef]
+    content_hash: str
+    via: tuple[int, BaseRef]
 
 
 @dataclass
@@ -342,7 +354,7 @@ class CheckpointManager:
             ``save`` returns once they are queued to the host); ``"auto"`` (default) picks
             ``"device"`` when the GPU has room for the copy, else ``"host"``.
         storage_options: passed to the fsspec filesystem (credentials, ``endpoint_url``, ...).
-        incremental: ``None`` (every checkpoint whole) or K >= 1: a save may store each tensor as
+        incremental: ``None`` (every checkpoint whole) or K in [1, 1000]: a save may store each tensor as
             an XOR delta against the same tensor of the previous save, where that is estimated to
             be smaller; a chain of deltas holds at most K checkpoints, the first one whole. Costs
             one copy of the state kept as the next base (on its device; in host memory for the
@@ -368,8 +380,9 @@ class CheckpointManager:
         storage_options: dict[str, Any] | None = None,
         incremental: int | None = None,
     ) -> None:
-        if incremental is not None and (type(incremental) is not int or incremental < 1):
-            raise ValueError(f"incremental must be None (every checkpoint whole) or an int >= 1, got {incremental!r}")
+        if incremental is not None and (type(incremental) is not int or not 1 <= incremental <= MAX_INCREMENTAL):
+            raise ValueError(f"incremental must be None (every checkpoint whole) or an int in [1, {MAX_INCREMENTAL}] "
+                             f"(restoring a step reads up to that many files), got {incremental!r}")
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be None (keep all) or >= 1, got {keep_last}")
         if max_pending < 1:
@@ -588,13 +601,52 @@ class CheckpointManager:
 
     def _base_tensors(self, step: int, bases: list[BaseRef], map_location: api.MapLocation
                       ) -> list[dict[str, torch.Tensor]] | None:
-        """The tensors of each base of checkpoint ``step``, each base rebuilt from its own chain."""
-        return [self._chain_tensors(step, ref, map_location) for ref in bases] if bases else None
+        """The tensors of each base of checkpoint ``step``, the chains below rebuilt bottom up, one
+        file open at a time: iteratively, so a chain of any length restores, holding the tensors
+        of only the checkpoints that one still to be rebuilt needs."""
+        if not bases:
+            return None
+        below = self._walk(step, bases, map_location)
+        users = collections.Counter(ref.step for refs in [bases, *(b.refs for b in below.values())] for ref in refs)
+        done: dict[int | None, dict[str, torch.Tensor]] = {}
+        for base in sorted(below):  # every base has an earlier step: built after its own bases
+            child, ref = below[base].via
+            with self._base_reader(child, ref, map_location) as reader:
+                if reader.bases != below[base].refs:
+                    raise MissingBaseError(f"{self._what(child, ref)}, which was replaced while it was read")
+                reader.base_tensors = [done[r.step] for r in reader.bases] or None
+                done[base] = reader.named_tensors()
+            for r in below[base].refs:
+                users[r.step] -= 1
+                if not users[r.step]:
+                    del done[r.step]  # no checkpoint still to be rebuilt needs it
+        return [done[ref.step] for ref in bases]
 
-    def _chain_tensors(self, step: int, ref: BaseRef, map_location: api.MapLocation) -> dict[str, torch.Tensor]:
-        what = f"checkpoint step {step} in {self.directory} is stored as XOR deltas against {ref.describe()}"
-        if ref.step is None or ref.step >= step or ref.name != _STEP_NAME.format(ref.step):
-            raise MissingBaseError(f"{what}, which is not an earlier checkpoint of this directory")
+    def _walk(self, step: int, bases: list[BaseRef], map_location: api.MapLocation) -> dict[int, _Below]:
+        """Every checkpoint the bases of ``step`` lead to, by step: its own bases, and the first
+        reference to it that was followed (whose step names it in errors). Reads indexes only."""
+        below: dict[int, _Below] = {}
+        todo = [(step, ref) for ref in bases]
+        while todo:
+            child, ref = todo.pop()
+            if ref.step is None or ref.step >= child or ref.name != _STEP_NAME.format(ref.step):
+                raise MissingBaseError(f"{self._what(child, ref)}, which is not an earlier checkpoint of this directory")
+            if ref.step in below and below[ref.step].content_hash == ref.content_hash:
+                continue
+            with self._base_reader(child, ref, map_location) as reader:
+                below[ref.step] = _Below(reader.bases, reader.content_hash, (child, ref))
+            todo.extend((ref.step, r) for r in reader.bases)
+        return below
+
+    def _what(self, step: int, ref: BaseRef) -> str:
+        return f"checkpoint step {step} in {self.directory} is stored as XOR deltas against {ref.describe()}"
+
+    @contextlib.contextmanager
+    def _base_reader(self, step: int, ref: BaseRef, map_location: api.MapLocation) -> Iterator[api.CheckpointReader]:
+        """A reader of base ``ref`` of checkpoint ``step``, checked against the content hash the
+        reference records; a missing or damaged base, here or while the body reads it, is a
+        :class:`~ckptzip.errors.MissingBaseError` naming both."""
+        what = self._what(step, ref)
         try:
             with self._storage.open(ref.name) as f, api.open(f, map_location=map_location) as reader:
                 if reader.content_hash != ref.content_hash:
@@ -602,8 +654,7 @@ class CheckpointManager:
                         f"{what}, but {ref.name} holds other tensors now (content hash {reader.content_hash}); "
                         "the base was replaced"
                     )
-                reader.base_tensors = self._base_tensors(ref.step, reader.bases, map_location)
-                return reader.named_tensors()
+                yield reader
         except FileNotFoundError as exc:
             raise MissingBaseError(f"{what}, which is missing") from exc
         except CorruptCheckpointError as exc:
@@ -630,8 +681,8 @@ class CheckpointManager:
             try:
                 return self._load(newest, map_location)
             except (CorruptCheckpointError, FileNotFoundError, MissingBaseError) as exc:
-                if isinstance(exc, FileNotFoundError) and newest not in self.all_steps():
-                    continue  # retired by the writer after we listed it, so a newer one exists
+                if newest not in self.all_steps():
+                    continue  # retired by the writer (it or, before it, its base) after we listed it
                 warnings.warn(
                     f"skipping damaged checkpoint of step {newest} in {self.directory}: {exc}",
                     CheckpointSkippedWarning,
