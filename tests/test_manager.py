@@ -33,6 +33,7 @@ from ckptzip.storage import LOCK_NAME
 from ckptzip.manager import (
     CheckpointManager,
     CheckpointSkippedWarning,
+    IgnoredFileWarning,
     capture_rng_state,
     restore_rng_state,
 )
@@ -338,11 +339,12 @@ def test_leftovers_are_ignored_and_removed_after_the_next_commit(tmp_path: Path)
     unrelated = ["notes.txt", ".notes.txt.tmp-1-ab", "step_1.ckz"]
     for name in unrelated:
         (tmp_path / name).write_bytes(b"user data")
-    reader = CheckpointManager(tmp_path)
+    with pytest.warns(IgnoredFileWarning, match="'step_1.ckz'$"):  # named like a checkpoint: reported
+        reader = CheckpointManager(tmp_path)
     assert reader.all_steps() == [] and reader.latest_step() is None
     reader.close()
     assert leftover.exists()  # a manager that only reads never deletes
-    with CheckpointManager(tmp_path) as writer:
+    with pytest.warns(IgnoredFileWarning, match="'step_1.ckz'$"), CheckpointManager(tmp_path) as writer:
         writer.save(1, {}).result()
     assert files(tmp_path) == sorted(["step_00000001.ckz", *unrelated])
 

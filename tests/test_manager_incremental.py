@@ -15,7 +15,7 @@ from helpers import assert_same
 
 import ckptzip
 from ckptzip.errors import CheckpointNotFoundError, MissingBaseError
-from ckptzip.manager import CheckpointManager, CheckpointSkippedWarning
+from ckptzip.manager import MAX_INCREMENTAL, CheckpointManager, CheckpointSkippedWarning
 
 
 def run_state(step: int) -> dict[str, Any]:
@@ -25,6 +25,12 @@ def run_state(step: int) -> dict[str, Any]:
     w = w0 * (1 + 1e-4 * step)
     noise = torch.randn(256, 256, generator=torch.Generator().manual_seed(1000 + step))
     return {"model": {"w": w.bfloat16()}, "master": {"w": w}, "exp_avg": noise, "step": step}
+
+
+def small_state(step: int) -> dict[str, Any]:
+    """A small state whose weights drift slowly, so every save after a whole one stores a delta."""
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) * (1 + 1e-4 * step)
+    return {"w": w, "step": step}
 
 
 def entry_reprs(path: Path) -> list[str]:
@@ -166,10 +172,77 @@ def test_incremental_checkpoints_on_an_fsspec_store() -> None:
         assert_same(manager.restore(7), run_state(7))
 
 
-@pytest.mark.parametrize("bad", [0, -1, 2.0, "3", True])
+@pytest.mark.parametrize("bad", [0, -1, 2.0, "3", True, MAX_INCREMENTAL + 1, 10**9])
 def test_incremental_must_be_a_positive_int(tmp_path: Path, bad: Any) -> None:
-    with pytest.raises(ValueError, match="incremental must be None"):
+    with pytest.raises(ValueError, match=rf"incremental must be None \(every checkpoint whole\) or an int in "
+                                         rf"\[1, {MAX_INCREMENTAL}\] \(restoring a step reads up to that many files\), "
+                                         rf"got {bad!r}"):
         CheckpointManager(tmp_path, incremental=bad)
+
+
+def test_a_chain_as_long_as_incremental_allows_restores(tmp_path: Path) -> None:
+    """A chain of the most checkpoints incremental= allows (1000; the issue's 360 saves already hit
+    Python's recursion limit, reported as a damaged base) restores, newest and middle steps."""
+    steps = MAX_INCREMENTAL
+    with CheckpointManager(tmp_path, keep_last=None, incremental=MAX_INCREMENTAL, async_save=False) as manager:
+        for step in range(steps):
+            manager.save(step, small_state(step))
+        assert bases_of(tmp_path)[steps - 1] == [steps - 2]  # one chain
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no step is skipped as damaged
+        reader = CheckpointManager(tmp_path)
+        assert_same(reader.restore(), small_state(steps - 1))
+        assert_same(reader.restore(steps // 2), small_state(steps // 2))
+
+
+def test_a_chain_is_rebuilt_with_one_file_open_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with CheckpointManager(tmp_path, keep_last=None, incremental=20, async_save=False) as manager:
+        for step in range(12):
+            manager.save(step, small_state(step))
+    reader = CheckpointManager(tmp_path)
+    storage_open = reader._storage.open
+    open_now, most = [0], [0]
+
+    class Counted:
+        def __init__(self, name: str) -> None:
+            self.f = storage_open(name)
+
+        def __enter__(self) -> Any:
+            open_now[0] += 1
+            most[0] = max(most[0], open_now[0])
+            return self.f.__enter__()
+
+        def __exit__(self, *exc: object) -> None:
+            open_now[0] -= 1
+            self.f.__exit__(*exc)
+
+    monkeypatch.setattr(reader._storage, "open", Counted)
+    assert_same(reader.restore(11), small_state(11))
+    assert most[0] == 2  # the step being restored and one base
+
+
+def test_restore_while_the_writer_retires_a_chain_warns_about_nothing(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer commits a whole step 3, then retires 2 and its base 1 (newest first) between
+    restore() opening step 2 and its base: nothing intact is skipped as damaged."""
+    with CheckpointManager(tmp_path, keep_last=None, incremental=5, async_save=False) as manager:
+        for step in (1, 2):
+            manager.save(step, small_state(step))
+    assert bases_of(tmp_path) == {1: [], 2: [1]}
+    reader = CheckpointManager(tmp_path)
+    storage_open = reader._storage.open
+
+    def open_and_race(name: str) -> Any:
+        if name == "step_00000001.ckz" and not (tmp_path / "step_00000003.ckz").exists():
+            ckptzip.save(small_state(3), tmp_path / "step_00000003.ckz")
+            os.remove(tmp_path / "step_00000002.ckz")
+            os.remove(tmp_path / "step_00000001.ckz")
+        return storage_open(name)
+
+    monkeypatch.setattr(reader._storage, "open", open_and_race)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(reader.restore(), small_state(3))
 
 
 def test_restore_of_no_intact_chain_raises(tmp_path: Path) -> None:

@@ -283,6 +283,46 @@ def test_many_equal_sized_mostly_zero_tensors_are_told_apart_by_digest_not_pairw
     assert len(compares) <= 4  # one byte compare per digest match, not one per pair (19,900)
 
 
+def _count_compares(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    compares: list[int] = []
+    real_equal = torch.equal
+    monkeypatch.setattr(torch, "equal", lambda a, b: compares.append(1) or real_equal(a, b))
+    return compares
+
+
+def test_casts_whose_sources_share_their_samples_are_matched_by_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptzip.engine.derive import find_casts
+
+    n = 300
+    sources = []
+    for i in range(n):  # one shape, every sample equal: each differs in one unsampled element
+        t = torch.zeros(1 << 12)
+        t[1 + i] = 1.0 + i
+        sources.append(t)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0)).tolist()
+    targets = [sources[k].to(torch.bfloat16 if k % 2 else torch.float16) for k in order]
+    compares = _count_compares(monkeypatch)
+    assert find_casts(sources + targets, skip=set()) == {n + m: k for m, k in enumerate(order)}
+    assert len(compares) == n  # one whole compare per target, not one per pair (90,000)
+
+
+def test_duplicate_and_cast_search_is_linear_in_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's example: 20k equal-size small tensors took 32 s to save (pair groups gathered
+    per pair); now every tensor is hashed once and compared at most once."""
+    from ckptzip.engine.derive import find_casts, find_duplicates
+
+    n = 20_000
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(16, generator=g) for _ in range(n)]
+    tensors += [tensors[i].clone() for i in range(0, n, 7)] + [tensors[i].bfloat16() for i in range(3, n, 11)]
+    compares = _count_compares(monkeypatch)
+    duplicates = find_duplicates(tensors)
+    casts = find_casts(tensors, skip=set(duplicates))
+    assert duplicates == {n + k: i for k, i in enumerate(range(0, n, 7))}
+    assert casts == {n + len(duplicates) + k: i for k, i in enumerate(range(3, n, 11))}
+    assert len(compares) == len(duplicates) + len(casts)
+
+
 @pytest.mark.parametrize("n", [1, 2, SAMPLES - 1, SAMPLES, (1 << 24) + 3, (1 << 31) + 5])
 def test_sample_positions_are_in_range_spread_and_include_both_ends(n: int) -> None:
     from ckptzip.engine.derive import _sample_at

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from helpers import assert_same
 import ckptzip
 from ckptzip.storage import files
 from ckptzip.errors import CheckpointNotFoundError, CheckpointWriteError, UnsupportedObjectError
-from ckptzip.manager import CheckpointManager
+from ckptzip.manager import CheckpointManager, IgnoredFileWarning
 from ckptzip.storage import LOCK_NAME, open_directory, open_storage
 
 STATE = {"w": torch.arange(6, dtype=torch.float32), "step": 1}
@@ -195,9 +196,33 @@ def test_only_canonical_step_names_are_checkpoints(tmp_path: Path) -> None:
     ckptzip.save(STATE, tmp_path / "step_00000100.ckz")
     ckptzip.save({"other": 1}, tmp_path / "step_000000100.ckz")
     ckptzip.save(STATE, tmp_path / "step_123456789.ckz")
-    manager = CheckpointManager(tmp_path)
+    with pytest.warns(IgnoredFileWarning, match=r"ignoring 1 file\(s\) in .* named like checkpoints .*: "
+                                                r"'step_000000100.ckz'$"):
+        manager = CheckpointManager(tmp_path)
     assert manager.all_steps() == [100, 123456789]
     assert_same(manager.restore(100), STATE)
+
+
+ODD_NAMES = ["step_\u0660\u0660\u0660\u0660\u0660\u0669\u0669\u0669.ckz",  # Arabic-Indic digits: \d takes them
+             "step_\uff10\uff10\uff10\uff10\uff10\uff19\uff19\uff19.ckz",  # fullwidth digits
+             "step_999.ckz", "step_+0000999.ckz", "step_ 0000999.ckz", "step_0000999 .ckz"]
+
+
+def test_names_that_are_not_canonical_ascii_steps_are_ignored_and_reported_once(tmp_path: Path) -> None:
+    for odd in [*ODD_NAMES, "step_00000999.ckz\n"]:  # the last is not even named like a checkpoint: not reported
+        ckptzip.save({"odd": 1}, tmp_path / odd)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        manager = CheckpointManager(tmp_path)
+        assert manager.all_steps() == [] and manager.should_save(300, every=100)
+        manager.save(300, STATE).result()
+        manager.close()
+        assert manager.all_steps() == [300]
+    assert [(w.category, str(w.message).split(":")[0]) for w in caught] == [
+        (IgnoredFileWarning, f"ignoring {len(ODD_NAMES)} file(s) in {tmp_path} named like checkpoints but not as a "
+                             "CheckpointManager names them (step_ and 8 or more ASCII digits, no leading zero beyond "
+                             "eight, .ckz)")]
+    assert set(ODD_NAMES) | {"step_00000999.ckz\n"} <= set(os.listdir(tmp_path))  # ignored, never deleted
 
 
 def test_a_manager_on_a_file_fails_at_construction(tmp_path: Path) -> None:
@@ -228,7 +253,7 @@ def test_a_writer_in_another_process_holds_the_lock_until_it_dies(tmp_path: Path
     proc = _child(
         f"""
         import time
-        from ckptzip.manager import CheckpointManager
+        from ckptzip.manager import CheckpointManager, IgnoredFileWarning
         manager = CheckpointManager({str(tmp_path)!r})
         manager.save(1, {{"step": 1}}).result()
         print("saved", flush=True)
@@ -315,3 +340,64 @@ def test_store_failures_are_checkpoint_write_errors_with_the_cause(moto: tuple[A
     assert type(info.value.__cause__).__name__ == "EndpointConnectionError"
     with pytest.raises(CheckpointWriteError):
         manager.close()
+
+
+# --- the lock file: a regular file only, never followed --------------------------------------------
+
+
+def _lock_path(tmp_path: Path) -> Path:
+    tmp_path.mkdir(exist_ok=True)
+    return tmp_path / LOCK_NAME
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_symlinked_lock_file_is_refused_and_its_target_left_alone(tmp_path: Path, dangling: bool) -> None:
+    run, outside = tmp_path / "run", tmp_path / "outside.txt"
+    if not dangling:
+        outside.write_bytes(b"precious")
+    _lock_path(run).symlink_to(outside)
+    with CheckpointManager(run) as manager, pytest.raises(
+        CheckpointWriteError, match=rf"the lock file '{run / LOCK_NAME}' of '{run}' is a symbolic link; a lock file "
+                                    "is never followed. Remove the link and retry"):
+        manager.save(1, STATE)
+    assert (outside.read_bytes() == b"precious") if not dangling else not outside.exists()
+    assert os.path.islink(run / LOCK_NAME) and os.listdir(run) == [LOCK_NAME]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "socket"])
+def test_a_special_file_as_lock_file_is_refused_without_blocking(tmp_path: Path, kind: str) -> None:
+    path = _lock_path(tmp_path / "run")
+    holder = None
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        holder = socket.socket(socket.AF_UNIX)
+        holder.bind(str(path))
+    try:
+        with CheckpointManager(path.parent) as manager, pytest.raises(CheckpointWriteError) as caught:
+            manager.save(1, STATE)  # a FIFO opened for reading and writing would not block, but is refused
+    finally:
+        if holder is not None:
+            holder.close()
+    assert isinstance(caught.value, CheckpointWriteError) and f"the lock file '{path}'" in str(caught.value)
+    expected = {"fifo": "is not a regular file (a FIFO); remove it and retry",
+                "directory": "cannot be opened: Is a directory",
+                "socket": "cannot be opened: No such device or address"}[kind]
+    assert expected in str(caught.value)
+    assert CheckpointManager(path.parent).all_steps() == []
+
+
+def test_lock_failures_other_than_a_second_writer_name_the_lock_file(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with CheckpointManager(tmp_path) as manager, pytest.raises(
+        CheckpointWriteError, match=rf"\[Errno {errno.ENOLCK}\] the lock file '{tmp_path / LOCK_NAME}' of "
+                                    rf"'{tmp_path}' cannot be locked: No locks available"):
+        manager.save(1, STATE)

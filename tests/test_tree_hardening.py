@@ -263,3 +263,75 @@ def test_property_strategy_reaches_both_outcomes() -> None:
     assert_same(roundtrip({"x": random_tensor(torch.float32, (1,) * 64)}), {"x": random_tensor(torch.float32, (1,) * 64)})
     with pytest.raises(UnsupportedObjectError):
         save_bytes({"x": torch.zeros(1).reshape((1,) * 70)})
+
+
+# --- one walker: shared sub-objects stay shared, expansion is counted first ---------------------
+
+
+def _dag(levels: int) -> dict:
+    """A dict whose values share the level below twice, ``levels`` deep: 2**levels paths."""
+    obj: Any = {"w": torch.arange(3)}
+    for _ in range(levels):
+        obj = {"a": obj, "b": obj}
+    return obj
+
+
+def test_a_40_level_dag_of_aliases_loads_resaves_and_is_refused_by_dcp_convert(tmp_path: Path) -> None:
+    from ckptzip.cli import main
+    from ckptzip.dcp._convert import MAX_DCP_ITEMS
+
+    ckptzip.save(_dag(40), tmp_path / "dag.ckz")
+    assert (tmp_path / "dag.ckz").stat().st_size < 4096
+    start = time.perf_counter()
+    back = ckptzip.load(tmp_path / "dag.ckz")
+    assert back["a"] is back["b"]
+    ckptzip.save(back, tmp_path / "again.ckz")
+    with pytest.raises(ckptzip.CkptzipError, match=rf"'.*dag.ckz' shares containers so that DCP, which stores every "
+                                                   rf"path of a shared container again, would write {2**40} items, "
+                                                   rf"more than {MAX_DCP_ITEMS}; nothing was written"):
+        from ckptzip.dcp import ckz_to_dcp
+        ckz_to_dcp(tmp_path / "dag.ckz", tmp_path / "dcp")
+    assert main(["dcp-convert", str(tmp_path / "dag.ckz"), str(tmp_path / "dcp2")]) == 1
+    assert time.perf_counter() - start < 10
+    assert not (tmp_path / "dcp").exists() or not any((tmp_path / "dcp").iterdir())
+
+
+def test_a_shallow_dag_within_the_bound_converts_to_dcp_expanded(tmp_path: Path) -> None:
+    from ckptzip.dcp import ckz_to_dcp, dcp_to_ckz
+
+    ckptzip.save(_dag(3), tmp_path / "dag.ckz")
+    ckz_to_dcp(tmp_path / "dag.ckz", tmp_path / "dcp")
+    dcp_to_ckz(tmp_path / "dcp", tmp_path / "back.ckz")
+    assert_same(ckptzip.load(tmp_path / "back.ckz"), _dag(3))  # the same values, no longer shared
+
+
+def test_walks_of_a_shared_tree_cost_its_nodes_and_keep_it_shared() -> None:
+    from ckptzip.tree import expanded_leaves, iter_leaves, map_tree
+
+    dag = _dag(60)
+    assert expanded_leaves(dag) == 2**60 and expanded_leaves({"e": {}, "l": [], "x": 1}) == 3
+    assert [path for path, _ in iter_leaves(dag)] == [".".join(["a"] * 60 + ["w"])]  # once, at its first path
+    calls: list[str] = []
+    mapped = map_tree(dag, lambda v, path: calls.append(path) or v.float())
+    assert len(calls) == 1 and mapped["a"] is mapped["b"] and mapped["a"]["a"] is mapped["a"]["b"]
+    assert map_tree(dag, lambda v, _: v) is dag  # nothing changed: nothing rebuilt
+
+
+@pytest.mark.parametrize("size", [[2**63], [2**64], [3, 2**70], [-1]])
+def test_a_size_outside_int64_is_corrupt(size: list[int]) -> None:
+    with pytest.raises(CorruptCheckpointError, match=r"tree holds a malformed 'size' value: expected a list of "
+                                                     r"integers in \[0, 2\*\*63\)"):
+        _unflatten({"size": size})
+    assert _unflatten({"size": [2**63 - 1, 0]}) == torch.Size([2**63 - 1, 0])
+
+
+def test_an_index_entry_on_the_meta_device_is_refused() -> None:
+    from helpers import load_bytes, rewrite_index
+
+    def to_meta(index: dict) -> None:
+        index["tensors"][0]["device"] = "meta"
+
+    blob = rewrite_index(save_bytes({"w": torch.ones(4)}), to_meta)
+    with pytest.raises(CorruptCheckpointError, match=r"tensor 'w' has device 'meta', expected a torch device "
+                                                     r"string of a device that holds data \(not 'meta'\)"):
+        load_bytes(blob)

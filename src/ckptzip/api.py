@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import collections
 import io
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO, Union
 
 import torch
 from tqdm.auto import tqdm
 
+from .budget import check_budget, validate_max_bytes
 from .engine.policy import Policy
 from .engine.reader import read_tensors
 from .engine.sources import DeltaBase
 from .engine.warmup import warm_up
 from .engine.writer import write_state
-from .errors import CheckpointWriteError, CkptzipError, DecodeBudgetError, DeviceUnavailableError
+from .errors import CheckpointWriteError, CkptzipError, DeviceUnavailableError
 from .format import BaseRef, ContainerReader, TensorEntry, content_hash
 from .storage import atomic_file, open_for_read
 from .tree import flatten, unflatten
@@ -65,6 +67,23 @@ def save(obj: Any, f: PathOrFile, *, codec: CodecArg = "auto", progress: bool = 
         raise CheckpointWriteError(
             exc.errno, f"could not write the checkpoint to {f!r}: {exc.strerror or exc}; what was written is incomplete"
         ) from exc
+
+
+def declared_needs(entries: Sequence[TensorEntry], indices: list[int], devices: list[torch.device]
+                   ) -> dict[torch.device, int]:
+    """Declared bytes that reading ``indices`` onto ``devices`` allocates, by device: each tensor
+    once, with the entries a copy or cast is rebuilt from."""
+    decoded: set[tuple[int, torch.device]] = set()
+    for i, device in zip(indices, devices):
+        while (i, device) not in decoded:
+            decoded.add((i, device))
+            if not entries[i].is_reference:
+                break
+            i = entries[i].source_target
+    needs: dict[torch.device, int] = collections.defaultdict(int)
+    for i, device in decoded:
+        needs[device] += entries[i].nbytes
+    return needs
 
 
 def resolve_device(saved: str | None, map_location: MapLocation) -> torch.device:
@@ -120,13 +139,13 @@ class CheckpointReader:
         self.map_location = map_location
         self.base_tensors: Sequence[Mapping[str, torch.Tensor]] | None = None
         self._by_name = {t.name: i for i, t in enumerate(self._reader.tensors)}
-        if max_bytes is not None and self.nbytes > max_bytes:
+        try:
+            self._max_bytes = validate_max_bytes(max_bytes)
+            if self._max_bytes is not None:
+                check_budget({torch.device("cpu"): self.nbytes}, self._max_bytes)
+        except BaseException:
             self.close()
-            raise DecodeBudgetError(
-                f"the checkpoint declares {self.nbytes} bytes of tensors, more than max_bytes={max_bytes}; "
-                "nothing was decoded. Raise max_bytes if you trust the file (`ckptzip inspect` lists the "
-                "declared sizes)"
-            )
+            raise
 
     def entries(self) -> list[TensorEntry]:
         """The tensor table: name, dtype, shape, sizes, codecs of every tensor."""
@@ -150,16 +169,19 @@ class CheckpointReader:
         return self._tensor(index)
 
     def _tensor(self, index: int) -> torch.Tensor:
-        entry = self._reader.tensors[index]
-        device = resolve_device(entry.device, self.map_location)
-        return read_tensors(self._reader, [index], [device], lambda _: None, self.base_tensors, self.gpu_memory)[0]
+        return self._read([index], lambda _: None)[0]
 
     def _all_tensors(self, progress: bool) -> list[torch.Tensor]:
-        entries = self._reader.tensors
-        devices = [resolve_device(e.device, self.map_location) for e in entries]
         with _progress(self.nbytes, progress, "decompress") as bar:
-            return read_tensors(self._reader, list(range(len(entries))), devices, bar.update, self.base_tensors,
-                                self.gpu_memory)
+            return self._read(list(range(len(self._reader.tensors))), bar.update)
+
+    def _read(self, indices: list[int], on_progress: Callable[[int], object]) -> list[torch.Tensor]:
+        """Tensors ``indices`` on their target devices, the default budget checked first (a
+        ``max_bytes`` given was checked against the whole file when it was opened)."""
+        devices = [resolve_device(self._reader.tensors[i].device, self.map_location) for i in indices]
+        if self._max_bytes is None:
+            check_budget(declared_needs(self._reader.tensors, indices, devices), None)
+        return read_tensors(self._reader, indices, devices, on_progress, self.base_tensors, self.gpu_memory)
 
     def load(self, *, progress: bool = False) -> Any:
         """The whole saved object, every tensor decoded and verified (read in file order)."""
@@ -225,12 +247,13 @@ def load(f: Source, *, map_location: MapLocation = None, progress: bool = False,
     """Load what :func:`save` saved from a path, a binary file, or the bytes of one (read in
     place, without a copy); every tensor is verified bit-exact against its checksum.
 
-    ``max_bytes`` bounds the decoded size an untrusted file may declare (a few bytes of zstd can
-    declare gigabytes of zeros): a file declaring more is refused with
-    :class:`~ckptzip.errors.DecodeBudgetError` before any tensor memory is allocated. Decoding
-    needs about the decoded size, plus one batch (at most 1 GiB on a GPU, 8 MiB on the CPU).
-    ``gpu_memory`` caps the GPU memory decoding uses beside the tensors it returns (as for
-    :func:`save`).
+    ``max_bytes`` (an int >= 0) bounds the decoded size an untrusted file may declare (a few bytes
+    of zstd can declare gigabytes of zeros); without it the bound is what the target can hold
+    (free host memory for the CPU, the device's free memory for a GPU). A file declaring more is
+    refused with :class:`~ckptzip.errors.DecodeBudgetError` before any tensor memory is
+    allocated. Decoding needs about the decoded size, plus a few batches (on a GPU, what its
+    budget allows, at most 512 MiB each; 8 MiB per worker on the CPU). ``gpu_memory`` caps the
+    GPU memory decoding uses beside the tensors it returns (as for :func:`save`).
     """
     with CheckpointReader(f, map_location=map_location, max_bytes=max_bytes, gpu_memory=gpu_memory) as reader:
         return reader.load(progress=progress)
@@ -321,7 +344,8 @@ def decompress(ct: CompressedTensor | bytes, *, device: str | torch.device | Non
         ct = CompressedTensor.from_bytes(ct)
     reader = ContainerReader(ct.to_bytes())
     try:
-        entry = reader.tensors[0]
-        return read_tensors(reader, [0], [resolve_device(entry.device, device)], lambda _: None)[0]
+        target = [resolve_device(reader.tensors[0].device, device)]
+        check_budget(declared_needs(reader.tensors, [0], target), None)
+        return read_tensors(reader, [0], target, lambda _: None)[0]
     finally:
         reader.source.close()

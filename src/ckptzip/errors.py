@@ -47,8 +47,8 @@ class StorageUnavailableError(CkptzipError, ImportError):
 
 
 class DecodeBudgetError(CkptzipError, MemoryError):
-    """A checkpoint declares more decoded bytes than the caller's ``max_bytes`` allows; nothing
-    was allocated for its tensors."""
+    """A checkpoint declares more decoded bytes than the caller's ``max_bytes`` allows, or without
+    it than the target device can hold; nothing was allocated for its tensors."""
 
 
 class GpuMemoryError(CkptzipError, MemoryError):

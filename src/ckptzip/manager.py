@@ -39,12 +39,16 @@ from .format import BaseRef, TensorEntry, content_hash
 from .storage import WriterLock, open_storage
 from .tree import flatten, unflatten
 
-__all__ = ["CheckpointManager", "CheckpointSkippedWarning", "capture_rng_state", "restore_rng_state"]
+__all__ = ["CheckpointManager", "CheckpointSkippedWarning", "IgnoredFileWarning", "capture_rng_state", "restore_rng_state"]
 
 _STEP_NAME = "step_{:08d}.ckz"
-# Exactly the names _STEP_NAME writes: 8 digits, or more without a leading zero. Others (such as
-# step_000000100.ckz beside step_00000100.ckz) are not checkpoints of this manager.
-_STEP_PATTERN = re.compile(r"step_(\d{8}|[1-9]\d{8,})\.ckz")
+# Exactly the names _STEP_NAME writes: 8 ASCII digits, or more without a leading zero. Others (such
+# as step_000000100.ckz beside step_00000100.ckz, or digits of other scripts, which ``\d`` would
+# accept) are not checkpoints of this manager: they are ignored, and reported once.
+_STEP_PATTERN = re.compile(r"step_([0-9]{8}|[1-9][0-9]{8,})\.ckz")
+_STEP_LIKE = re.compile(r"step_.*\.ckz", re.DOTALL)
+# Longest chain ``incremental=`` allows: restoring its last step reads (and decodes) every file of it.
+MAX_INCREMENTAL = 1000
 _ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
 
 _BufferKey = tuple[torch.device, bool]  # (device, pinned)
@@ -60,6 +64,11 @@ _LOG = logging.getLogger("ckptzip")
 
 class CheckpointSkippedWarning(UserWarning):
     """``restore()`` skipped a damaged checkpoint and fell back to an older one."""
+
+
+class IgnoredFileWarning(UserWarning):
+    """Files in a manager's directory are named like checkpoints but not as the manager names
+    them (``step_<8 or more ASCII digits>.ckz``, no leading zero beyond eight); they are ignored."""
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -110,6 +119,16 @@ class _Written:
 
 
 _Write = Callable[[BinaryIO, "DeltaBase | None"], _Written]
+
+
+@dataclass(frozen=True)
+class _Below:
+    """A checkpoint below one being restored: its bases, its content hash, and the first
+    (checkpoint step, reference) that led to it."""
+
+    refs: list[BaseRef]
+    content_hash: str
+    via: tuple[int, BaseRef]
 
 
 @dataclass
@@ -327,6 +346,17 @@ def _step_of(name: str) -> int:
     return int(name.removeprefix("step_").removesuffix(".ckz"))
 
 
+def _report_ignored(names: list[str], location: str) -> None:
+    """Warn once about files named like checkpoints that are not this manager's."""
+    shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    warnings.warn(
+        f"ignoring {len(names)} file(s) in {location} named like checkpoints but not as a CheckpointManager "
+        f"names them (step_ and 8 or more ASCII digits, no leading zero beyond eight, .ckz): {shown}",
+        IgnoredFileWarning,
+        stacklevel=4,  # the caller of CheckpointManager(...)
+    )
+
+
 class CheckpointManager:
     """Periodic checkpoints of a training run in a directory or an fsspec URL (``s3://bucket/run``).
 
@@ -347,7 +377,7 @@ class CheckpointManager:
             would release, beside 2 GiB or 5 % for training), else ``"host"``, logging a warning
             the first time (``last_snapshot``, ``last_snapshot_reason`` say what it chose and why).
         storage_options: passed to the fsspec filesystem (credentials, ``endpoint_url``, ...).
-        incremental: ``None`` (every checkpoint whole) or K >= 1: a save may store each tensor as
+        incremental: ``None`` (every checkpoint whole) or K in [1, 1000]: a save may store each tensor as
             an XOR delta against the same tensor of the previous save, where that is estimated to
             be smaller; a chain of deltas holds at most K checkpoints, the first one whole. Costs
             one copy of the state kept as the next base (on its device; in host memory for the
@@ -379,8 +409,9 @@ class CheckpointManager:
         incremental: int | None = None,
         gpu_memory: int | None = None,
     ) -> None:
-        if incremental is not None and (type(incremental) is not int or incremental < 1):
-            raise ValueError(f"incremental must be None (every checkpoint whole) or an int >= 1, got {incremental!r}")
+        if incremental is not None and (type(incremental) is not int or not 1 <= incremental <= MAX_INCREMENTAL):
+            raise ValueError(f"incremental must be None (every checkpoint whole) or an int in [1, {MAX_INCREMENTAL}] "
+                             f"(restoring a step reads up to that many files), got {incremental!r}")
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be None (keep all) or >= 1, got {keep_last}")
         if max_pending < 1:
@@ -398,7 +429,7 @@ class CheckpointManager:
         self._max_pending = max_pending
         self._lock: WriterLock | None = None  # taken by the first save
         self._leftovers: list[str] = []  # found when the lock was taken; discarded after the first commit
-        self._newest_committed = max(map(_step_of, self._storage.list(_STEP_PATTERN).committed), default=None)
+        self._newest_committed = max(map(_step_of, self._committed_steps()), default=None)
         self._pending: collections.deque[tuple[int, concurrent.futures.Future[None]]] = collections.deque()
         self._snapshots = _SnapshotPool(snapshot, self._policy, gpu_memory)
         warm_up(policy=self._policy)  # compile the GPU kernels before the first save needs them
@@ -577,6 +608,15 @@ class CheckpointManager:
         """Steps of the committed checkpoints, ascending (pending saves are not included)."""
         return sorted(map(_step_of, self._storage.list(_STEP_PATTERN).committed))
 
+    def _committed_steps(self) -> list[str]:
+        """Committed checkpoint names, at construction: files named like checkpoints in another
+        form are reported here, once."""
+        committed = self._storage.list(_STEP_LIKE).committed
+        ignored = [n for n in committed if not _STEP_PATTERN.fullmatch(n)]
+        if ignored:
+            _report_ignored(ignored, self.directory)
+        return [n for n in committed if _STEP_PATTERN.fullmatch(n)]
+
     def latest_step(self) -> int | None:
         """The newest committed step, or ``None`` if there is none."""
         steps = self.all_steps()
@@ -600,13 +640,52 @@ class CheckpointManager:
 
     def _base_tensors(self, step: int, bases: list[BaseRef], map_location: api.MapLocation
                       ) -> list[dict[str, torch.Tensor]] | None:
-        """The tensors of each base of checkpoint ``step``, each base rebuilt from its own chain."""
-        return [self._chain_tensors(step, ref, map_location) for ref in bases] if bases else None
+        """The tensors of each base of checkpoint ``step``, the chains below rebuilt bottom up, one
+        file open at a time: iteratively, so a chain of any length restores, holding the tensors
+        of only the checkpoints that one still to be rebuilt needs."""
+        if not bases:
+            return None
+        below = self._walk(step, bases, map_location)
+        users = collections.Counter(ref.step for refs in [bases, *(b.refs for b in below.values())] for ref in refs)
+        done: dict[int | None, dict[str, torch.Tensor]] = {}
+        for base in sorted(below):  # every base has an earlier step: built after its own bases
+            child, ref = below[base].via
+            with self._base_reader(child, ref, map_location) as reader:
+                if reader.bases != below[base].refs:
+                    raise MissingBaseError(f"{self._what(child, ref)}, which was replaced while it was read")
+                reader.base_tensors = [done[r.step] for r in reader.bases] or None
+                done[base] = reader.named_tensors()
+            for r in below[base].refs:
+                users[r.step] -= 1
+                if not users[r.step]:
+                    del done[r.step]  # no checkpoint still to be rebuilt needs it
+        return [done[ref.step] for ref in bases]
 
-    def _chain_tensors(self, step: int, ref: BaseRef, map_location: api.MapLocation) -> dict[str, torch.Tensor]:
-        what = f"checkpoint step {step} in {self.directory} is stored as XOR deltas against {ref.describe()}"
-        if ref.step is None or ref.step >= step or ref.name != _STEP_NAME.format(ref.step):
-            raise MissingBaseError(f"{what}, which is not an earlier checkpoint of this directory")
+    def _walk(self, step: int, bases: list[BaseRef], map_location: api.MapLocation) -> dict[int, _Below]:
+        """Every checkpoint the bases of ``step`` lead to, by step: its own bases, and the first
+        reference to it that was followed (whose step names it in errors). Reads indexes only."""
+        below: dict[int, _Below] = {}
+        todo = [(step, ref) for ref in bases]
+        while todo:
+            child, ref = todo.pop()
+            if ref.step is None or ref.step >= child or ref.name != _STEP_NAME.format(ref.step):
+                raise MissingBaseError(f"{self._what(child, ref)}, which is not an earlier checkpoint of this directory")
+            if ref.step in below and below[ref.step].content_hash == ref.content_hash:
+                continue
+            with self._base_reader(child, ref, map_location) as reader:
+                below[ref.step] = _Below(reader.bases, reader.content_hash, (child, ref))
+            todo.extend((ref.step, r) for r in reader.bases)
+        return below
+
+    def _what(self, step: int, ref: BaseRef) -> str:
+        return f"checkpoint step {step} in {self.directory} is stored as XOR deltas against {ref.describe()}"
+
+    @contextlib.contextmanager
+    def _base_reader(self, step: int, ref: BaseRef, map_location: api.MapLocation) -> Iterator[api.CheckpointReader]:
+        """A reader of base ``ref`` of checkpoint ``step``, checked against the content hash the
+        reference records; a missing or damaged base, here or while the body reads it, is a
+        :class:`~ckptzip.errors.MissingBaseError` naming both."""
+        what = self._what(step, ref)
         try:
             with self._storage.open(ref.name) as f, api.open(f, map_location=map_location) as reader:
                 if reader.content_hash != ref.content_hash:
@@ -614,8 +693,7 @@ class CheckpointManager:
                         f"{what}, but {ref.name} holds other tensors now (content hash {reader.content_hash}); "
                         "the base was replaced"
                     )
-                reader.base_tensors = self._base_tensors(ref.step, reader.bases, map_location)
-                return reader.named_tensors()
+                yield reader
         except FileNotFoundError as exc:
             raise MissingBaseError(f"{what}, which is missing") from exc
         except CorruptCheckpointError as exc:
@@ -642,8 +720,8 @@ class CheckpointManager:
             try:
                 return self._load(newest, map_location)
             except (CorruptCheckpointError, FileNotFoundError, MissingBaseError) as exc:
-                if isinstance(exc, FileNotFoundError) and newest not in self.all_steps():
-                    continue  # retired by the writer after we listed it, so a newer one exists
+                if newest not in self.all_steps():
+                    continue  # retired by the writer (it or, before it, its base) after we listed it
                 warnings.warn(
                     f"skipping damaged checkpoint of step {newest} in {self.directory}: {exc}",
                     CheckpointSkippedWarning,

@@ -57,16 +57,52 @@ def is_container(obj: Any) -> bool:
     return isinstance(obj, list) or type(obj) in (tuple, dict, collections.OrderedDict)
 
 
-def iter_leaves(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """``(dotted path, value)`` for every value below the containers of ``obj``, in order."""
-    if isinstance(obj, (list, tuple)) and is_container(obj):
+def _children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """``(dotted path, value)`` of each item of a container."""
+    if isinstance(obj, (list, tuple)):
         for index, value in enumerate(obj):
-            yield from iter_leaves(value, join_path(path, index))
-    elif is_container(obj):
-        for key, value in obj.items():
-            yield from iter_leaves(value, join_path(path, key))
+            yield join_path(path, index), value
     else:
-        yield path, obj
+        for key, value in obj.items():
+            yield join_path(path, key), value
+
+
+def iter_leaves(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted path, value)`` for every value below the containers of ``obj``, in order. A
+    container met again (shared, as a loaded tree may share them) is not walked again: its leaves
+    come once, at their first path, so the walk costs O(nodes) however the containers are shared."""
+    seen: set[int] = set()
+    keep: list[Any] = []  # the containers walked, so their ids stay unique
+
+    def walk(value: Any, at: str) -> Iterator[tuple[str, Any]]:
+        if not is_container(value):
+            yield at, value
+        elif id(value) not in seen:
+            seen.add(id(value))
+            keep.append(value)
+            for child_path, child in _children(value, at):
+                yield from walk(child, child_path)
+
+    yield from walk(obj, path)
+
+
+def expanded_leaves(obj: Any) -> int:
+    """How many leaves ``obj`` has once every shared container is expanded into copies, as
+    formats without references (DCP's flat state dict) store it: an empty container counts as
+    one. Each container is counted once (O(nodes)); the result may be astronomically large
+    (a 40-level chain of containers sharing the next twice is 2**40)."""
+    counts: dict[int, int] = {}
+    keep: list[Any] = []
+
+    def count(value: Any) -> int:
+        if not is_container(value):
+            return 1
+        if id(value) not in counts:
+            keep.append(value)
+            counts[id(value)] = max(1, sum(count(child) for _, child in _children(value, "")))
+        return counts[id(value)]
+
+    return count(obj)
 
 
 DROP: Any = object()
@@ -80,19 +116,32 @@ def map_tree(
     """``obj`` with ``value(leaf, path)`` applied to every leaf below its containers (and
     ``key(dict_key, path)`` to every dict key), the containers rebuilt with their types (and an
     OrderedDict's ``_metadata``). A container in which nothing changed is returned itself, so
-    the common case copies nothing."""
-    if isinstance(obj, (list, tuple)) and is_container(obj):
-        values = [map_tree(v, value, key, join_path(path, i)) for i, v in enumerate(obj)]
+    the common case copies nothing. A shared container is mapped once (at its first path) and
+    its result shared the same way: O(nodes), and sharing is kept."""
+    done: dict[int, tuple[Any, Any]] = {}  # id -> (container, its result): the container keeps the id unique
+
+    def walk(obj: Any, path: str) -> Any:
+        if not is_container(obj):
+            return value(obj, path)
+        if id(obj) not in done:
+            done[id(obj)] = (obj, _map_container(obj, path, walk, key))
+        return done[id(obj)][1]
+
+    return walk(obj, path)
+
+
+def _map_container(obj: Any, path: str, walk: Callable[[Any, str], Any], key: Callable[[Any, str], Any] | None
+                   ) -> Any:
+    if isinstance(obj, (list, tuple)):
+        values = [walk(v, join_path(path, i)) for i, v in enumerate(obj)]
         if all(new is old for new, old in zip(values, obj)):
             return obj
         kept = (None if v is DROP else v for v in values)
         return tuple(kept) if type(obj) is tuple else list(kept)
-    if not is_container(obj):
-        return value(obj, path)
     items, changed = [], False
     for k, v in obj.items():
         new_key = k if key is None else key(k, join_path(path, f"<key {k!r}>"))
-        new_value = v if new_key is DROP else map_tree(v, value, key, join_path(path, k))
+        new_value = v if new_key is DROP else walk(v, join_path(path, k))
         changed |= new_key is not k or new_value is not v
         if new_key is not DROP and new_value is not DROP:
             items.append((new_key, new_value))
@@ -340,7 +389,7 @@ class _Unflattener:
         if tag == "device":
             return _torch_device(_str(body))
         if tag == "size":
-            return torch.Size(_int_list(body))
+            return torch.Size(_size_list(body))
         if tag == "alias":
             return self.alias(body)
         if tag == "tuple":
@@ -384,9 +433,11 @@ def _pair(v: Any) -> list[Any]:
     return v
 
 
-def _int_list(v: Any) -> list[int]:
-    if not isinstance(v, list) or not all(type(x) is int and x >= 0 for x in v):
-        raise TypeError(f"expected a list of non-negative integers, found {v!r:.80}")
+def _size_list(v: Any) -> list[int]:
+    """The sizes of a ``torch.Size``: int64 values, as torch holds them (a larger one made a
+    Size whose ``str`` raises, or a raw ``ValueError``)."""
+    if not isinstance(v, list) or not all(type(x) is int and 0 <= x < 1 << 63 for x in v):
+        raise TypeError(f"expected a list of integers in [0, 2**63), found {v!r:.80}")
     return v
 
 

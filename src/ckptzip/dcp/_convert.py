@@ -20,9 +20,14 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from .. import api
 from ..errors import CheckpointNotFoundError, CkptzipError
 from ..storage import is_url, local_path, open_directory
+from ..tree import expanded_leaves
 from ._metadata import METADATA_FILE
 from ._reader import CompressedStorageReader
 from ._writer import CompressedStorageWriter
+
+# Most items a .ckz's state may become in DCP, which cannot share sub-objects and stores every
+# path of a shared container again: a few hundred bytes of aliases can stand for 2**40 of them.
+MAX_DCP_ITEMS = 1_000_000
 
 
 @contextlib.contextmanager
@@ -96,6 +101,13 @@ def ckz_to_dcp(ckz_path: str | os.PathLike[str], dcp_dir: str | os.PathLike[str]
     if not isinstance(state, dict):
         raise CkptzipError(
             f"{os.fspath(ckz_path)!r} holds a {type(state).__name__}; a DCP checkpoint is made from a dict state"
+        )
+    items = expanded_leaves(state)
+    if items > MAX_DCP_ITEMS:
+        raise CkptzipError(
+            f"{os.fspath(ckz_path)!r} shares containers so that DCP, which stores every path of a shared "
+            f"container again, would write {items} items, more than {MAX_DCP_ITEMS}; nothing was written. "
+            "ckptzip.load reads it with the containers shared"
         )
     with _ckptzip_errors():
         dcp_save(state, storage_writer=CompressedStorageWriter(dcp_dir, codec=codec), no_dist=True)

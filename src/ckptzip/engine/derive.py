@@ -3,17 +3,21 @@ bf16/fp16 tensors that are the round-to-nearest cast of an fp32 tensor of the sa
 model copy of a mixed-precision trainer's fp32 master weights). docs/FORMAT.md, "Version 2.1".
 
 Pairs are found without name conventions: candidates share a size (duplicates) or a shape (casts)
-and a device; a sample of elements must match before the whole tensor is compared, on its device.
+and a device, and are grouped by hashing a sample of their elements, then a digest of the whole
+tensor, so the search is O(n log n) in tensors and O(bytes) in data; a pair is stored as one only
+once its whole tensors compared equal, on their device.
 The cast is defined bit for bit by integer arithmetic, so every device rebuilds the same bits.
 """
 
 from __future__ import annotations
 
 import collections
+from typing import Any
 
 import numpy as np
 import torch
 
+from ..checksum import wsum64_tensor
 from ..kernels import to_device
 from ..kernels.segments import gather_bytes, segment_sums
 
@@ -78,64 +82,66 @@ def _sample_at(n: int, device: torch.device) -> torch.Tensor:
     return to_device(_sample_positions(np.array([n], dtype=np.int64))[0, : min(n, SAMPLES)], device)
 
 
+def _groups(keys: list[Any]) -> list[list[int]]:
+    """Positions of ``keys`` by equal key (hashed: linear), only the keys that occur more than once,
+    each group ascending."""
+    by_key: dict[Any, list[int]] = collections.defaultdict(list)
+    for position, key in enumerate(keys):
+        by_key[key].append(position)
+    return [group for group in by_key.values() if len(group) > 1]
+
+
+def _digests(flats: list[torch.Tensor]) -> list[int]:
+    """Whole-tensor wsum64 of 1-D uint8 tensors of one device: one pass, one sync."""
+    count = len(flats)
+    sizes = np.array([f.numel() for f in flats], dtype=np.int64)
+    digests: list[int] = segment_sums(flats, np.arange(count), np.zeros(count, np.int64), sizes).cpu().tolist()
+    return digests
+
+
 def find_duplicates(tensors: list[torch.Tensor]) -> dict[int, int]:
     """Position -> earlier position holding the same bytes, for every later duplicate.
 
-    Tensors of equal size on one device are candidates; a sample of each (all of a device's
-    candidates in one gather, one sync) splits them into groups, and whole-tensor digests of the
-    groups' members (one pass, one sync) pick the pairs compared byte for byte."""
-    groups: dict[tuple[torch.device, int], list[int]] = collections.defaultdict(list)
+    Candidates share a device and a size. They are grouped by hashing, never compared in pairs:
+    by a sample of each (one gather per device), then those whose samples agree by a digest of
+    the whole tensor (one pass, one sync), so the search is linear in tensors and in bytes. Each
+    member of a group is compared byte for byte with the group's first: a digest collision costs
+    a missed duplicate, never a wrong one."""
+    by_device: dict[torch.device, list[int]] = collections.defaultdict(list)
     for i, t in enumerate(tensors):
         if _eligible(t):
-            groups[t.device, t.numel() * t.element_size()].append(i)
-    by_device: dict[torch.device, list[int]] = collections.defaultdict(list)
-    for (device, _), members in groups.items():
-        if len(members) > 1:
-            by_device[device].extend(members)
+            by_device[t.device].append(i)
     out: dict[int, int] = {}
-    for members in by_device.values():
-        flats = [_flat_bytes(tensors[i]) for i in members]
+    for positions in by_device.values():
+        sized = [positions[m] for group in _groups([tensors[i].nbytes for i in positions]) for m in group]
+        if not sized:
+            continue
+        flats = [_flat_bytes(tensors[i]) for i in sized]
         sizes = np.array([f.numel() for f in flats], dtype=np.int64)
-        rows = np.repeat(np.arange(len(members)), SAMPLES)
+        rows = np.repeat(np.arange(len(flats)), SAMPLES)
         samples = gather_bytes(flats, rows, _sample_positions(sizes).reshape(-1)).cpu().numpy()
-        samples = samples.reshape(len(members), SAMPLES)
-        by_sample: dict[tuple[int, bytes], list[int]] = collections.defaultdict(list)
-        for m, (size, row) in enumerate(zip(sizes.tolist(), samples)):
-            by_sample[size, row.tobytes()].append(m)
-        alike = [same for same in by_sample.values() if len(same) > 1]
-        out.update(_same_bytes([flats[m] for same in alike for m in same],
-                               [[members[m] for m in same] for same in alike]))
-    return out
-
-
-def _same_bytes(flats: list[torch.Tensor], groups: list[list[int]]) -> dict[int, int]:
-    """Among the tensors of each group (``flats`` holds the groups' members in order, their
-    positions are in ``groups``; a group's tensors have one size): later duplicate -> earlier
-    original. Digests of all of them first (one pass, one sync), so only tensors with equal
-    digests are compared byte for byte: linear, even for many tensors whose samples agree."""
-    if not flats:
-        return {}
-    count = len(flats)
-    sizes = np.array([f.numel() for f in flats], dtype=np.int64)
-    digests = segment_sums(flats, np.arange(count), np.zeros(count, np.int64), sizes).cpu().tolist()
-    out: dict[int, int] = {}
-    at = 0
-    for positions in groups:
-        originals: dict[int, list[int]] = collections.defaultdict(list)  # digest -> indices into flats
-        for k in range(at, at + len(positions)):
-            match = next((j for j in originals[digests[k]] if torch.equal(flats[j], flats[k])), None)
-            if match is None:
-                originals[digests[k]].append(k)
-            else:
-                out[positions[k - at]] = positions[match - at]
-        at += len(positions)
+        keys = [(size, row.tobytes()) for size, row in zip(sizes.tolist(), samples.reshape(len(flats), SAMPLES))]
+        alike = [m for group in _groups(keys) for m in group]
+        if not alike:
+            continue
+        digests = _digests([flats[m] for m in alike])
+        for group in _groups([(keys[m], d) for m, d in zip(alike, digests)]):
+            first = alike[group[0]]
+            for k in group[1:]:
+                if torch.equal(flats[first], flats[alike[k]]):
+                    out[sized[alike[k]]] = sized[first]
     return out
 
 
 def find_casts(tensors: list[torch.Tensor], skip: set[int]) -> dict[int, int]:
     """Position of a bf16/fp16 tensor -> position of the fp32 tensor it is the exact cast of
-    (positions in ``skip`` are neither). Per shape and device: one batched sample comparison of
-    every candidate pair, then a full comparison of the pairs whose samples matched."""
+    (positions in ``skip`` are neither).
+
+    Per shape, device and target dtype, sources and targets are grouped by hashing a sample (the
+    cast of the source's sample, the target's): linear in tensors. A target is compared whole with
+    the cast of the one source of its group; where several sources share a sample, by the digests
+    of their whole casts first (each source cast once), so the data is read a bounded number of
+    times. A digest collision costs a missed cast, never a wrong one."""
     groups: dict[tuple[torch.device, tuple[int, ...]], tuple[list[int], list[int]]] = collections.defaultdict(
         lambda: ([], []))
     for i, t in enumerate(tensors):
@@ -146,7 +152,7 @@ def find_casts(tensors: list[torch.Tensor], skip: set[int]) -> dict[int, int]:
         elif t.dtype in CAST_DTYPES:
             groups[t.device, tuple(t.shape)][1].append(i)
     out: dict[int, int] = {}
-    for (device, shape), (sources, targets) in groups.items():
+    for (device, _), (sources, targets) in groups.items():
         if not sources or not targets:
             continue
         at = _sample_at(tensors[sources[0]].numel(), device)
@@ -155,12 +161,38 @@ def find_casts(tensors: list[torch.Tensor], skip: set[int]) -> dict[int, int]:
             members = [i for i in targets if tensors[i].dtype == dtype]
             if not members:
                 continue
-            want = torch.stack([tensors[i].detach().reshape(-1)[at].view(torch.int16) for i in members])
-            got = cast(source_samples, dtype).view(torch.int16)
-            matches = (want[:, None, :] == got[None, :, :]).all(dim=2).cpu().tolist()  # one sync per group
-            for i, row in zip(members, matches):
-                for j, ok in zip(sources, row):
-                    if ok and torch.equal(cast(tensors[j], dtype).view(torch.int16), tensors[i].detach().view(torch.int16)):
-                        out[i] = j
-                        break
+            got = cast(source_samples, dtype).view(torch.int16).cpu().numpy()
+            want = torch.stack([tensors[i].detach().reshape(-1)[at].view(torch.int16) for i in members]).cpu().numpy()
+            by_sample: dict[bytes, tuple[list[int], list[int]]] = collections.defaultdict(lambda: ([], []))
+            for j, row in zip(sources, got):
+                by_sample[row.tobytes()][0].append(j)
+            for i, row in zip(members, want):
+                if row.tobytes() in by_sample:
+                    by_sample[row.tobytes()][1].append(i)
+            for alike, wanted in by_sample.values():
+                if wanted:
+                    out.update(_match_casts(tensors, alike, wanted, dtype))
+    return out
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(torch.int16)
+
+
+def _match_casts(tensors: list[torch.Tensor], sources: list[int], targets: list[int], dtype: torch.dtype
+                 ) -> dict[int, int]:
+    """Target -> source among tensors whose samples agree: compared whole with the one source's
+    cast, or with that of the source whose cast has the target's digest."""
+    if len(sources) == 1:
+        bits = _bits(cast(tensors[sources[0]], dtype))
+        return {i: sources[0] for i in targets if torch.equal(bits, _bits(tensors[i]))}
+    source_digests = [int(wsum64_tensor(_bits(cast(tensors[j], dtype)).view(torch.uint8))) for j in sources]
+    by_digest: dict[int, int] = {}
+    for j, digest in zip(sources, source_digests):
+        by_digest.setdefault(digest, j)
+    out = {}
+    for i, digest in zip(targets, _digests([_flat_bytes(tensors[i]) for i in targets])):
+        match = by_digest.get(digest)
+        if match is not None and torch.equal(_bits(cast(tensors[match], dtype)), _bits(tensors[i])):
+            out[i] = match
     return out

@@ -42,15 +42,22 @@ def cap(gpu_memory: int | None) -> int | None:
     return gpu_memory
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """``device`` with its index (``cuda``: the current device)."""
+    return torch.device("cuda", torch.cuda.current_device()) if str(device) == "cuda" else device
+
+
 def cached(device: torch.device) -> int:
     """Bytes torch's allocator holds on ``device`` but has not handed out."""
+    device = _indexed(device)
     return max(0, torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
 def available(device: torch.device) -> int:
     """GPU memory a call can have on ``device``: free, plus what torch's cache holds unused."""
+    device = _indexed(device)
     free, _ = torch.cuda.mem_get_info(device)
-    return free + cached(device)
+    return int(free) + cached(device)
 
 
 @dataclass(frozen=True)
@@ -68,8 +75,7 @@ class Budget:
 def budget(device: torch.device, gpu_memory: int | None, what: str) -> Budget:
     """What a call (``what``: "save", "load", ...) may use on ``device``; ``GpuMemoryError``
     naming the numbers when it is below :data:`MIN_GPU_MEMORY`."""
-    if str(device) == "cuda":  # no index: the current device
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _indexed(device)
     limit = cap(gpu_memory)
     have = available(device)
     nbytes = have if limit is None else min(limit, have)

@@ -36,7 +36,10 @@ from .staging import copy_stream, pinned_pool
 BATCH_BYTES = {"cuda": 512 << 20, "cpu": 8 << 20}
 # A GPU batch's region, its decode buffers and the regions the uploader fills ahead: budget / 6.
 LOAD_WORKING_SETS = 6
-CPU_SLICE_BYTES = 64 << 20  # larger byte-plane tensors decode in parts (on a GPU: its batch size)
+# Larger tensors decode in parts straight into their output, a part a batch (on a GPU: the batch
+# its budget allows), so a load needs about the decoded size plus a batch per worker (a part's
+# stored bytes, decode buffer, planes).
+CPU_SLICE_BYTES = BATCH_BYTES["cpu"]
 # Reads in flight: each copies into a pinned buffer at about 6 GB/s (one core; 4.5 GB/s each when
 # eight copy at once), so a dozen keep the host-to-device link (55 GB/s) fed from memory too.
 _READ_THREADS = max(1, min(12, os.cpu_count() or 1))
@@ -288,11 +291,11 @@ def verify_checksums(entries: list[TensorEntry], found: list[int]) -> None:
 
 
 def _slices(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | None:
-    """A byte-plane tensor larger than ``limit`` as element ranges cut where every plane has a
-    chunk boundary, so each range decodes on its own into its part of the output: (an entry for
+    """A tensor larger than ``limit`` (its byte planes, or its one stream) as element ranges cut
+    where every stream has a chunk boundary, so each range decodes on its own into its part of the output: (an entry for
     the range, its byte offset in the tensor) each. None when no cut is needed or possible."""
     k = len(entry.streams)
-    if not entry.transforms or entry.nbytes <= limit or k < 2:
+    if entry.nbytes <= limit or (k > 1) != bool(entry.transforms):  # byte planes, or one stream as stored
         return None
     ends = [np.cumsum(s.columns.raw_length) for s in entry.streams]
     common = functools.reduce(np.intersect1d, ends)

@@ -294,13 +294,13 @@ def _is_hex(v: Any, digits: int) -> bool:
 
 
 def _is_device(v: Any) -> bool:
+    """A torch device string of a device that holds data (not ``meta``, where tensors have none)."""
     if not isinstance(v, str):
         return False
     try:
-        torch.device(v)
+        return torch.device(v).type != "meta"
     except RuntimeError:
         return False
-    return True
 
 
 def _parse_base(doc: Any, i: int) -> BaseRef:
@@ -352,7 +352,7 @@ def _parse_tensor(doc: Any, i: int, chunk_lists: _ChunkLists, sources: bool = Fa
         raise _corrupt(f"{what} has checksum {checksum!r:.40}, expected 'wsum64:' and 16 hex digits")
     device = doc.get("device")
     if not (device is None or _is_device(device)):
-        raise _corrupt(f"{what} has device {device!r:.40}, expected a torch device string")
+        raise _corrupt(f"{what} has device {device!r:.40}, expected a torch device string of a device that holds data (not 'meta')")
     source = _parse_source(doc["source"], what) if "source" in doc else None
     transforms = doc["transforms"]
     if source is not None and next(iter(source)) != "xor":

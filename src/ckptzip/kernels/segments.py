@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..checksum import wsum64_array
-from . import INTERPRET, distinct, to_device, triton, use_triton
+from . import INTERPRET, to_device, triton, use_triton
 
 BLOCK = 8192  # bytes a program handles at once
 # Blocks per program: few programs, so the address tables the host builds stay small (two under
@@ -85,9 +85,12 @@ def gather_bytes(bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets:
     device = bases[0].device if bases else torch.device("cpu")
     if not use_triton(device):
         out_host = np.empty(len(offsets), dtype=np.uint8)
-        for b in distinct(base_index)[0].tolist():  # one fancy index per base
-            sel = base_index == b
-            out_host[sel] = bases[b].numpy()[offsets[sel]]
+        order = np.argsort(base_index, kind="stable")  # one fancy index per base, over its own positions
+        ordered = base_index[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if order.size else order
+        for a, b in zip(starts.tolist(), np.r_[starts[1:], order.size].tolist()):
+            sel = order[a:b]
+            out_host[sel] = bases[int(ordered[a])].numpy()[offsets[sel]]
         return torch.from_numpy(out_host)
     out = torch.empty(len(offsets), dtype=torch.uint8, device=device)
     if len(offsets):

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import socket
+import stat
 import time
 import uuid
 import weakref
@@ -30,7 +31,7 @@ import xxhash
 
 from .. import strictjson
 from ..checksum import xxh3_hex
-from ..errors import CorruptCheckpointError
+from ..errors import CheckpointWriteError, CorruptCheckpointError
 from .directory import FsspecDirectory, LocalDirectory, open_directory
 from .files import LEGACY_TEMP, host_hash, is_stale_temporary, write_error
 
@@ -177,16 +178,22 @@ class _LocalLock(WriterLock):
     """``fcntl.flock`` on a lock file that records the owner, held while this object lives. The
     kernel drops the lock when the process dies, so a killed writer never leaves the directory
     locked (its file stays, unlocked, and is reused). Release deletes the file while still holding
-    the lock; a locker checks it holds the file that is at the path, so two never hold two files."""
+    the lock; a locker checks it holds the file that is at the path, so two never hold two files.
+    Only a regular file is a lock: a symlink (even a dangling one), a FIFO or anything else at the
+    path is refused, never followed, truncated or waited on. Every failure is a
+    ``CheckpointWriteError`` naming the lock file."""
 
     def __init__(self, path: Path, location: str) -> None:
         while True:
-            fd = self._open(path, location)
+            fd = _open_lock_file(path, location)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
-                owner = _describe_owner(os.pread(fd, 4096, 0))
+                busy = exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+                owner = _describe_owner(os.pread(fd, 4096, 0)) if busy else ""
                 os.close(fd)
+                if not busy:
+                    raise _lock_error(path, location, "cannot be locked", exc) from exc
                 raise write_error(
                     f"{location!r} is being written by another CheckpointManager ({owner}; lock file "
                     f"{str(path)!r}). One manager writes a directory at a time: close the other one, or use "
@@ -196,18 +203,13 @@ class _LocalLock(WriterLock):
             if _is_file_at(fd, path):
                 break
             os.close(fd)  # released and deleted by its owner after we opened it: lock the new one
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_owner()).encode(), 0)
-        self._release = weakref.finalize(self, _unlock, path, fd)
-
-    @staticmethod
-    def _open(path: Path, location: str) -> int:
         try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(_owner()).encode(), 0)
         except OSError as exc:
-            raise write_error(
-                f"cannot create the lock file {str(path)!r} of {location!r}: {exc.strerror or exc}", exc.errno
-            ) from exc
+            _unlock(path, fd)
+            raise _lock_error(path, location, "cannot record its owner", exc) from exc
+        self._release = weakref.finalize(self, _unlock, path, fd)
 
     def heartbeat(self) -> None:
         """Nothing to do: the kernel holds the lock until it is released or the process ends."""
@@ -216,9 +218,44 @@ class _LocalLock(WriterLock):
         self._release()
 
 
+def _lock_error(path: Path, location: str, what: str, exc: OSError) -> CheckpointWriteError:
+    return write_error(f"the lock file {str(path)!r} of {location!r} {what}: {exc.strerror or exc}", exc.errno)
+
+
+def _open_lock_file(path: Path, location: str) -> int:
+    """A descriptor of the regular file at ``path``, created if missing; never through a symlink,
+    never blocking (a FIFO opens at once and is then refused)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise write_error(
+                f"the lock file {str(path)!r} of {location!r} is a symbolic link; a lock file is never "
+                "followed. Remove the link and retry",
+                exc.errno,
+            ) from exc
+        raise _lock_error(path, location, "cannot be opened", exc) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise write_error(
+            f"the lock file {str(path)!r} of {location!r} is not a regular file (a "
+            f"{_file_kind(mode)}); remove it and retry",
+            errno.EEXIST,
+        )
+    return fd
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_ISFIFO: "FIFO", stat.S_ISDIR: "directory", stat.S_ISSOCK: "socket", stat.S_ISCHR: "character device",
+             stat.S_ISBLK: "block device"}
+    return next((name for test, name in kinds.items() if test(mode)), "special file")
+
+
 def _is_file_at(fd: int, path: Path) -> bool:
     try:
-        here = os.stat(path)
+        here = os.lstat(path)
     except FileNotFoundError:
         return False
     mine = os.fstat(fd)
