@@ -13,6 +13,7 @@ from .errors import (
     StorageUnavailableError,
     UnsupportedFormatError,
     UnsupportedObjectError,
+    UsageError,
 )
 from .manager import CheckpointManager, CheckpointSkippedWarning
 
@@ -31,6 +32,7 @@ __all__ = [
     "StorageUnavailableError",
     "UnsupportedFormatError",
     "UnsupportedObjectError",
+    "UsageError",
     "__version__",
     "compress",
     "decompress",

@@ -38,6 +38,10 @@ class CheckpointWriteError(CkptzipError, OSError):
     """Writing a checkpoint failed (disk full, permission, I/O); the previous checkpoint is intact."""
 
 
+class UsageError(CkptzipError, ValueError):
+    """An argument ckptzip cannot act on; the message says what to pass instead."""
+
+
 class DeviceUnavailableError(CkptzipError, RuntimeError):
     """A tensor is to be placed on a device this machine does not have."""
 
