@@ -50,6 +50,11 @@ class StorageUnavailableError(CkptzipError, ImportError):
     """The fsspec implementation for a URL's protocol (for example s3fs) is not installed."""
 
 
+class StorageAccessError(CkptzipError, PermissionError):
+    """An object store refused access (no credentials, or none that allow it); the message says
+    how to give them."""
+
+
 class DecodeBudgetError(CkptzipError, MemoryError):
     """A checkpoint declares more decoded bytes than the caller's ``max_bytes`` allows; nothing
     was allocated for its tensors."""
