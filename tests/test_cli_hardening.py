@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -102,3 +103,74 @@ def test_compress_refuses_a_fifo_input_instead_of_blocking(tmp_path: Path) -> No
     done = _run("compress", str(tmp_path / "in.pt"), str(tmp_path / "out.ckz"))
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"ckptzip: error: no checkpoint at '{tmp_path / 'in.pt'}': the path is a FIFO, not a checkpoint file" in done.stderr
+
+
+def test_top_level_help_lists_every_command_without_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Commands: compress, decompress, convert, inspect, verify, demo, cost, dcp-convert, bench" in out
+    assert "``" not in out
+
+
+def test_positional_arguments_have_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["compress", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "src input: torch.save or .safetensors file dst output: .ckz" in out
+
+
+def test_sizes_line_says_which_file_is_smaller_and_quiet_drops_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.save({"w": torch.zeros(4096)}, tmp_path / "a.pt")
+    assert main(["compress", str(tmp_path / "a.pt"), str(tmp_path / "a.ckz")]) == 0
+    assert "a.ckz is " in capsys.readouterr().out
+    assert main(["decompress", str(tmp_path / "a.ckz"), str(tmp_path / "b.pt")]) == 0
+    out = capsys.readouterr().out
+    assert "b.pt is " in out and "x larger than a.ckz, " in out
+    assert main(["decompress", "-q", "--force", str(tmp_path / "a.ckz"), str(tmp_path / "b.pt")]) == 0
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", "")  # no summary, and no progress bar off a terminal
+
+
+def test_inspect_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckptzip.save({"w": torch.zeros(64, 8), "b": torch.ones(3)}, tmp_path / "a.ckz")
+    assert main(["inspect", "--json", "--top", "1", str(tmp_path / "a.ckz")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [t["name"] for t in report["tensors"]] == ["w"]
+    assert (report["bytes"], report["tensors"][0]["bytes"], report["tensors"][0]["shape"]) == (64 * 8 * 4 + 12, 2048, [64, 8])
+
+
+def test_inspect_and_verify_point_a_directory_to_dcp_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("inspect", "verify"):
+        assert main([command, str(tmp_path)]) == 1
+        assert f"is a directory; {command} reads one .ckz file. For a DCP checkpoint directory, `ckptzip " \
+            f"dcp-convert {tmp_path} FILE.ckz` makes one" in capsys.readouterr().err
+
+
+def test_verify_checks_every_checksum_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckptzip.save({"w": torch.arange(4096, dtype=torch.float32)}, tmp_path / "a.ckz")
+    assert main(["verify", str(tmp_path / "a.ckz")]) == 0
+    assert ": 1 tensors (16.0 KiB), every checksum verified, " in capsys.readouterr().out
+    assert os.listdir(tmp_path) == ["a.ckz"]
+    data = bytearray((tmp_path / "a.ckz").read_bytes())
+    data[200] ^= 0xFF
+    (tmp_path / "a.ckz").write_bytes(bytes(data))
+    assert main(["verify", str(tmp_path / "a.ckz")]) == 1
+    assert "ckptzip: error: " in capsys.readouterr().err
+
+
+def test_dcp_convert_reads_a_plain_filesystem_writer_directory_when_trusted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    state = {"w": torch.arange(12, dtype=torch.bfloat16).reshape(3, 4), "step": 5}
+    dcp.save(state, storage_writer=FileSystemWriter(tmp_path / "plain"), no_dist=True)
+    assert main(["dcp-convert", str(tmp_path / "plain"), str(tmp_path / "a.ckz")]) == 1
+    assert "is a plain DCP checkpoint (FileSystemWriter's .metadata), whose metadata and non-tensor values are " \
+        "pickles, which reading them runs; if you trust it, pass --trusted-objects" in capsys.readouterr().err
+    assert main(["dcp-convert", "--trusted-objects", str(tmp_path / "plain"), str(tmp_path / "a.ckz")]) == 0
+    assert_same(ckptzip.load(tmp_path / "a.ckz"), state)

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-FRAMEWORKS = ("deepspeed", "megatron", "lightning", "pytorch_lightning", "transformers")
+FRAMEWORKS = ("deepspeed", "megatron", "lightning", "pytorch_lightning", "transformers", "torchtitan")
 
 
 def test_import_ckptzip_imports_no_framework() -> None:

@@ -11,9 +11,11 @@ from .errors import (
     DecodeBudgetError,
     DeviceUnavailableError,
     GpuMemoryError,
+    StorageAccessError,
     StorageUnavailableError,
     UnsupportedFormatError,
     UnsupportedObjectError,
+    UsageError,
 )
 from .manager import CheckpointManager, CheckpointSkippedWarning
 
@@ -30,9 +32,11 @@ __all__ = [
     "DecodeBudgetError",
     "DeviceUnavailableError",
     "GpuMemoryError",
+    "StorageAccessError",
     "StorageUnavailableError",
     "UnsupportedFormatError",
     "UnsupportedObjectError",
+    "UsageError",
     "__version__",
     "compress",
     "decompress",

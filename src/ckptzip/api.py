@@ -86,8 +86,9 @@ def declared_needs(entries: Sequence[TensorEntry], indices: list[int], devices: 
     return needs
 
 
-def resolve_device(saved: str | None, map_location: MapLocation) -> torch.device:
-    """Where a tensor saved from device ``saved`` goes, following torch.load's ``map_location``."""
+def resolve_device(saved: str | None, map_location: MapLocation, argument: str = "map_location") -> torch.device:
+    """Where a tensor saved from device ``saved`` goes, following torch.load's ``map_location``;
+    errors name the caller's ``argument`` in their hint."""
     source = saved or "cpu"
     if isinstance(map_location, dict):
         target = map_location.get(source, source)
@@ -104,12 +105,12 @@ def resolve_device(saved: str | None, map_location: MapLocation) -> torch.device
         if not torch.cuda.is_available():
             raise DeviceUnavailableError(
                 f"the checkpoint holds tensors saved on {source!r} but CUDA is not available here; "
-                "pass map_location='cpu' to load them on the CPU"
+                f"pass {argument}='cpu' to load them on the CPU"
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise DeviceUnavailableError(
                 f"tensor is to be placed on {device} but only {torch.cuda.device_count()} CUDA devices exist; "
-                "pass map_location (for example 'cuda:0' or {'%s': 'cuda:0'})" % source
+                f"pass {argument}='cuda:0'" + (f" (or {{{source!r}: 'cuda:0'}})" if argument == "map_location" else "")
             )
     elif device.type not in ("cpu", "meta"):
         try:  # mps, xpu, xla, ...: probing is the one check that works for every backend
@@ -117,7 +118,7 @@ def resolve_device(saved: str | None, map_location: MapLocation) -> torch.device
         except Exception as exc:  # torch raises a different type per backend
             raise DeviceUnavailableError(
                 f"tensors are to be placed on {device}, which is not available here "
-                f"({str(exc).splitlines()[0]:.120}); pass map_location='cpu'"
+                f"({str(exc).splitlines()[0]:.120}); pass {argument}='cpu'"
             ) from exc
     return device
 
@@ -344,7 +345,7 @@ def decompress(ct: CompressedTensor | bytes, *, device: str | torch.device | Non
         ct = CompressedTensor.from_bytes(ct)
     reader = ContainerReader(ct.to_bytes())
     try:
-        target = [resolve_device(reader.tensors[0].device, device)]
+        target = [resolve_device(reader.tensors[0].device, device, "device")]
         check_budget(declared_needs(reader.tensors, [0], target), None)
         return read_tensors(reader, [0], target, lambda _: None)[0]
     finally:

@@ -1,8 +1,9 @@
-"""The ``ckptzip`` command line: compress, decompress, convert, inspect, demo, bench, cost."""
+"""The ckptzip command line (``ckptzip --help`` lists its commands)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -17,7 +18,10 @@ from .convert import convert, read_foreign, write_foreign
 from .errors import CkptzipError
 from .codecs import codec_ids
 from .engine.policy import PRESETS
-from .report import class_table, human_bytes, portability_note, sources_note, tensor_table
+from .format import TensorEntry
+from .report import (
+    class_table, classify, human_bytes, pipeline_label, portability_note, sources_note, tensor_table,
+)
 
 
 def emit(text: str, stream: TextIO | None = None) -> None:
@@ -60,16 +64,32 @@ def _codec_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _progress(args: argparse.Namespace) -> bool:
+    """Progress bars go to stderr only when it is a terminal (not into logs), and not with --quiet."""
+    return not args.quiet and sys.stderr.isatty()
+
+
 def _compress(args: argparse.Namespace) -> None:
-    api.save(read_foreign(args.src), args.dst, codec=args.codec, progress=True)
+    api.save(read_foreign(args.src), args.dst, codec=args.codec, progress=_progress(args))
 
 
 def _decompress(args: argparse.Namespace) -> None:
-    write_foreign(api.load(args.src, map_location="cpu", progress=True), args.dst)
+    write_foreign(api.load(args.src, map_location="cpu", progress=_progress(args)), args.dst)
 
 
 def _convert(args: argparse.Namespace) -> None:
-    convert(args.src, args.dst, codec=args.codec, progress=True)
+    convert(args.src, args.dst, codec=args.codec, progress=_progress(args))
+
+
+def size_change(src: Path, a: int, dst: Path, b: int) -> str:
+    """``model.ckz is 1.227x smaller than model.pt``: the ratio of two file sizes, said in words."""
+    if b <= a:
+        return f"{dst.name} is {a / max(b, 1):.3f}x smaller than {src.name}"
+    return f"{dst.name} is {b / max(a, 1):.3f}x larger than {src.name}"
+
+
+def quiet_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary line")
 
 
 def _add_file_command(
@@ -77,10 +97,12 @@ def _add_file_command(
     action: Callable[[argparse.Namespace], None], *, codec: bool,
 ) -> None:
     """Add ``NAME SRC DST [--codec]``: run ``action``, then print both sizes, the ratio and the time."""
-    p = sub.add_parser(name, help=help_text)
-    p.add_argument("src")
-    p.add_argument("dst")
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    source, target = help_text.split(" -> ", 1) if " -> " in help_text else (".ckz file", ".ckz file to write")
+    p.add_argument("src", help=f"input: {source}")
+    p.add_argument("dst", help=f"output: {target}")
     force_arg(p)
+    quiet_arg(p)
     if codec:
         _codec_arg(p)
 
@@ -91,15 +113,40 @@ def _add_file_command(
         seconds = time.perf_counter() - start
         src, dst = Path(args.src), Path(args.dst)
         a, b = src.stat().st_size, dst.stat().st_size
-        emit(f"{src} ({human_bytes(a)}) -> {dst} ({human_bytes(b)}), {a / max(b, 1):.3f}x, {seconds:.2f} s")
+        if not args.quiet:
+            emit(f"{src} ({human_bytes(a)}) -> {dst} ({human_bytes(b)}): {size_change(src, a, dst, b)}, {seconds:.2f} s")
         return 0
 
     p.set_defaults(func=run)
 
 
+def _refuse_directory(path: str, command: str) -> None:
+    """A directory is not a .ckz file: say how to get one from a DCP checkpoint."""
+    if os.path.isdir(path):
+        raise CkptzipError(
+            f"{path!r} is a directory; {command} reads one .ckz file. For a DCP checkpoint directory, "
+            f"`ckptzip dcp-convert {path} FILE.ckz` makes one (or give one rank's data file, {path}/__0.ckzd)"
+        )
+
+
+def _entry_json(entry: TensorEntry, entries: list[TensorEntry]) -> dict[str, object]:
+    return {
+        "name": entry.name, "dtype": entry.dtype, "shape": list(entry.shape), "bytes": entry.nbytes,
+        "compressed": entry.compressed_nbytes, "codec": pipeline_label(entry, entries), "class": classify(entry),
+    }
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    _refuse_directory(args.path, "inspect")
     with api.open(args.path) as reader:
         entries = reader.entries()
+        if args.json:
+            shown = entries if args.top is None else sorted(entries, key=lambda e: -e.nbytes)[: args.top]
+            emit(json.dumps({
+                "file_bytes": reader.file_size, "bytes": reader.nbytes, "compressed": reader.compressed_nbytes,
+                "tensors": [_entry_json(e, entries) for e in shown],
+            }, indent=1))
+            return 0
         emit(tensor_table(entries, limit=args.top))
         emit("")
         emit(class_table(entries))
@@ -110,6 +157,18 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    """Decode every tensor of a .ckz file and check every checksum; nothing is written."""
+    _refuse_directory(args.path, "verify")
+    start = time.perf_counter()
+    with api.open(args.path) as reader:
+        reader.named_tensors()
+        count, nbytes = len(reader.entries()), reader.nbytes
+    emit(f"{args.path}: {count} tensors ({human_bytes(nbytes)}), every checksum verified, "
+         f"{time.perf_counter() - start:.2f} s")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .bench.demo import run_demo
 
@@ -117,7 +176,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ckptzip", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ckptzip")
     parser.add_argument("--version", action="version", version=f"ckptzip {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -130,9 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("inspect", help="per-tensor ratio table and totals by tensor class")
-    p.add_argument("path")
+    p.add_argument("path", help=".ckz file")
     p.add_argument("--top", type=positive_int, default=None, help="show only the N largest tensors (N >= 1)")
+    p.add_argument("--json", action="store_true", help="print the sizes and the tensor table as JSON")
     p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("verify", help="decode a .ckz file and check every checksum; writes nothing")
+    p.add_argument("path", help=".ckz file")
+    p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("demo", help="train a small model, checkpoint it, restore it bit-exactly")
     p.add_argument("--preset", default="tiny", help="model size preset (tiny, tiny-moe, small, medium, ...)")
@@ -142,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for module in _plugin_modules():
         module.add_parser(sub).set_defaults(func=module.run)
+    parser.description = "Lossless compression of deep-learning checkpoints. Commands: " + ", ".join(sub.choices)
     return parser
 
 

@@ -38,12 +38,21 @@ class CheckpointWriteError(CkptzipError, OSError):
     """Writing a checkpoint failed (disk full, permission, I/O); the previous checkpoint is intact."""
 
 
+class UsageError(CkptzipError, ValueError):
+    """An argument ckptzip cannot act on; the message says what to pass instead."""
+
+
 class DeviceUnavailableError(CkptzipError, RuntimeError):
     """A tensor is to be placed on a device this machine does not have."""
 
 
 class StorageUnavailableError(CkptzipError, ImportError):
     """The fsspec implementation for a URL's protocol (for example s3fs) is not installed."""
+
+
+class StorageAccessError(CkptzipError, PermissionError):
+    """An object store refused access (no credentials, or none that allow it); the message says
+    how to give them."""
 
 
 class DecodeBudgetError(CkptzipError, MemoryError):

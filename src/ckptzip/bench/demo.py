@@ -14,10 +14,12 @@ import torch
 
 from ckptzip import api
 from ckptzip.bench.measure import assert_state_equal
-from ckptzip.bench.training import train
+from ckptzip.bench.training import PRESETS, train
+from ckptzip.errors import DeviceUnavailableError, UsageError
 from ckptzip.report import class_table, human_bytes, tensor_table
 
 T = TypeVar("T")
+TOP = 12  # tensors in the demo's table
 
 
 def _timed(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, float]:
@@ -37,11 +39,41 @@ def _torch_save(state: object, path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def _device(name: str | None) -> str:
+    """The demo's ``--device``: cuda when available by default; a bad name is a CkptzipError."""
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name!r} is not a device; pass cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceUnavailableError(f"--device {name}: CUDA is not available here; pass --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {name!r}: the demo runs on cpu or cuda")
+    return name
+
+
+def _progress(steps: int) -> Callable[[int], None]:
+    """Print the step about ten times while training."""
+    every = max(1, steps // 10)
+
+    def report(step: int) -> None:
+        if step % every == 0 or step == steps:
+            print(f"  step {step}/{steps}", flush=True)
+
+    return report
+
+
 def run_demo(*, preset: str = "tiny", steps: int = 30, device: str | None = None) -> int:
     """Run the demo; returns 0 when the restored state is bit-identical."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if preset not in PRESETS:
+        raise UsageError(f"--preset {preset!r} is not a model preset; pass one of {', '.join(PRESETS)}")
+    if steps < 1:
+        raise UsageError(f"--steps {steps}: pass a number of training steps >= 1")
+    device = _device(device)
     print(f"training the {preset!r} model for {steps} steps on {device} ...")
-    result = train(preset, steps, device=device, seed=0)
+    result = train(preset, steps, device=device, seed=0, on_step=_progress(steps))
     print(f"  loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f} in {result.seconds:.1f} s")
     state = result.state()
     with tempfile.TemporaryDirectory(prefix="ckptzip-demo-") as tmp:
@@ -54,7 +86,8 @@ def run_demo(*, preset: str = "tiny", steps: int = 30, device: str | None = None
         with api.open(ckz) as reader:
             entries = reader.entries()
         print()
-        print(tensor_table(entries, limit=12))
+        print(f"the {min(TOP, len(entries))} largest of {len(entries)} tensors:")
+        print(tensor_table(entries, limit=TOP))
         print()
         print(class_table(entries))
         size_pt, size_ckz = pt.stat().st_size, ckz.stat().st_size

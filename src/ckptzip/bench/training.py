@@ -17,7 +17,7 @@ import functools
 import os
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -330,6 +330,7 @@ def train(
     batch_size: int = 8,
     lr: float = 1e-3,
     corpus_bytes: int = DEFAULT_CORPUS_BYTES,
+    on_step: Callable[[int], None] | None = None,
 ) -> TrainResult:
     """Train a fresh model for ``steps`` AdamW steps on the standard-library corpus.
 
@@ -338,6 +339,7 @@ def train(
     ``bf16_weights`` keeps the model in bf16 and fp32 master weights beside the optimizer (the
     layout of large-model training), so the state holds bf16 weights, fp32 weights, fp32 moments
     and bf16 grads. Gradients of the last step are kept (not zeroed) so the state can include them.
+    ``on_step(k)`` is called after step k (1-based), for progress.
     """
     if isinstance(config, str):
         config = get_preset(config)
@@ -388,6 +390,8 @@ def train(
                 for p, m in zip(model.parameters(), master.values(), strict=True):
                     p.copy_(m)
         losses.append(loss.detach())
+        if on_step is not None:
+            on_step(len(losses))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start

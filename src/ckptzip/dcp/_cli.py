@@ -17,10 +17,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``dcp-convert`` subcommand to the ``ckptzip`` command line."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "dcp-convert",
-        help="ckptzip DCP checkpoint directory <-> single .ckz file (direction from SRC)",
-        description="Convert a DCP checkpoint written with ckptzip.dcp.CompressedStorageWriter to one "
-        ".ckz file when SRC is such a directory, or a .ckz file to such a directory otherwise. "
-        "Paths may be fsspec URLs.",
+        help="DCP checkpoint directory <-> single .ckz file (direction from SRC)",
+        description="Convert a DCP checkpoint directory (written by ckptzip.dcp.CompressedStorageWriter, or "
+        "with --trusted-objects by DCP's FileSystemWriter) to one .ckz file when SRC is such a directory, or a "
+        ".ckz file to a ckptzip DCP directory otherwise. Paths may be fsspec URLs.",
     )
     parser.add_argument("src", help="DCP checkpoint directory or .ckz file")
     parser.add_argument("dst", help=".ckz file or DCP checkpoint directory to create")
@@ -28,7 +28,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--force", action="store_true", help="replace DST if it exists")
     parser.add_argument(
         "--trusted-objects", action="store_true",
-        help="load non-tensor values that torch's weights_only unpickler refuses (only for trusted files)",
+        help="load non-tensor values that torch's weights_only unpickler refuses, and plain DCP checkpoints "
+        "(pickled metadata); only for trusted files",
     )
     return parser
 
@@ -36,18 +37,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run ``ckptzip dcp-convert``."""
     from ..cli import check_destination, emit
-    from ._convert import ckz_to_dcp, dcp_to_ckz, is_dcp_checkpoint
+    from ._convert import ckz_to_dcp, dcp_to_ckz, is_dcp_checkpoint, is_plain_dcp_checkpoint
     from ._metadata import METADATA_FILE
 
     check_destination(local_path(args.src), local_path(args.dst), force=args.force, exists=_exists)
     start = time.perf_counter()
-    if is_dcp_checkpoint(args.src):
+    if is_dcp_checkpoint(args.src) or is_plain_dcp_checkpoint(args.src):
         dcp_to_ckz(args.src, args.dst, codec=args.codec, trusted_objects=args.trusted_objects)
         direction = "DCP directory -> .ckz"
     elif open_directory(args.src).is_dir():
         raise CheckpointNotFoundError(
-            f"{args.src!r} is a directory without ckptzip DCP metadata ({METADATA_FILE}); "
-            "dcp-convert reads checkpoints written by ckptzip.dcp.CompressedStorageWriter"
+            f"{args.src!r} is a directory without ckptzip DCP metadata ({METADATA_FILE}) or DCP's own (.metadata); "
+            "dcp-convert reads checkpoints written by ckptzip.dcp.CompressedStorageWriter or DCP's FileSystemWriter"
         )
     else:
         ckz_to_dcp(args.src, args.dst, codec=args.codec)

@@ -12,13 +12,15 @@ import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.checkpoint.storage import StorageReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from .. import api
-from ..errors import CheckpointNotFoundError, CkptzipError
+from ..errors import CheckpointNotFoundError, CkptzipError, UnsupportedObjectError
 from ..storage import is_url, local_path, open_directory
 from ..tree import expanded_leaves
 from ._metadata import METADATA_FILE
@@ -28,6 +30,7 @@ from ._writer import CompressedStorageWriter
 # Most items a .ckz's state may become in DCP, which cannot share sub-objects and stores every
 # path of a shared container again: a few hundred bytes of aliases can stand for 2**40 of them.
 MAX_DCP_ITEMS = 1_000_000
+PLAIN_METADATA_FILE = ".metadata"
 
 
 @contextlib.contextmanager
@@ -57,10 +60,21 @@ def _open_file(path: str | os.PathLike[str], mode: str) -> Iterator[BinaryIO | s
 
 
 def _load_full_state(dcp_dir: str | os.PathLike[str], *, trusted_objects: bool = False) -> dict[str, Any]:
-    """The whole state of a ckptzip DCP checkpoint as one nested dict of CPU tensors."""
+    """The whole state of a DCP checkpoint (ckptzip's, or with ``trusted_objects`` a plain one
+    written by ``FileSystemWriter``) as one nested dict of CPU tensors."""
     state: dict[str, Any] = {}
-    reader = CompressedStorageReader(dcp_dir, trusted_objects=trusted_objects)
-    _check_metadata(reader)
+    reader: StorageReader
+    if is_plain_dcp_checkpoint(dcp_dir):
+        if not trusted_objects:
+            raise UnsupportedObjectError(
+                f"{os.fspath(dcp_dir)!r} is a plain DCP checkpoint (FileSystemWriter's {PLAIN_METADATA_FILE}), "
+                "whose metadata and non-tensor values are pickles, which reading them runs; if you trust it, "
+                "pass --trusted-objects (trusted_objects=True)"
+            )
+        reader = FileSystemReader(os.fspath(dcp_dir))
+    else:
+        reader = CompressedStorageReader(dcp_dir, trusted_objects=trusted_objects)
+        _check_metadata(reader)
     with _ckptzip_errors():
         _load_state_dict(state, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     return state
@@ -83,7 +97,8 @@ def dcp_to_ckz(
     dcp_dir: str | os.PathLike[str], ckz_path: str | os.PathLike[str], *, codec: str = "auto",
     trusted_objects: bool = False,
 ) -> None:
-    """Convert a checkpoint written by :class:`CompressedStorageWriter` to one ``.ckz`` file.
+    """Convert a checkpoint written by :class:`CompressedStorageWriter` (or, with
+    ``trusted_objects``, by DCP's ``FileSystemWriter``) to one ``.ckz`` file.
 
     Loads the whole state in this process (like DCP's ``dcp_to_torch_save``), so it needs memory
     for all of it. The result loads with ``ckptzip.load``.
@@ -116,3 +131,9 @@ def ckz_to_dcp(ckz_path: str | os.PathLike[str], dcp_dir: str | os.PathLike[str]
 def is_dcp_checkpoint(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a directory holding a ckptzip DCP checkpoint."""
     return open_directory(path).exists(METADATA_FILE)
+
+
+def is_plain_dcp_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a local directory holding a checkpoint of DCP's own ``FileSystemWriter``."""
+    path = local_path(path)
+    return not is_url(path) and os.path.isfile(os.path.join(path, PLAIN_METADATA_FILE))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import pickle
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,7 +87,8 @@ def check_safe_object(data: bytes, where: str) -> None:
     containers, numbers, strings, ...), so loading runs no code from the file.
     """
     try:
-        torch.load(io.BytesIO(data), weights_only=True)
+        with _byte_buffers_allowed():
+            torch.load(io.BytesIO(data), weights_only=True)
     except pickle.UnpicklingError as exc:
         raise UnsupportedObjectError(
             f"{where} is a pickled Python object that torch's weights_only loader refuses "
@@ -95,6 +97,25 @@ def check_safe_object(data: bytes, where: str) -> None:
             "CompressedStorageReader(path, trusted_objects=True), or allowlist the class with "
             "torch.serialization.add_safe_globals."
         ) from exc
+
+
+_SAFE_GLOBALS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _byte_buffers_allowed() -> Iterator[None]:
+    """Let the ``weights_only`` unpickler rebuild ``io.BytesIO`` values (torchtitan's train and
+    data loader state): pickle makes one from its bytes, position and attribute dict, each
+    unpickled under the same restrictions, and ``BytesIO.__setstate__`` only stores them, so no
+    code runs. torch's allowlist is process-wide: the lock keeps checks on other threads from
+    removing the entry while one runs, and an entry the caller added is left in place."""
+    safe_globals = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5
+    with _SAFE_GLOBALS_LOCK:
+        if safe_globals is None or io.BytesIO in torch.serialization.get_safe_globals():
+            yield
+            return
+        with safe_globals([io.BytesIO]):
+            yield
 
 
 def _refusal(exc: pickle.UnpicklingError) -> str:

@@ -40,6 +40,8 @@ class CompressedStorageReader(StorageReader):
     ``weights_only`` unpickler accepts them unless ``trusted_objects=True``.
 
     Args:
+        _extension_registry: DCP's registry of stream extensions (``FileSystemReader``'s second
+            argument); kept, never consulted: ckptzip checkpoints record no stream extension.
         trusted_objects: hand non-tensor values to the planner without that check.
         thread_count: CPU threads decoding items concurrently (default: up to 4).
         storage_options: fsspec options when ``path`` is a URL.
@@ -48,12 +50,14 @@ class CompressedStorageReader(StorageReader):
     def __init__(
         self,
         path: str | os.PathLike[str],
+        _extension_registry: Any = None,
         *,
         trusted_objects: bool = False,
         thread_count: int | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.extension_registry = _extension_registry
         self.trusted_objects = trusted_objects
         self.thread_count = thread_count or min(4, cpu_threads())
         self._storage_options = storage_options

@@ -6,6 +6,7 @@ import dataclasses
 import io
 import os
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from ..engine.policy import Policy
 from ..engine.writer import write_state
 from ..storage import open_directory, write_error
 from ..tree import flatten
+from ._args import check_extensions, check_serialization_format
 from ._items import describe, pipeline, tensor_name
 from ._metadata import StoredItem, check_planner_data, encode_metadata, metadata_file
 
@@ -47,31 +49,50 @@ class CompressedStorageWriter(StorageWriter):
     The coordinator writes the metadata file last, atomically, so a checkpoint without it is
     incomplete. ``path`` is a directory or an fsspec URL (``storage_options`` go to fsspec).
 
+    The positional arguments are ``FileSystemWriter``'s, in its order, so code written for it
+    runs unchanged; ``codec`` and ``storage_options`` are ckptzip's own.
+
     Args:
-        codec: ckptzip preset (``"auto"``, ``"fast"``, ``"portable"``) or codec id, for tensors.
+        single_file_per_rank: one data file per rank (default), or one per item when False.
         sync_files: fsync data and metadata files (local disks) before the save returns.
-        overwrite: replace a checkpoint already at ``path``; its metadata is removed before any
-            data is written, so a failed save never leaves it describing half-written data.
         thread_count: accepted for compatibility; items are encoded by the engine's thread pool
             (``CKPTZIP_THREADS``) and, on a GPU, in batches on that GPU.
+        per_thread_copy_ahead: accepted for compatibility; the engine copies GPU shards to the
+            host in its own batches.
+        cache_staged_state_dict: kept for ``dcp.async_save`` staging (``FileSystemWriter``'s meaning).
+        overwrite: replace a checkpoint already at ``path``; its metadata is removed before any
+            data is written, so a failed save never leaves it describing half-written data.
+        _extensions: DCP stream extensions; ckptzip takes none (``UsageError`` says why).
+        serialization_format: DCP's ``SerializationFormat``; only ``TORCH_SAVE`` (the default).
+        codec: ckptzip preset (``"auto"``, ``"fast"``, ``"portable"``) or codec id, for tensors.
     """
 
     def __init__(
         self,
         path: str | os.PathLike[str],
+        single_file_per_rank: bool = True,
+        sync_files: bool = True,
+        thread_count: int | None = None,
+        per_thread_copy_ahead: int = 10_000_000,
+        cache_staged_state_dict: bool = False,
+        overwrite: bool = True,
+        _extensions: Sequence[Any] | None = None,
+        serialization_format: Any = None,
         *,
         codec: str = "auto",
-        sync_files: bool = True,
-        overwrite: bool = True,
-        thread_count: int | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        check_extensions(_extensions)
+        check_serialization_format(serialization_format)
         self._policy = Policy.parse(codec)
         self.codec = codec
+        self.single_file_per_rank = single_file_per_rank
         self.sync_files = sync_files
         self.overwrite = overwrite
         self.thread_count = thread_count or min(4, cpu_threads())
+        self.per_thread_copy_ahead = per_thread_copy_ahead
+        self.cache_staged_state_dict = cache_staged_state_dict
         self._storage_options = storage_options
         self._dir = open_directory(path, storage_options)
         self.save_id = uuid.uuid4().hex
@@ -131,9 +152,11 @@ class CompressedStorageWriter(StorageWriter):
         self._dir.remove(name)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        results: list[WriteResult] = []
-        if plan.items:
-            results = self._write_file(plan.storage_data.prefix + DATA_SUFFIX, plan.items, planner)
+        prefix = plan.storage_data.prefix
+        files = [(prefix + DATA_SUFFIX, plan.items)] if plan.items else []
+        if not self.single_file_per_rank:
+            files = [(f"{prefix}_{k}{DATA_SUFFIX}", [item]) for k, item in enumerate(plan.items)]
+        results = [result for name, items in files for result in self._write_file(name, items, planner)]
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future

@@ -12,6 +12,8 @@
   engine (``pip install 'ckptzip[deepspeed]'``).
 - :mod:`ckptzip.integrations.megatron`: the ``"ckptzip"`` backend of Megatron-Core's
   ``dist_checkpointing`` (``pip install 'ckptzip[megatron]'``).
+- :mod:`ckptzip.integrations.torchtitan`: ``CompressedCheckpointManager``, torchtitan's checkpoint
+  manager storing its DCP checkpoints with ckptzip (``pip install 'ckptzip[torchtitan]'``).
 
 docs/INTEGRATIONS.md describes each.
 """

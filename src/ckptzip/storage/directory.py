@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-from ..errors import CheckpointWriteError, CkptzipError, StorageUnavailableError
+from ..errors import CheckpointWriteError, CkptzipError, StorageAccessError, StorageUnavailableError
 from .files import atomic_file, file_url_path, write_error
 
 if TYPE_CHECKING:
@@ -147,6 +147,22 @@ class StoreFailure(CheckpointWriteError):
     """A call into an fsspec store failed; ``__cause__`` is the store's own exception."""
 
 
+# botocore's and google-auth's exceptions for credentials that are missing or incomplete
+_NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError"}
+
+
+def _raise_if_no_access(exc: Exception, location: str) -> None:
+    """Raise :class:`StorageAccessError`, saying how to give credentials, if ``exc`` says the
+    store had none."""
+    if type(exc).__name__ in _NO_CREDENTIALS:
+        raise StorageAccessError(
+            f"storage {location!r}: the object store needs credentials and found none ({type(exc).__name__}: "
+            f"{exc}); set them in the environment (for S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+            "AWS_PROFILE), or pass storage_options (for S3: {'key': ..., 'secret': ...}, or {'anon': True} "
+            "for a public bucket)"
+        ) from exc
+
+
 class FsspecDirectory(Directory):
     """A prefix in an fsspec file system (object stores)."""
 
@@ -167,6 +183,7 @@ class FsspecDirectory(Directory):
         except CkptzipError:
             raise
         except Exception as exc:
+            _raise_if_no_access(exc, self.location)
             raise StoreFailure(
                 getattr(exc, "errno", None) or errno.EIO, f"storage {self.location!r} failed: {type(exc).__name__}: {exc}"
             ) from exc
@@ -183,6 +200,9 @@ class FsspecDirectory(Directory):
             paths = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
             return []
+        except Exception as exc:
+            _raise_if_no_access(exc, self.location)
+            raise
         return [p.rstrip("/").rsplit("/", 1)[-1] for p in paths]
 
     def exists(self, name: str) -> bool:

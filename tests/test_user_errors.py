@@ -1,0 +1,53 @@
+"""Failures a user can cause are CkptzipErrors whose message says what to do: an object store
+without credentials, the demo's arguments, a device hint naming the caller's own argument."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckptzip
+from ckptzip.cli import main
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+
+
+def test_object_store_without_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    pytest.importorskip("s3fs")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(ckptzip.StorageAccessError, match=(
+        r"^storage 's3://bucket/run': the object store needs credentials and found none \(NoCredentialsError: .*\); "
+        r"set them in the environment \(for S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE\), or "
+        r"pass storage_options")):
+        ckptzip.CheckpointManager("s3://bucket/run", storage_options={"skip_instance_cache": True})
+
+
+@no_cuda
+def test_decompress_to_a_missing_gpu_names_its_own_argument() -> None:
+    ct = ckptzip.compress(torch.ones(3))
+    with pytest.raises(ckptzip.DeviceUnavailableError, match=r"CUDA is not available here; pass device='cpu' to load"):
+        ckptzip.decompress(ct, device="cuda")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--steps", "0"], "--steps 0: pass a number of training steps >= 1"),
+    (["--preset", "huge"], "--preset 'huge' is not a model preset; pass one of tiny, tiny-moe, small"),
+    (["--device", "gpu0"], "--device 'gpu0' is not a device; pass cpu or cuda"),
+    pytest.param(["--device", "cuda"], "--device cuda: CUDA is not available here; pass --device cpu", marks=no_cuda),
+])
+def test_demo_arguments(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *args]) == 1
+    assert capsys.readouterr().err.startswith(f"ckptzip: error: {message}")
+
+
+def test_demo_shows_progress_and_says_its_table_is_the_largest_tensors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--steps", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "  step 1/2\n  step 2/2\n" in out
+    assert "the 12 largest of 266 tensors:\ntensor " in out
