@@ -181,9 +181,13 @@ class _Uploader:
         self._hand_over(plans, left, regions, handed)
 
     def _region(self, device: torch.device, nbytes: int, stream: torch.cuda.Stream) -> torch.Tensor:
-        """A batch's device region: allocated on the caller's stream, written on ``stream``."""
-        with torch.cuda.stream(self._callers[device]):
+        """A batch's device region: allocated on the caller's stream, written on ``stream``. Its
+        block may have been freed by the caller while kernels queued there still read it (the
+        allocator orders reuse on the caller's stream only), so ``stream`` first waits for them."""
+        caller = self._callers[device]
+        with torch.cuda.stream(caller):
             region = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        stream.wait_stream(caller)
         region.record_stream(stream)
         return region
 
