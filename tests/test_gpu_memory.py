@@ -179,7 +179,7 @@ def test_a_batch_that_runs_out_of_memory_is_encoded_in_halves(monkeypatch: pytes
 @gpu
 @needs_cuda
 def test_the_manager_says_why_it_takes_host_snapshots(tmp_path: object, caplog: pytest.LogCaptureFixture) -> None:
-    state = _state(n=8, elements=1 << 24)  # 512 MiB of fp32
+    state = _state(n=8, elements=1 << 24)  # 512 MiB of fp32 and 32 MiB of bf16: 0.53 GiB
     filler = _fill(1536 * MIB)  # less than the copy and the 2 GiB headroom
     try:
         with caplog.at_level(logging.WARNING, logger="ckptzip"), ckptzip.CheckpointManager(str(tmp_path)) as manager:
@@ -187,7 +187,7 @@ def test_the_manager_says_why_it_takes_host_snapshots(tmp_path: object, caplog: 
             manager.wait()
             assert manager.last_snapshot == "host", (manager.last_snapshot_reason, torch.cuda.mem_get_info(),
                                                       memory.available(torch.device("cuda", 0)))
-            assert "a device copy of the state needs 0.50 GiB on cuda:0" in (manager.last_snapshot_reason or "")
+            assert "a device copy of the state needs 0.53 GiB on cuda:0" in (manager.last_snapshot_reason or "")
     finally:
         del filler
     assert any("taking host snapshots" in r.getMessage() for r in caplog.records)
@@ -206,3 +206,49 @@ def test_a_gpu_batch_of_empty_tensors_alone_encodes() -> None:
     buf = io.BytesIO()
     ckptzip.save(state, buf)
     assert_same(ckptzip.load(buf.getvalue()), state)
+
+
+def test_a_load_that_runs_out_of_gpu_memory_tries_smaller_batches_then_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptzip.engine import reader as engine_reader
+
+    buf = io.BytesIO()
+    ckptzip.save({"w": torch.randn(1000)}, buf)
+    real = engine_reader._read_stored
+    tried: list[int] = []
+
+    def scarce(*args: object, shrink: int = 1, **kwargs: object) -> object:
+        tried.append(shrink)
+        if shrink < 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*args, shrink=shrink, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_reader, "_read_stored", scarce)
+    assert torch.equal(ckptzip.load(buf.getvalue())["w"], ckptzip.load(buf.getvalue())["w"])
+    assert tried[:3] == [1, 4, 16]
+
+    def never(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("nvCOMP: out of memory")
+
+    monkeypatch.setattr(engine_reader, "_read_stored", never)
+    with pytest.raises(ckptzip.GpuMemoryError, match=r"load ran out of GPU memory even in batches 16 times smaller "
+                                                      r"\(nvCOMP: out of memory\)"):
+        ckptzip.load(buf.getvalue())
+
+
+def test_a_save_that_runs_out_of_gpu_memory_outside_its_batches_raises_gpu_memory_error(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pathlib
+
+    path = pathlib.Path(str(tmp_path)) / "c.ckz"
+    ckptzip.save({"w": torch.ones(10)}, path)
+    before = path.read_bytes()
+
+    def scarce(*args: object, **kwargs: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB")
+
+    monkeypatch.setattr(engine_writer, "_encode_all", scarce)
+    with pytest.raises(ckptzip.GpuMemoryError, match=r"save ran out of GPU memory \(CUDA out of memory. Tried to "
+                                                      r"allocate 64.00 MiB\); no GPU budget can be had now"):
+        ckptzip.save({"w": torch.zeros(10)}, path)
+    assert path.read_bytes() == before

@@ -23,7 +23,7 @@ import torch
 
 from ..codecs import gpu_only_ids, has_codec
 from ..codecs._threads import codec_threads
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, GpuMemoryError
 from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
 from ..format.reader import verify_xxh3
 from ..kernels.segments import segment_sums
@@ -36,6 +36,7 @@ from .staging import copy_stream, pinned_pool
 BATCH_BYTES = {"cuda": 512 << 20, "cpu": 8 << 20}
 # A GPU batch's region, its decode buffers and the regions the uploader fills ahead: budget / 6.
 LOAD_WORKING_SETS = 6
+RETRY_SHRINK = (1, 4, 16)  # batch sizes (fractions of the budget's) a load tries in turn
 # Larger tensors decode in parts straight into their output, a part a batch (on a GPU: the batch
 # its budget allows), so a load needs about the decoded size plus a batch per worker (a part's
 # stored bytes, decode buffer, planes).
@@ -328,8 +329,28 @@ def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torc
     (by base, the base's tensors by name). GPU work stays within each GPU's budget beside the
     tensors returned (:func:`.memory.budget`; ``gpu_memory`` caps it)."""
     plan = LoadPlan(reader.tensors, reader.index.bases, indices, devices, base_tensors)
-    decoded = _read_stored(reader, plan.entries, plan.devices, on_progress, gpu_memory)
+    decoded = _read_within_memory(reader, plan.entries, plan.devices, on_progress, gpu_memory)
     return plan.finish(decoded, indices)
+
+
+def _read_within_memory(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
+                        on_progress: Callable[[int], object], gpu_memory: int | None) -> list[torch.Tensor]:
+    """:func:`_read_stored`; where a GPU runs out of memory anyway (other allocations than the
+    budget saw), again in batches a quarter and a sixteenth the size, then ``GpuMemoryError``."""
+    failure = ""
+    for shrink in RETRY_SHRINK:
+        try:
+            return _read_stored(reader, entries, devices, on_progress, gpu_memory, shrink=shrink)
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if not memory.is_out_of_memory(exc):
+                raise
+            failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # out of the except block: the failed attempt's buffers are freed with its frames
+    cuda = sorted({d for d in devices if d.type == "cuda"}, key=str)
+    have = ", ".join(f"{memory.available(d) >> 20} MiB on {d}" for d in cuda) or "none"
+    raise GpuMemoryError(
+        f"load ran out of GPU memory even in batches {RETRY_SHRINK[-1]} times smaller ({failure}); beside the "
+        f"tensors it returns, {have} can be had. Free GPU memory, or load to the CPU (map_location='cpu')")
 
 
 def _decode_all(tasks: Iterator[Task[list[int], tuple[list[torch.Tensor], torch.Tensor]]], workers: int,
@@ -355,7 +376,8 @@ def _work_device(backend: str, device: torch.device) -> torch.device:
 
 
 def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
-                 on_progress: Callable[[int], object], gpu_memory: int | None = None) -> list[torch.Tensor]:
+                 on_progress: Callable[[int], object], gpu_memory: int | None = None, shrink: int = 1
+                 ) -> list[torch.Tensor]:
     """Decode and verify stored entries onto ``devices``.
 
     Every GPU output is allocated first; the GPU's budget left beside them (:mod:`.memory`) sets
@@ -365,7 +387,8 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
     outs_of = {i: torch.empty(entry.nbytes, dtype=torch.uint8, device=work)
                for i, (entry, work) in enumerate(zip(entries, works)) if work.type == "cuda"}
-    gpu_batch = {work: memory.budget(work, gpu_memory, "load").batch_bytes(LOAD_WORKING_SETS, BATCH_BYTES["cuda"])
+    gpu_batch = {work: memory.budget(work, gpu_memory, "load").batch_bytes(LOAD_WORKING_SETS * shrink,
+                                                                          BATCH_BYTES["cuda"])
                  for work in {w for w in works if w.type == "cuda"}}
     items: list[TensorEntry] = []
     item_devices: list[torch.device] = []

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..codecs._threads import codec_threads
+from ..errors import GpuMemoryError
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
 from . import memory
 from .ahead import Task, cpu_workers, run_ahead
@@ -68,6 +69,7 @@ class GpuLimits:
 
     batch: dict[torch.device, int]
     largest: dict[torch.device, int]
+    budget: dict[torch.device, int]
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor], policy: Policy, gpu_memory: int | None,
@@ -75,7 +77,8 @@ class GpuLimits:
         devices = {key.device for key in (_key(t, policy) for t in tensors) if key.backend == "cuda"}
         budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
         return cls({b.device: b.batch_bytes(SAVE_WORKING_SETS, batch_cap) for b in budgets},
-                   {b.device: b.nbytes // LARGEST_TENSOR_SHARE for b in budgets})
+                   {b.device: b.nbytes // LARGEST_TENSOR_SHARE for b in budgets},
+                   {b.device: b.nbytes for b in budgets})
 
     def fits(self, device: torch.device, tensor: torch.Tensor) -> bool:
         return tensor.numel() * tensor.element_size() <= self.largest.get(device, sys.maxsize)
@@ -412,9 +415,26 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
     writer = ContainerWriter(f, table.version)
     pool = pinned_pool() if any(t.is_cuda for t in tensors) else None
     sink = _Sink(writer, pool, f, len(tensors))
-    _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress, limits),
-                  _Stager(pool, sink.put), sink)
+    with _out_of_memory_named("save", limits):
+        _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress, limits),
+                      _Stager(pool, sink.put), sink)
     return _finish(writer, sink, tree, table)
+
+
+@contextlib.contextmanager
+def _out_of_memory_named(what: str, limits: GpuLimits) -> Iterator[None]:
+    """Turn a GPU allocation failure that no batch could work around (one outside the batches,
+    say) into :class:`~ckptzip.errors.GpuMemoryError` with the numbers."""
+    try:
+        yield
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not memory.is_out_of_memory(exc):
+            raise
+        have = ", ".join(f"{memory.available(d) >> 20} MiB on {d} (budget {n >> 20} MiB)"
+                         for d, n in limits.budget.items()) or "no GPU budget"
+        raise GpuMemoryError(f"{what} ran out of GPU memory ({str(exc).splitlines()[0]}); {have} can be had "
+                             "now. Nothing was written in place of the previous checkpoint. Free GPU memory, "
+                             "or pass a smaller gpu_memory") from exc
 
 
 @dataclass
@@ -453,9 +473,10 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
     # stored bytes are at most about the raw size: one slab for them is quicker than many buffers
     pool.reserve(sum(table.tensors[i].numel() * table.tensors[i].element_size() for i in cuda))
     jobs: list[_Job] = []
-    _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
-                                             limits, cuda),
-                  _Stager(pool, jobs.append), None)
+    with _out_of_memory_named("snapshot", limits):
+        _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
+                                                 limits, cuda),
+                      _Stager(pool, jobs.append), None)
     chosen = set(cuda)
     return StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen])
 
