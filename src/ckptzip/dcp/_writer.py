@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import os
@@ -11,19 +12,22 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ..codecs._threads import cpu_threads
 from ..errors import CkptzipError, UnsupportedObjectError
 from ..engine.policy import Policy
-from ..engine.writer import write_state
+from ..engine import memory
+from ..engine.warmup import warm_up
+from ..engine.writer import write_staged, write_state
 from ..storage import open_directory, write_error
 from ..tree import flatten
 from ._args import check_extensions, check_serialization_format
 from ._items import describe, pipeline, tensor_name
 from ._metadata import StoredItem, check_planner_data, encode_metadata, metadata_file
+from ._staging import Staged, key_of, stage
 
 DATA_SUFFIX = ".ckzd"
 
@@ -43,6 +47,11 @@ class CompressedStorageWriter(StorageWriter):
         dcp.save(state, storage_writer=CompressedStorageWriter("ckpt/step100"))
         dcp.async_save(state, storage_writer=CompressedStorageWriter("s3://bucket/step100"))
 
+    With ``dcp.async_save`` the writer is DCP's stager (``AsyncStager``): GPU tensors are coded
+    on their GPU in the caller and only their stored bytes are copied to pinned host memory,
+    which is kept for the next save; host tensors are copied (:mod:`._staging`). The files are
+    those of a synchronous save, the staged GPU tensors in ``__<rank>.ckzd``, the rest beside.
+
     Each rank compresses and writes only its own shards, into one data file (``__<rank>.ckzd``,
     a ``.ckz`` container of all its items); shards on a GPU are compressed on that GPU, in
     batches, when nvCOMP is installed.
@@ -59,12 +68,14 @@ class CompressedStorageWriter(StorageWriter):
             (``CKPTZIP_THREADS``) and, on a GPU, in batches on that GPU.
         per_thread_copy_ahead: accepted for compatibility; the engine copies GPU shards to the
             host in its own batches.
-        cache_staged_state_dict: kept for ``dcp.async_save`` staging (``FileSystemWriter``'s meaning).
+        cache_staged_state_dict: accepted for compatibility: the pinned memory ``dcp.async_save``
+            stages into is always kept for the next save.
         overwrite: replace a checkpoint already at ``path``; its metadata is removed before any
             data is written, so a failed save never leaves it describing half-written data.
         _extensions: DCP stream extensions; ckptzip takes none (``UsageError`` says why).
         serialization_format: DCP's ``SerializationFormat``; only ``TORCH_SAVE`` (the default).
         codec: ckptzip preset (``"auto"``, ``"fast"``, ``"portable"``) or codec id, for tensors.
+        gpu_memory: cap on the GPU memory coding uses beside the state (as for :func:`ckptzip.save`).
     """
 
     def __init__(
@@ -81,6 +92,7 @@ class CompressedStorageWriter(StorageWriter):
         *,
         codec: str = "auto",
         storage_options: dict[str, Any] | None = None,
+        gpu_memory: int | None = None,
     ) -> None:
         super().__init__()
         check_extensions(_extensions)
@@ -95,6 +107,10 @@ class CompressedStorageWriter(StorageWriter):
         self.cache_staged_state_dict = cache_staged_state_dict
         self._storage_options = storage_options
         self._dir = open_directory(path, storage_options)
+        memory.cap(gpu_memory)  # a bad value fails here, not in the save
+        self.gpu_memory = gpu_memory
+        self._staged: collections.deque[Staged | None] = collections.deque()  # stage() → write_data, in order
+        warm_up(policy=self._policy)  # compile the GPU kernels before the first save needs them
         self.save_id = uuid.uuid4().hex
         self.rank: int | None = None
         self.use_collectives = True
@@ -151,12 +167,54 @@ class CompressedStorageWriter(StorageWriter):
             )
         self._dir.remove(name)
 
+    # ----------------------------------------------------------- DCP's AsyncStager protocol
+
+    _synchronize_after_execute = True
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return self._synchronize_after_execute
+
+    def stage(self, state_dict: Any) -> Any:
+        """For ``dcp.async_save``: code the state's GPU tensors on their GPUs now and copy only
+        their stored bytes to pinned host memory (host tensors are copied); returns the state
+        dict DCP then saves from, on its thread (:mod:`._staging`)."""
+        staged_dict, staged = stage(state_dict, self._policy, self.gpu_memory)
+        self._staged.append(staged)
+        return staged_dict
+
+    def synchronize_staging(self) -> None:
+        """Wait until the staged bytes are in host memory: the state may change from then on."""
+        for staged in list(self._staged):
+            if staged is not None:
+                staged.wait()
+
+    def close(self) -> None:
+        """Drop stagings no save consumed (DCP calls this when a stager is done)."""
+        while self._staged:
+            staged = self._staged.popleft()
+            if staged is not None:
+                staged.state.release()
+
+    # ----------------------------------------------------------------------------- data
+
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         prefix = plan.storage_data.prefix
+        staged = self._staged.popleft() if self._staged else None
+        results: list[WriteResult] = []
+        if staged is not None:
+            mine = [item for item in plan.items if self._staged_position(staged, item, planner) is not None]
+            if mine:
+                results = self._write_staged(prefix + DATA_SUFFIX, mine, staged, planner)
+                prefix += "_host"
+            else:
+                staged.state.release()
+            taken = {id(item) for item in mine}
+            plan = dataclasses.replace(plan, items=[item for item in plan.items if id(item) not in taken])
         files = [(prefix + DATA_SUFFIX, plan.items)] if plan.items else []
         if not self.single_file_per_rank:
             files = [(f"{prefix}_{k}{DATA_SUFFIX}", [item]) for k, item in enumerate(plan.items)]
-        results = [result for name, items in files for result in self._write_file(name, items, planner)]
+        results += [result for name, items in files for result in self._write_file(name, items, planner)]
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
@@ -168,11 +226,34 @@ class CompressedStorageWriter(StorageWriter):
         names = [tensor_name(item.index) for item in items]
         with self._dir.atomic_write(name, sync=self.sync_files) as stream:
             entries = write_state(stream, names, tensors, [{"tensor": k} for k in range(len(items))],
-                                  self._policy, lambda _: None)
+                                  self._policy, lambda _: None, gpu_memory=self.gpu_memory)
         return [
             WriteResult(index=item.index, size_in_bytes=entry.compressed_nbytes,
                         storage_data=StoredItem(name, 0, entry.compressed_nbytes, pipeline(entry), entry.checksum, k))
             for k, (item, entry) in enumerate(zip(items, entries))
+        ]
+
+    @staticmethod
+    def _staged_position(staged: Staged, item: WriteItem, planner: SavePlanner) -> int | None:
+        """Where a tensor item's staged bytes are in the staged table, or None (not staged)."""
+        if item.type == WriteItemType.BYTE_IO:
+            return None
+        data = planner.resolve_data(item)
+        return staged.positions.get(key_of(data)) if isinstance(data, torch.Tensor) else None
+
+    def _write_staged(self, name: str, items: list[WriteItem], staged: Staged, planner: SavePlanner
+                      ) -> list[WriteResult]:
+        """The staged tensors as one container (every one staged, so the file is what a
+        synchronous save of those tensors writes); results for this plan's items among them."""
+        positions = [self._staged_position(staged, item, planner) for item in items]
+        count = len(staged.state.table.all_names)
+        with self._dir.atomic_write(name, sync=self.sync_files) as stream:
+            entries = write_staged(stream, staged.state, [{"tensor": k} for k in range(count)], self._policy)
+        return [
+            WriteResult(index=item.index, size_in_bytes=entries[k].compressed_nbytes,
+                        storage_data=StoredItem(name, 0, entries[k].compressed_nbytes, pipeline(entries[k]),
+                                                entries[k].checksum, k))
+            for item, k in zip(items, positions) if k is not None
         ]
 
     def _resolve(self, item: WriteItem, planner: SavePlanner) -> torch.Tensor:
