@@ -252,3 +252,19 @@ def test_a_save_that_runs_out_of_gpu_memory_outside_its_batches_raises_gpu_memor
                                                       r"allocate 64.00 MiB\); no GPU budget can be had now"):
         ckptzip.save({"w": torch.zeros(10)}, path)
     assert path.read_bytes() == before
+
+
+@gpu
+@needs_cuda
+def test_prepare_reserves_host_staging_before_the_first_save(tmp_path: object) -> None:
+    state = _state(n=4)
+    nbytes = sum(t.nbytes for t in state.values() if t.is_cuda)
+    with ckptzip.CheckpointManager(str(tmp_path), snapshot="host") as manager:
+        thread = manager._snapshots.reserve_host(list(state.values()))
+        assert thread is not None
+        thread.join()
+        staging = manager._snapshots._staging
+        assert staging._created * staging.buffer_bytes >= nbytes
+        manager.save(1, state)
+        manager.wait()
+        assert_same(manager.restore(), state)

@@ -220,6 +220,18 @@ class _SnapshotPool:
                         "can be had there")
         return None
 
+    def reserve_host(self, sources: list[torch.Tensor]) -> threading.Thread | None:
+        """Where host snapshots are (or now would be) taken, reserve pinned staging for the GPU
+        bytes of ``sources`` on a background thread (a save's staging waits for it)."""
+        if self._where == "device" or (self._where == "auto" and self._device_room(sources) is None):
+            return None
+        nbytes = sum(t.nbytes for t in sources if t.is_cuda)
+        if not nbytes:
+            return None
+        thread = threading.Thread(target=self._staging.reserve, args=(nbytes,), name="ckptzip-reserve", daemon=True)
+        thread.start()
+        return thread
+
     def take(self, state: Any, base: DeltaBase | None, keep: bool) -> _Snapshot:
         """Validate ``state`` (raises :class:`~ckptzip.errors.UnsupportedObjectError`) and snapshot
         it. A host snapshot rewrites its table against ``base`` now; with ``keep`` it also copies
@@ -466,6 +478,14 @@ class CheckpointManager:
         if self._newest_committed is not None:
             steps.append(self._newest_committed)
         return max(steps, default=None)
+
+    def prepare(self, state: Any) -> None:
+        """Get ready to save ``state`` (or states of its shapes) without a first-save stall: where
+        snapshots are host snapshots (``snapshot="host"``, or ``"auto"`` when the GPU has no room
+        for a device copy now), the pinned host memory they are staged into is reserved on a
+        background thread now, rather than in the first ``save``; the GPU kernels are already
+        being compiled since the manager was made. Call it once the model and optimizer exist."""
+        self._snapshots.reserve_host([item.tensor for item in flatten(state).tensors])
 
     def should_save(self, step: int, *, every: int) -> bool:
         """Whether ``step`` is a multiple of ``every`` and newer than every saved or pending step."""
