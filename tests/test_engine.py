@@ -19,6 +19,7 @@ from ckptzip.checksum import wsum64_array
 from ckptzip.codecs import has_codec
 from ckptzip.codecs.cpu import ZstdCodec
 from ckptzip.engine import memory as engine_memory
+from ckptzip.engine import parts as engine_parts
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
 from ckptzip.engine.decode import Runs, decode_batch
@@ -379,4 +380,42 @@ def test_a_plane_a_trial_coded_whole_is_stored_as_the_trial_coded_it(monkeypatch
     damaged = bytearray(data)
     damaged[chunk.offset + chunk.length // 2] ^= 1
     with pytest.raises(ckptzip.CorruptCheckpointError, match=r"tensor 'w' stream 3 chunk 0 .* is damaged"):
+        ckptzip.load(bytes(damaged))
+
+
+def test_a_tensor_coded_in_ranges_loads_bit_exactly_with_each_stream_back_to_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a GPU codes a tensor over its budget in element ranges (engine/parts.py); the same code runs here on the CPU
+    g = torch.Generator().manual_seed(8)
+    state = {"w": torch.randn(3 << 14, generator=g) * 0.02, "i": torch.randint(0, 9, (5 << 14,), generator=g,
+             dtype=torch.uint8), "small": torch.arange(10)}
+    real_key = engine_writer._key
+
+    def in_ranges(tensor: torch.Tensor, policy: Policy, limits: object = None) -> object:
+        if tensor.numel() * tensor.element_size() >= 1 << 16:
+            return engine_writer.BatchKey("cpu", torch.device("cpu"), True)
+        return real_key(tensor, policy, limits)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_writer, "_key", in_ranges)
+    monkeypatch.setattr(engine_parts, "RANGE_ALIGN", 1 << 14)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(engine_writer.GpuLimits, "of", classmethod(
+        lambda cls, *a, **k: cls({cpu: 1 << 14}, {cpu: 0}, {cpu: 96 << 14})))
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)
+    assert_same(ckptzip.load(buf.getvalue()), state)
+    with ckptzip.open(buf.getvalue()) as reader:
+        entries = {e.name: e for e in reader.entries()}
+    w = entries["w"]
+    assert w.transforms == [{"id": "byteplanes", "itemsize": 4}] and len(w.streams) == 4
+    for stream in w.streams:  # 48 KiB a plane: three ranges; five of the uint8 bytes below
+        assert sum(c.raw_length for c in stream.chunks) == stream.nbytes == 3 << 14
+        assert len(stream.chunks) == 3
+    data = entries["i"]
+    assert data.transforms == [] and [c.raw_length for c in data.streams[0].chunks] == [1 << 14] * 5
+    offsets = [(c.offset, c.length) for c in data.streams[0].chunks]
+    assert all(a + n == b for (a, n), (b, _) in zip(offsets, offsets[1:]))  # back to back across ranges
+    damaged = bytearray(buf.getvalue())
+    damaged[data.streams[0].chunks[-1].offset] ^= 1
+    with pytest.raises(ckptzip.CorruptCheckpointError, match=r"tensor 'i' stream 0 chunk 4 .* is damaged"):
         ckptzip.load(bytes(damaged))

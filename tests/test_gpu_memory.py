@@ -146,14 +146,22 @@ def test_below_the_minimum_a_save_raises_and_leaves_the_previous_file(tmp_path: 
 
 @gpu
 @needs_cuda
-def test_a_small_cap_codes_large_tensors_on_the_host_and_stays_bit_exact() -> None:
-    state = _state(n=3, elements=1 << 24)  # 64 MiB tensors, over a fifth of a 256 MiB budget
+def test_a_small_cap_codes_large_tensors_in_ranges_on_the_gpu_and_stays_bit_exact() -> None:
+    state = _state(n=3, elements=1 << 26)  # 256 MiB tensors, over a fifth of a 256 MiB budget
     buf = io.BytesIO()
     ckptzip.save(state, buf, gpu_memory=256 * MIB)
-    codecs = {e.name: {s.codec["id"] for s in e.streams} for e in ckptzip.open(buf.getvalue()).entries()}
-    assert all("ans" not in codecs[f"w{i}"] for i in range(3))  # coded on the host: zstd
-    assert "ans" in codecs["g"]  # 32 MiB: on the GPU
+    with ckptzip.open(buf.getvalue()) as reader:
+        entries = {e.name: e for e in reader.entries()}
+    for i in range(3):
+        streams = entries[f"w{i}"].streams
+        assert len(streams) == 4 and "ans" in {s.codec["id"] for s in streams}  # byte planes, coded by nvCOMP
+        assert len(streams[3].chunks) == 64  # the sign/exponent plane: 64 MiB in 1 MiB chunks, from 2 ranges
     assert_same(ckptzip.load(buf.getvalue(), gpu_memory=256 * MIB), state)
+    whole = io.BytesIO()
+    ckptzip.save(state, whole)  # unconstrained: whole-tensor batches, the same table
+    with ckptzip.open(whole.getvalue()) as reader:
+        assert [(e.name, e.checksum, [s.codec for s in e.streams]) for e in reader.entries()] == [
+            (e.name, e.checksum, [s.codec for s in e.streams]) for e in entries.values()]
 
 
 @gpu

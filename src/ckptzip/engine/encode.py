@@ -32,6 +32,16 @@ class StreamRecord:
     chunks: int
 
 
+@dataclass(frozen=True)
+class Part:
+    """A batch that is one element range of one stream of a tensor coded in parts
+    (:mod:`.parts`): its stream's number, the tensor's stream count, whether it is the last."""
+
+    stream: int
+    streams: int
+    last: bool
+
+
 @dataclass
 class EncodedBatch:
     """A batch ready to be written: its stored chunks back to back in file order, and what the
@@ -46,6 +56,7 @@ class EncodedBatch:
     checksums: torch.Tensor  # wsum64 of each tensor (int64)
     transforms: list[list[dict[str, Any]]]
     streams: list[list[StreamRecord]]
+    part: Part | None = None  # a range of a tensor coded in parts (its one tensor's checksum: on the last)
 
 
 def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,8 @@ from ..errors import GpuMemoryError
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
 from . import memory
 from .ahead import Task, cpu_workers, run_ahead
-from .encode import EncodedBatch, encode_batch
+from .encode import EncodedBatch, Part, encode_batch, tensor_bytes
+from .parts import encode_part, plane_count, ranges, stream_codecs, worth_parts
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
 from .staging import PinnedPool, copy_stream, pinned_pool
@@ -50,6 +51,7 @@ class BatchKey:
 
     backend: str
     device: torch.device
+    parts: bool = False  # one tensor, coded on its GPU in element ranges (:mod:`.parts`)
 
 
 def _key(tensor: torch.Tensor, policy: Policy, limits: GpuLimits | None = None) -> BatchKey:
@@ -58,14 +60,15 @@ def _key(tensor: torch.Tensor, policy: Policy, limits: GpuLimits | None = None) 
         return BatchKey("cpu", torch.device("cpu"))
     device = tensor.device if tensor.is_cuda else torch.device("cuda", torch.cuda.current_device())
     if limits is not None and not limits.fits(device, tensor):
-        return BatchKey("cpu", torch.device("cpu"))  # more than the GPU's budget: coded on the host
+        # more than a batch of the GPU's budget: in element ranges on it, or (small) on the host
+        return BatchKey("cuda", device, True) if worth_parts(tensor) else BatchKey("cpu", torch.device("cpu"))
     return BatchKey("cuda", device)
 
 
 @dataclass(frozen=True)
 class GpuLimits:
     """Per GPU, from its memory budget (:mod:`.memory`): the batch size, and the largest tensor
-    coded there (larger ones are coded on the host, slower but within the budget)."""
+    coded there whole (larger ones are coded there in element ranges, :mod:`.parts`)."""
 
     batch: dict[torch.device, int]
     largest: dict[torch.device, int]
@@ -98,6 +101,9 @@ def plan_batches(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits 
     open_batches: dict[BatchKey, tuple[list[int], int]] = {}
     for i, t in enumerate(tensors):
         key = _key(t, policy, limits)
+        if key.parts:
+            yield key, [i]
+            continue
         limit = limits.batch.get(key.device, BATCH_BYTES["cuda"]) if limits and key.backend == "cuda" else (
             BATCH_BYTES[key.backend])
         members, size = open_batches.get(key, ([], 0))
@@ -112,6 +118,26 @@ def plan_batches(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits 
         yield key, members
 
 
+def _part_tasks(key: BatchKey, idx: list[int], tensor: torch.Tensor, policy: Policy, limits: GpuLimits
+                ) -> Iterator[Task[tuple[BatchKey, list[int]], list[tuple[list[int], EncodedBatch]]]]:
+    """One inline task per element range of a tensor coded in parts, in file order."""
+    streams = plane_count(tensor, policy)
+    with _on(key.device):
+        configs = stream_codecs(tensor_bytes(tensor), tensor, streams, policy, key.backend)
+    parts = ranges(tensor, streams, limits.batch[key.device])
+    for n, (j, a, b) in enumerate(parts):
+        def run(j: int = j, a: int = a, b: int = b, last: bool = n == len(parts) - 1
+                ) -> list[tuple[list[int], EncodedBatch]]:
+            with _on(key.device):
+                return [([0], encode_part(tensor, streams, j, a, b, configs[j], key.backend, last))]
+        yield Task((key, idx), run, inline=True)
+
+
+def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """``device`` current for GPU work (nothing to do for the CPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int
             ) -> list[tuple[list[int], EncodedBatch]]:
     """Encode one batch: ``[(positions in the batch, encoded)]``, one part unless a GPU ran out
@@ -119,7 +145,7 @@ def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: i
     codecs use ``share`` threads (:func:`batch_share`)."""
     if key.backend == "cuda":
         try:
-            with torch.cuda.device(key.device):
+            with _on(key.device):
                 return [(list(range(len(tensors))), encode_batch([t.to(key.device) for t in tensors], policy, "cuda"))]
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not memory.is_out_of_memory(exc):
@@ -257,6 +283,7 @@ class _Sink(_InOrder[_Job]):
         self._writer = writer
         self.entries: list[TensorEntry | None] = [None] * count
         self._batch_start = 0
+        self._parts: dict[int, list[StreamEntry]] = {}  # tensors coded in parts: their streams so far
         self._pool = pool
         self._fd = _file_descriptor(f)
         self._flushed_to = 0
@@ -294,6 +321,10 @@ class _Sink(_InOrder[_Job]):
                 chunks = [Chunk(offsets[i], lengths[i], raws[i], hexes[i]) for i in range(c, c + record.chunks)]
                 c += record.chunks
                 streams.append(StreamEntry(record.codec, record.nbytes, chunks))
+            if batch.part is not None:  # one range of one stream: joined to the stream's earlier ranges
+                streams = self._join(position, batch.part, streams[0])
+                if not batch.part.last:
+                    continue
             self.entries[position] = TensorEntry(
                 name=name,
                 dtype=DTYPE_NAMES[tensor.dtype],
@@ -304,6 +335,18 @@ class _Sink(_InOrder[_Job]):
                 streams=streams,
                 device=tensor.device,
             )
+
+    def _join(self, position: int, part: Part, piece: StreamEntry) -> list[StreamEntry]:
+        """A tensor's streams so far, with ``piece`` (the next range of stream ``part.stream``)."""
+        streams = self._parts.setdefault(position, [])
+        if len(streams) == part.stream:
+            streams.append(StreamEntry(piece.codec, 0, []))
+        stream = streams[part.stream]
+        stream.chunks.extend(piece.chunks)
+        stream.nbytes += piece.nbytes
+        if part.last:
+            del self._parts[position]
+        return streams
 
     def _writeback(self) -> None:
         """Ask the kernel to start writing what was written so far, so the disk works during encoding."""
@@ -362,9 +405,11 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
             for key, idx in plan_batches([tensors[i] for i in chosen], policy, limits)]
     workers, share = cpu_workers(sum(key.backend == "cpu" for key, _ in plan))
     tasks = (
-        Task((key, idx), functools.partial(_encode, [tensors[i] for i in idx], key, policy, share),
-             inline=key.backend == "cuda")
+        task
         for key, idx in plan
+        for task in (_part_tasks(key, idx, tensors[idx[0]], policy, limits) if key.parts and limits else
+                     [Task((key, idx), functools.partial(_encode, [tensors[i] for i in idx], key, policy, share),
+                           inline=key.backend == "cuda")])
     )
     # GPU work runs on the caller's current stream: after what the caller queued, before what it
     # queues next (so it may change the tensors at once), in the blocks the caller's stream caches

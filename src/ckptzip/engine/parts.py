@@ -1,0 +1,87 @@
+"""A tensor larger than a GPU's budget allows in one batch, coded on that GPU in element ranges.
+
+Each byte plane (the whole bytes, for tensors not split into planes) is coded a range at a time:
+plane 0 of every range, then plane 1, and so on, so each stream's chunks lie back to back in the
+file as the format's tiling requires, and the GPU holds about three times one range's bytes,
+not the tensor's. Each stream's codec is chosen once, from a sample of the tensor, and kept for
+every range (a stream has one codec). The writer's sink joins the ranges' chunks into the one
+table entry a whole-tensor batch would have produced (:class:`~.encode.Part`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..kernels.segments import segment_sums
+from ..transforms import BytePlanes
+from .encode import EncodedBatch, Part, StreamRecord, tensor_bytes
+from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, middle, plane_counts
+from .policy import RAW, SMALL_TENSOR_BYTES, Policy, chunk_bytes, codec_for
+
+# Range boundaries fall on multiples of this many plane bytes: every codec's chunk size divides
+# it, so the ranges' chunks are the chunks a whole-tensor batch would have cut.
+RANGE_ALIGN = 16 << 20
+_SAMPLE_BYTES = 1 << 22
+
+
+def plane_count(tensor: torch.Tensor, policy: Policy) -> int:
+    """The streams a tensor is stored as: its byte planes, or 1 (the bytes as they are)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    split = policy.splits(np.array([tensor.element_size()]), np.array([nbytes]))[0]
+    return tensor.element_size() if split else 1
+
+
+def ranges(tensor: torch.Tensor, streams: int, range_bytes: int) -> list[tuple[int, int, int]]:
+    """``(stream, first element, end element)`` of each part, in file order."""
+    elements = tensor.numel() * tensor.element_size() // streams  # bytes of one stream
+    step = max(RANGE_ALIGN, range_bytes // RANGE_ALIGN * RANGE_ALIGN)
+    cuts = list(range(0, elements, step)) + [elements]
+    return [(j, a, b) for j in range(streams) for a, b in zip(cuts, cuts[1:])]
+
+
+def stream_codecs(data: torch.Tensor, tensor: torch.Tensor, streams: int, policy: Policy, backend: str
+                  ) -> list[dict[str, Any]]:
+    """Each stream's codec, chosen from a sample of the tensor as a whole-tensor batch chooses
+    (structured planes coded, near-random float planes stored raw)."""
+    nbytes = data.numel()
+    if streams == 1:
+        return [policy.whole_codec(backend, nbytes).get_config()]
+    plane = policy.plane_codec(backend).get_config()
+    if not (tensor.dtype.is_floating_point or tensor.dtype.is_complex):
+        return [plane] * streams
+    sample = data[middle(nbytes, _SAMPLE_BYTES, streams)]
+    entropy = entropy_of_count_array(plane_counts([sample], streams))[0]
+    return [plane if e < RANDOM_ENTROPY_BITS else RAW for e in entropy.tolist()]
+
+
+def encode_part(tensor: torch.Tensor, streams: int, stream: int, first: int, end: int, config: dict[str, Any],
+                backend: str, last: bool) -> EncodedBatch:
+    """Code elements ``[first, end)`` of one stream of ``tensor`` (a batch of one tensor whose one
+    stream is this range); the last part also carries the whole tensor's checksum."""
+    data = tensor_bytes(tensor)
+    piece = (data.view(-1, streams)[first:end, stream].contiguous() if streams > 1 else data[first:end])
+    size = end - first
+    cb = chunk_bytes(config["id"], backend)
+    raw_offsets = np.arange(0, size, cb, dtype=np.int64)
+    raw_lengths = np.minimum(cb, size - raw_offsets)
+    if config["id"] == "raw":
+        base, offsets, lengths = piece, raw_offsets, raw_lengths
+    else:
+        base, offsets, lengths = codec_for(config, backend).encode_segments(piece, raw_offsets, raw_lengths)
+    out_offsets = np.cumsum(lengths) - lengths
+    stored = torch.empty(int(lengths.sum()), dtype=torch.uint8, device=data.device)
+    zeros = np.zeros(lengths.size, dtype=np.int64)
+    digests = segment_sums([base], zeros, offsets, lengths, outs=[stored], out_index=zeros, out_offsets=out_offsets)
+    checksum = (segment_sums([data], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([data.numel()]))
+                if last else torch.zeros(1, dtype=torch.int64, device=data.device))
+    transforms = [BytePlanes(streams).get_config()] if streams > 1 else []
+    return EncodedBatch(stored, out_offsets, lengths.astype(np.int64), raw_lengths, digests, checksum, [transforms],
+                        [[StreamRecord(config, size, int(lengths.size))]], Part(stream, streams, last))
+
+
+def worth_parts(tensor: torch.Tensor) -> bool:
+    """Whether a tensor is big enough that coding it in ranges (not on the host) is the choice."""
+    return tensor.numel() * tensor.element_size() >= max(SMALL_TENSOR_BYTES, RANGE_ALIGN)
