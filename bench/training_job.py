@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 import ckptzip
+from ckptzip.bench.pipeline import DiscardSink
 
 GIB = 1 << 30
 RESULTS: list[dict[str, Any]] = []
@@ -42,21 +43,6 @@ RESULTS: list[dict[str, Any]] = []
 def report(**row: Any) -> None:
     RESULTS.append(row)
     print(json.dumps(row), flush=True)
-
-
-class Discard(io.RawIOBase):
-    """A binary file that counts and discards what it is given."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        n = memoryview(b).nbytes
-        self.n += n
-        return n
 
 
 class Memory(io.RawIOBase):
@@ -137,7 +123,7 @@ def part_filled(args: argparse.Namespace) -> None:
     sink = Memory(size + (1 << 30))
     ckptzip.save(state, sink)  # the bytes the loads read, and a first save (compiles, creates codecs)
     data = sink.data()
-    base_save = [timed(lambda: ckptzip.save(state, Discard()))[0] for _ in range(3)]
+    base_save = [timed(lambda: ckptzip.save(state, DiscardSink()))[0] for _ in range(3)]
     base_load = []
     for _ in range(2):
         seconds, out = timed(lambda: ckptzip.load(data))
@@ -150,7 +136,7 @@ def part_filled(args: argparse.Namespace) -> None:
         filler = fill_gpu(int(leave * GIB))
         row: dict[str, Any] = {"part": "filled", "free_gib": leave}
         try:
-            seconds = [timed(lambda: ckptzip.save(state, Discard()))[0] for _ in range(3)]
+            seconds = [timed(lambda: ckptzip.save(state, DiscardSink()))[0] for _ in range(3)]
             row.update(save_s=[round(s, 3) for s in seconds],
                        save_gbs=round(size / 1e9 / statistics.median(seconds), 1),
                        of_unconstrained=round(statistics.median(base_save) / statistics.median(seconds), 3))
@@ -187,7 +173,7 @@ def part_repeat(args: argparse.Namespace) -> None:
     reserved: list[float] = []
     times: list[float] = []
     for _ in range(args.repeats):
-        seconds, _ = timed(lambda: ckptzip.save(state, Discard()))
+        seconds, _ = timed(lambda: ckptzip.save(state, DiscardSink()))
         times.append(seconds)
         reserved.append(mib(torch.cuda.memory_reserved()))
     load_reserved: list[float] = []
