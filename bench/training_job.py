@@ -22,6 +22,7 @@ import argparse
 import faulthandler
 import io
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -117,7 +118,21 @@ def timed(fn: Any) -> tuple[float, Any]:
     return time.perf_counter() - t, out
 
 
+class _Count(logging.Handler):
+    """Counts the engine's log records of batches that ran out of GPU memory."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += "ran out of memory" in record.getMessage()
+
+
 def part_filled(args: argparse.Namespace) -> None:
+    retries = _Count()
+    logging.getLogger("ckptzip").addHandler(retries)
+    logging.getLogger("ckptzip").setLevel(logging.INFO)
     state = llama_like_state(args.gib)
     size = nbytes(state)
     sink = Memory(size + (1 << 30))
@@ -135,6 +150,7 @@ def part_filled(args: argparse.Namespace) -> None:
     for leave in args.free:
         filler = fill_gpu(int(leave * GIB))
         row: dict[str, Any] = {"part": "filled", "free_gib": leave}
+        retries.count = 0
         try:
             seconds = [timed(lambda: ckptzip.save(state, DiscardSink()))[0] for _ in range(3)]
             row.update(save_s=[round(s, 3) for s in seconds],
@@ -143,6 +159,7 @@ def part_filled(args: argparse.Namespace) -> None:
         except Exception as exc:
             row.update(save_error=f"{type(exc).__name__}: {str(exc)[:300]}")
         row["reserved_after_save_mib"] = mib(torch.cuda.memory_reserved())
+        row["batches_out_of_memory"] = retries.count
         del filler
         report(**row)
     state.clear()  # loads: room for the tensors a load returns, plus ``leave``

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import os
 import queue
 import sys
@@ -43,6 +44,7 @@ LARGEST_TENSOR_SHARE = 5
 WRITEBACK_BYTES = 64 << 20
 T = TypeVar("T")
 _MASK64 = (1 << 64) - 1
+_LOG = logging.getLogger("ckptzip")
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,9 @@ def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: i
             if not memory.is_out_of_memory(exc):
                 raise
         # out of the except block: the failed attempt's memory is freed with its frames
+        _LOG.info("ckptzip: a GPU batch of %d tensors (%d MiB) ran out of memory on %s; encoding it %s",
+                  len(tensors), sum(t.nbytes for t in tensors) >> 20, key.device,
+                  "on the host" if len(tensors) == 1 else "in halves")
         if len(tensors) == 1:
             return _encode(tensors, BatchKey("cpu", torch.device("cpu")), policy, share)
         half = len(tensors) // 2
