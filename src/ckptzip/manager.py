@@ -593,10 +593,13 @@ class CheckpointManager:
             if error is not None:
                 raise error
 
-    def wait(self) -> None:
-        """Block until every pending save is committed; raise the first unreported failure."""
+    def wait(self, *, persisted: bool = False) -> None:
+        """Block until every pending save is committed; raise the first unreported failure. With
+        ``persisted`` (and a memory tier), also until the background copies to the directory end."""
         concurrent.futures.wait([future for _, future in self._pending])
         self._reap()
+        if persisted and self._tier is not None:
+            self._tier.wait_persisted()
 
     def close(self) -> None:
         """Finish pending saves and free snapshot buffers; raise the first unreported failure.

@@ -391,6 +391,11 @@ class TieredStorage(Storage):
             if future.exception() is not None:
                 raise future.exception()  # type: ignore[misc]
 
+    def wait_persisted(self) -> None:
+        """Block until every background copy to the directory has ended; raise the first error."""
+        concurrent.futures.wait(list(self._persists))
+        self._raise_persist_errors()
+
     def close(self) -> None:
         """Persist the newest memory checkpoint if the directory lacks it; wait for every copy."""
         steps = self.memory.steps()
