@@ -19,7 +19,7 @@ FLOORS = {
     "tree": 3, "report": 3,
     "engine": 4,
     "api": 5, "budget": 5,
-    "convert": 6, "manager": 6, "dcp": 6,
+    "convert": 6, "manager": 6, "dcp": 6, "tier": 6,
     "integrations": 7,
     "cost": 8, "cli": 8, "bench": 8, "__main__": 8,
     "__init__": 9,

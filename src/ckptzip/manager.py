@@ -37,9 +37,13 @@ from .engine.warmup import warm_up
 from .engine.writer import GpuLimits, StagedState, gpu_coded, stage_state, write_staged
 from .format import BaseRef, TensorEntry, content_hash
 from .storage import WriterLock, open_storage
+from .tier import MemoryTier, TieredStorage
+from .tier.retention import removable
+from .tier.store import Naming, Tier
 from .tree import flatten, unflatten
 
-__all__ = ["CheckpointManager", "CheckpointSkippedWarning", "IgnoredFileWarning", "capture_rng_state", "restore_rng_state"]
+__all__ = ["CheckpointManager", "CheckpointSkippedWarning", "IgnoredFileWarning", "MemoryTier", "capture_rng_state",
+           "restore_rng_state"]
 
 _STEP_NAME = "step_{:08d}.ckz"
 # Exactly the names _STEP_NAME writes: 8 ASCII digits, or more without a leading zero. Others (such
@@ -358,6 +362,9 @@ def _step_of(name: str) -> int:
     return int(name.removeprefix("step_").removesuffix(".ckz"))
 
 
+_NAMING = Naming(_STEP_PATTERN, _STEP_NAME.format, _step_of)
+
+
 def _report_ignored(names: list[str], location: str) -> None:
     """Warn once about files named like checkpoints that are not this manager's."""
     shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
@@ -396,6 +403,11 @@ class CheckpointManager:
             CUDA tensors of a ``"host"`` snapshot). docs/MANAGER.md.
         gpu_memory: cap, in bytes, on the GPU memory a save's encoding uses beside the state
             (as for :func:`ckptzip.save`; default ``CKPTZIP_GPU_MEMORY_MB``, else what is free).
+        memory_tier: a :class:`~ckptzip.tier.MemoryTier`: saves commit to shared memory (kept
+            across a crash of this process), every ``persist_every``-th one is copied to the
+            directory in the background, ``restore`` reads the fastest valid copy
+            (``restored_from`` says which), and with ``replicate`` copies go to a peer rank.
+            ``keep_last`` then counts the directory's checkpoints. docs/MANAGER.md, "Memory tier".
 
     A manager starts compiling ckptzip's GPU kernels on a background thread when it is made
     (:func:`ckptzip.warmup`), so the first save of a fresh node does not wait for them.
@@ -420,6 +432,7 @@ class CheckpointManager:
         storage_options: dict[str, Any] | None = None,
         incremental: int | None = None,
         gpu_memory: int | None = None,
+        memory_tier: MemoryTier | None = None,
     ) -> None:
         if incremental is not None and (type(incremental) is not int or not 1 <= incremental <= MAX_INCREMENTAL):
             raise ValueError(f"incremental must be None (every checkpoint whole) or an int in [1, {MAX_INCREMENTAL}] "
@@ -434,6 +447,9 @@ class CheckpointManager:
         self._gpu_memory = gpu_memory
         memory.cap(gpu_memory)  # a bad value fails here, not at the first save
         self._storage = open_storage(directory, storage_options)
+        self._tier = None if memory_tier is None else TieredStorage(memory_tier, self._storage, _NAMING, keep_last)
+        if self._tier is not None:
+            self._storage = self._tier
         self._keep_last = keep_last
         self._incremental = incremental
         self._kept: _Kept | None = None  # the worker's (or, saving synchronously, the caller's)
@@ -451,6 +467,7 @@ class CheckpointManager:
             else None
         )
         self._closed = False
+        self._restored = False
 
     @property
     def last_snapshot(self) -> Literal["device", "host"] | None:
@@ -462,6 +479,12 @@ class CheckpointManager:
         """Why the latest asynchronous ``save`` took the snapshot it took (the memory numbers when
         ``"auto"`` chose a host snapshot; a warning is logged on ``ckptzip`` when it starts to)."""
         return self._snapshots.last_reason
+
+    @property
+    def restored_from(self) -> Tier | None:
+        """Where the latest ``restore`` read its checkpoint: ``"memory"`` (this rank's memory
+        tier), ``"peer"`` (a copy fetched from the peer's tier), ``"directory"``; ``None`` before."""
+        return self._tier.last_tier if self._tier is not None else ("directory" if self._restored else None)
 
     @property
     def directory(self) -> str:
@@ -573,19 +596,11 @@ class CheckpointManager:
     def _after_commit(self, step: int) -> None:
         """Record the commit, retire old checkpoints, discard leftovers found at start."""
         self._newest_committed = step
-        if self._keep_last is not None:
-            committed = sorted(map(_step_of, self._storage.list(_STEP_PATTERN).committed))
-            needed = set(committed[-self._keep_last :])
-            frontier = list(needed)
-            while frontier:  # every base of a retained checkpoint, down its chain
-                base = self._base_step(frontier.pop())
-                if base is not None and base not in needed:
-                    needed.add(base)
-                    frontier.append(base)
-            for old in reversed(committed):  # newest first: a delta goes before its base
-                if old not in needed:
-                    self._storage.delete(_STEP_NAME.format(old))
-                    self._base_of.pop(old, None)
+        if self._keep_last is not None and self._tier is None:  # a tier retires its own copies
+            committed = map(_step_of, self._storage.list(_STEP_PATTERN).committed)
+            for old in removable(committed, self._keep_last, self._base_step):
+                self._storage.delete(_STEP_NAME.format(old))
+                self._base_of.pop(old, None)
         for name in self._leftovers:
             self._storage.discard_partial(name)
         self._leftovers = []
@@ -598,10 +613,13 @@ class CheckpointManager:
             if error is not None:
                 raise error
 
-    def wait(self) -> None:
-        """Block until every pending save is committed; raise the first unreported failure."""
+    def wait(self, *, persisted: bool = False) -> None:
+        """Block until every pending save is committed; raise the first unreported failure. With
+        ``persisted`` (and a memory tier), also until the background copies to the directory end."""
         concurrent.futures.wait([future for _, future in self._pending])
         self._reap()
+        if persisted and self._tier is not None:
+            self._tier.wait_persisted()
 
     def close(self) -> None:
         """Finish pending saves and free snapshot buffers; raise the first unreported failure.
@@ -612,8 +630,12 @@ class CheckpointManager:
             self._executor.shutdown(wait=True)
         self._snapshots.clear()
         self._closed = True
-        if self._lock is not None:
-            self._lock.release()
+        try:
+            if self._tier is not None and self._lock is not None:
+                self._tier.close()  # the newest memory checkpoint to the directory
+        finally:
+            if self._lock is not None:
+                self._lock.release()
         self._reap()
 
     def __enter__(self) -> CheckpointManager:
@@ -638,7 +660,10 @@ class CheckpointManager:
         return [n for n in committed if _STEP_PATTERN.fullmatch(n)]
 
     def latest_step(self) -> int | None:
-        """The newest committed step, or ``None`` if there is none."""
+        """The newest committed step, or ``None`` if there is none. With a replicated memory
+        tier, a collective: the newest step every rank of the group can restore."""
+        if self._tier is not None and self._tier.peers is not None:
+            return self._tier.peers.latest()
         steps = self.all_steps()
         return steps[-1] if steps else None
 
@@ -654,6 +679,13 @@ class CheckpointManager:
         return self._base_of[step]
 
     def _load(self, step: int, map_location: api.MapLocation) -> Any:
+        if self._tier is not None:  # from the fastest tier, again from the directory if that copy is damaged
+            return self._tier.read(_STEP_NAME.format(step), lambda: self._decode(step, map_location))
+        state = self._decode(step, map_location)
+        self._restored = True
+        return state
+
+    def _decode(self, step: int, map_location: api.MapLocation) -> Any:
         with self._storage.open(_STEP_NAME.format(step)) as f, api.open(f, map_location=map_location) as reader:
             reader.base_tensors = self._base_tensors(step, reader.bases, map_location)
             return reader.load()
@@ -724,8 +756,13 @@ class CheckpointManager:
 
         With ``step=None``, damaged checkpoints are skipped with a :class:`CheckpointSkippedWarning`
         each. Raises :class:`~ckptzip.errors.CheckpointNotFoundError` if no (valid) checkpoint exists.
-        Pending saves are not waited for; call :meth:`wait` first to restore them.
+        Pending saves are not waited for; call :meth:`wait` first to restore them. With a
+        replicated memory tier, a collective: every rank restores the same step, the newest (or
+        ``step``) that every rank can, fetching its files from its peer where it lacks them.
         """
+        if self._tier is not None and self._tier.peers is not None:
+            return self._tier.peers.restore(None if step is None else operator.index(step),
+                                            lambda s: self._load(s, map_location))
         if step is not None:
             try:
                 return self._load(operator.index(step), map_location)

@@ -1,0 +1,14 @@
+"""A compressed memory tier for :class:`~ckptzip.manager.CheckpointManager` (docs/MANAGER.md,
+"Memory tier"): the newest checkpoints kept as their ``.ckz`` bytes in shared memory that outlives
+the training process, persisted to the directory every few saves in the background, and, across
+ranks of a process group, copied to a peer's tier.
+
+- :mod:`.store`: :class:`TieredStorage`, the manager's storage with the tier in front.
+- :mod:`.ring`: ring placement of peer copies and the exchanges over torch.distributed.
+- :mod:`.retention`: which checkpoints a store keeps (the newest few and their delta bases).
+"""
+
+from .ring import ReplicationError
+from .store import DamagedCopyWarning, MemoryTier, TieredStorage
+
+__all__ = ["DamagedCopyWarning", "MemoryTier", "ReplicationError", "TieredStorage"]

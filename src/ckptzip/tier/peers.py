@@ -1,0 +1,110 @@
+"""A memory tier's peer copies: each commit sent to the successor's tier, and the collective
+restore that agrees, across the group, on the newest step every rank can restore."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, MissingBaseError
+from .retention import removable
+from .ring import ReplicationError, Ring, pack, unpack
+
+if TYPE_CHECKING:
+    from .store import TieredStorage
+
+T = TypeVar("T")
+# Outcomes of one rank's attempt to restore a step, as gathered by every rank.
+_OK, _DAMAGED, _FAILED = 0, 1, 2
+DAMAGE = (CorruptCheckpointError, MissingBaseError, FileNotFoundError)
+
+
+class Peers:
+    """The ring exchanges of one rank's :class:`~ckptzip.tier.store.TieredStorage`."""
+
+    def __init__(self, ring: Ring, store: TieredStorage) -> None:
+        self.ring = ring
+        self.store = store
+        self.fetched: set[str] = set()  # memory copies that came from the successor
+
+    def replicate(self, name: str | None) -> None:
+        """Send this rank's new checkpoint (``None``: none this time) to the successor, keep what
+        the predecessor sends, and retire the predecessor's older copies."""
+        store, naming = self.store, self.store.naming
+        files: list[tuple[int, bytes | np.ndarray]] = []
+        if name is not None:
+            data = store.memory.read(name) if store.memory.has(name) else store.durable.open(name).read()
+            files.append((naming.step_of(name), data))
+        received = self.ring.shift(pack(files), forward=True, send=True, expect=True)
+        for step, held in unpack(received) if received is not None else []:
+            store.hold(step, held)
+        for step in removable(store.peer.steps(), store.tier.keep, store.peer.base_of):
+            store.peer.remove(step)
+
+    def _tables(self) -> tuple[list[set[int]], list[set[int]], set[int]]:
+        """Every rank's own steps and held (predecessor's) steps, and the steps every rank can restore."""
+        ring, store = self.ring, self.store
+        owns = [set(row) for row in ring.gather(store.own_steps())]
+        helds = [set(row) for row in ring.gather(store.peer.steps())]
+        available = [owns[r] | helds[ring.successor(r)] for r in range(ring.size)]
+        return owns, helds, set.intersection(*available)
+
+    def latest(self) -> int | None:
+        """(Collective) the newest step every rank of the group can restore."""
+        return max(self._tables()[2], default=None)
+
+    def restore(self, step: int | None, load: Callable[[int], T]) -> T:
+        """(Collective) ``load`` the newest step (or ``step``) that every rank restores, each from
+        its fastest valid copy or, where it has none or a damaged one, its successor's."""
+        ring = self.ring
+        owns, helds, common = self._tables()
+        candidates = sorted(common if step is None else common & {step})
+        while candidates:
+            chosen = candidates.pop()
+            fetch = [chosen not in owns[r] for r in range(ring.size)]
+            self._fetch(chosen, fetch)
+            outcome = _attempt(load, chosen)
+            codes = [row[0] for row in ring.gather([outcome[0]])]
+            retry = [codes[r] == _DAMAGED and not fetch[r] and chosen in helds[ring.successor(r)]
+                     for r in range(ring.size)]
+            if any(retry):
+                self._fetch(chosen, retry)
+                if retry[ring.rank]:
+                    outcome = _attempt(load, chosen)
+                codes = [row[0] for row in ring.gather([outcome[0]])]
+            if _FAILED in codes:
+                if outcome[0] == _FAILED and outcome[1] is not None:
+                    raise outcome[1]
+                raise ReplicationError(f"rank {codes.index(_FAILED)} failed to restore step {chosen}; see its error")
+            if all(code == _OK for code in codes):
+                return outcome[2]  # type: ignore[return-value]
+        raise CheckpointNotFoundError(
+            f"no step {'' if step is None else f'{step} '}is restorable on every rank of the group: rank "
+            f"{ring.rank} ({self.store.location}) has steps {sorted(owns[ring.rank])}, its successor holds "
+            f"{sorted(helds[ring.successor(ring.rank)])} of them")
+
+    def _fetch(self, step: int, need: list[bool]) -> None:
+        """Every rank ``r`` with ``need[r]`` receives from its successor the copy of ``step`` (and
+        its bases) that the successor holds, into its own memory tier."""
+        ring, store, naming = self.ring, self.store, self.store.naming
+        serve = need[ring.predecessor(ring.rank)]
+        bundle = None
+        if serve:
+            held = store.peer.chain(step) if store.peer.has(naming.name_of(step)) else []
+            bundle = pack([(s, store.peer.read(naming.name_of(s))) for s in held])
+        received = ring.shift(bundle, forward=False, send=serve, expect=need[ring.rank])
+        for s, data in unpack(received) if received is not None else []:
+            name = naming.name_of(s)
+            store.memory.put(name, data)
+            self.fetched.add(name)
+
+
+def _attempt(load: Callable[[int], T], step: int) -> tuple[int, Exception | None, T | None]:
+    try:
+        return _OK, None, load(step)
+    except DAMAGE as exc:
+        return _DAMAGED, exc, None
+    except Exception as exc:  # reported to every rank, then raised by this one
+        return _FAILED, exc, None

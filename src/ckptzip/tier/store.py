@@ -1,0 +1,414 @@
+"""The manager's storage with a memory tier in front (docs/MANAGER.md, "Memory tier").
+
+Checkpoints are committed first to a directory in shared memory (``/dev/shm``, a tmpfs: the files
+outlive the process that wrote them, so a killed trainer restores from RAM), by the same atomic
+rename as on disk; every ``persist_every``-th one is then copied to the durable directory by a
+background thread, its delta bases first. With a process group, each commit is also sent to the
+next rank's tier (:mod:`.ring`), and ``restore`` becomes a collective that agrees on the newest
+step every rank can restore, fetching a lost rank's files from its successor.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import functools
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Literal, TypeVar
+
+import numpy as np
+import torch.distributed as dist
+
+from .. import api
+from ..errors import CorruptCheckpointError, MissingBaseError, UsageError
+from ..storage import Listing, LocalDirectory, Storage, WriterLock
+from ..storage.commits import LocalStorage
+from .peers import DAMAGE, Peers
+from .retention import removable, retained
+from .ring import Ring
+
+T = TypeVar("T")
+Tier = Literal["memory", "peer", "directory"]
+_SHM = "/dev/shm"  # POSIX shared memory on Linux: a tmpfs
+_COPY_BYTES = 16 << 20
+
+
+class DamagedCopyWarning(UserWarning):
+    """A tier's copy of a checkpoint failed its checksums; another tier's copy was used."""
+
+
+@dataclass(frozen=True)
+class MemoryTier:
+    """Settings of a :class:`~ckptzip.manager.CheckpointManager`'s memory tier.
+
+    Args:
+        keep: newest checkpoints kept in memory (and the delta bases they need).
+        persist_every: every this-many-th save (of this manager) is also written to the directory,
+            in the background; ``close()`` persists the newest one too.
+        budget: bytes of shared memory the tier may hold (its own and its peer's copies); ``None``:
+            only ``keep`` and the free space of the file system bound it.
+        path: the tier's directory (default: under ``/dev/shm``, named after the manager's
+            directory, so a restarted trainer finds it).
+        replicate: ``None``, ``"world"`` (a new gloo group over the default process group, made
+            collectively with the manager) or a gloo process group given to the tier alone: each
+            commit is also sent to the next rank's tier, and ``restore``/``latest_step`` are
+            collectives of the group.
+    """
+
+    keep: int = 2
+    persist_every: int = 1
+    budget: int | None = None
+    path: str | os.PathLike[str] | None = None
+    replicate: Any = None
+
+    def __post_init__(self) -> None:
+        for name in ("keep", "persist_every"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise UsageError(f"MemoryTier({name}=...) must be an int >= 1, got {value!r}")
+        if self.budget is not None and (type(self.budget) is not int or self.budget < 1):
+            raise UsageError(f"MemoryTier(budget=...) must be None or a number of bytes >= 1, got {self.budget!r}")
+        if not (self.replicate is None or self.replicate == "world" or isinstance(self.replicate, dist.ProcessGroup)):
+            raise UsageError(f"MemoryTier(replicate=...) must be None, 'world' or a gloo ProcessGroup, got "
+                             f"{self.replicate!r}")
+
+    def root(self, location: str) -> Path:
+        """The tier's directory for a manager of ``location``."""
+        if self.path is not None:
+            return Path(self.path)
+        base = _SHM if os.path.isdir(_SHM) else tempfile.gettempdir()
+        key = hashlib.sha256(os.path.abspath(location).encode()).hexdigest()[:16]
+        return Path(base) / f"ckptzip-{os.getuid()}" / key
+
+
+@dataclass(frozen=True)
+class Naming:
+    """How the manager names its checkpoints."""
+
+    pattern: re.Pattern[str]
+    name_of: Callable[[int], str]
+    step_of: Callable[[str], int]
+
+
+def _base_name(storage: Storage, name: str) -> str | None:
+    """The file ``name`` is stored relative to (its first base), ``None`` if whole or unreadable."""
+    try:
+        with storage.open(name) as f, api.open(f) as reader:
+            bases = reader.bases
+    except DAMAGE:
+        return None
+    return bases[0].name if bases else None
+
+
+class _Shelf:
+    """One directory of checkpoint files in shared memory: this rank's copies, or its peer's."""
+
+    def __init__(self, root: Path, naming: Naming) -> None:
+        self.root = root
+        self.naming = naming
+        self.storage = LocalStorage(LocalDirectory(root))
+        self._bases: dict[tuple[str, int], str | None] = {}  # (name, inode) -> base name
+
+    def makedirs(self) -> None:
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+
+    def steps(self) -> list[int]:
+        return sorted(map(self.naming.step_of, self.storage.list(self.naming.pattern).committed))
+
+    def has(self, name: str) -> bool:
+        return (self.root / name).is_file()
+
+    def nbytes(self) -> int:
+        """Bytes of every file here, temporaries included."""
+        with contextlib.suppress(FileNotFoundError):
+            return sum(e.stat().st_size for e in os.scandir(self.root) if e.is_file())
+        return 0
+
+    def base_of(self, step: int) -> int | None:
+        name = self.naming.name_of(step)
+        try:
+            key = (name, os.stat(self.root / name).st_ino)
+        except FileNotFoundError:
+            return None
+        if key not in self._bases:
+            self._bases[key] = _base_name(self.storage, name)
+        base = self._bases[key]
+        return None if base is None or not self.naming.pattern.fullmatch(base) else self.naming.step_of(base)
+
+    def chain(self, step: int) -> list[int]:
+        """``step`` and the bases below it that are here, bottom up."""
+        out = [step]
+        while (base := self.base_of(out[-1])) is not None and self.has(self.naming.name_of(base)):
+            out.append(base)
+        return out[::-1]
+
+    def read(self, name: str) -> np.ndarray:
+        return np.fromfile(self.root / name, dtype=np.uint8)
+
+    def put(self, name: str, data: memoryview) -> None:
+        self.makedirs()
+        self.storage.write(name, lambda f: f.write(data))
+
+    def remove(self, step: int) -> None:
+        self.storage.delete(self.naming.name_of(step))
+
+
+class TieredStorage(Storage):
+    """A :class:`~ckptzip.storage.Storage` whose commits go to a memory tier first and to
+    ``durable`` every ``persist_every``-th time; reads take the fastest tier that has a valid copy.
+
+    Retention is its own (the manager leaves it alone): memory keeps ``tier.keep`` checkpoints,
+    the directory ``keep_last``, each with the bases their chains need. Methods other than the
+    persisting thread's are called from the manager's one saving thread or its caller, not both
+    at once.
+    """
+
+    def __init__(self, tier: MemoryTier, durable: Storage, naming: Naming, keep_last: int | None) -> None:
+        self.tier = tier
+        self.durable = durable
+        self.naming = naming
+        self.location = durable.location
+        self.keep_last = keep_last
+        root = tier.root(durable.location)
+        self.memory = _Shelf(root / "own", naming)
+        self.peer = _Shelf(root / "peer", naming)
+        self.memory.makedirs()
+        self.last_tier: Tier | None = None  # where the newest restore read its checkpoint
+        ring = _ring(tier.replicate)
+        self.peers = None if ring is None else Peers(ring, self)
+        self._order: tuple[str, ...] = ("memory", "directory")
+        self._partials: dict[str, Storage] = {}
+        self._cond = threading.Condition()
+        self._pinned: collections.Counter[str] = collections.Counter()  # awaiting persistence
+        self._persists: list[concurrent.futures.Future[None]] = []
+        self._persister = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-persist")
+        self._durable_bases: dict[str, str | None] = {}
+        self._saves = 0
+        self._last_size = 0
+
+    def own_steps(self) -> list[int]:
+        """This rank's steps in memory or in the directory."""
+        durable = self.durable.list(self.naming.pattern).committed
+        return sorted(set(self.memory.steps()) | set(map(self.naming.step_of, durable)))
+
+    # ------------------------------------------------------------------------------ Storage
+
+    def list(self, pattern: re.Pattern[str]) -> Listing:
+        memory, durable = self.memory.storage.list(pattern), self.durable.list(pattern)
+        self._partials = {**{n: self.durable for n in durable.partial}, **{n: self.memory.storage for n in memory.partial}}
+        return Listing(sorted(set(memory.committed) | set(durable.committed)), sorted(self._partials))
+
+    def write(self, name: str, write: Callable[[BinaryIO], Any]) -> None:
+        """Commit to memory (or, if it cannot make room there, to the directory), persist if due,
+        retire, and replicate; the exchange with the peers runs even when the write failed."""
+        self._saves += 1
+        replicated = False
+        try:
+            if self._make_room(self._last_size, wait=True):
+                self.memory.storage.write(name, write)
+                if self.peers is not None:
+                    self.peers.fetched.discard(name)
+                self._last_size = (self.memory.root / name).stat().st_size
+                if self._saves % self.tier.persist_every == 0:
+                    self._persist(name)
+                self._retire()
+            else:
+                warnings.warn(f"the memory tier of {self.location} has no room for a checkpoint of about "
+                              f"{self._last_size} bytes within its budget; writing {name} to the directory", stacklevel=2)
+                self.durable.write(name, write)
+            replicated = True
+            if self.peers is not None:
+                self.peers.replicate(name)
+        finally:
+            if not replicated and self.peers is not None:
+                self.peers.replicate(None)
+        self._raise_persist_errors()
+
+    def open(self, name: str) -> BinaryIO:
+        for tier in self._order:
+            with contextlib.suppress(FileNotFoundError):
+                return self.memory.storage.open(name) if tier == "memory" else self.durable.open(name)
+        raise FileNotFoundError(f"{name} is in no tier of {self.location}")
+
+    def delete(self, name: str) -> None:
+        self.memory.storage.delete(name)
+        self.durable.delete(name)
+
+    def discard_partial(self, name: str) -> None:
+        where = self._partials.pop(name, None)
+        if where is not None:
+            where.discard_partial(name)
+
+    def lock(self) -> WriterLock:
+        return self.durable.lock()
+
+    # ------------------------------------------------------------------------------ reading
+
+    def read(self, name: str, load: Callable[[], T]) -> T:
+        """``load()`` with every file opened from memory where it is there, else the directory;
+        if that copy is damaged, ``load()`` again from the directory's copies alone."""
+        errors: list[Exception] = []
+        for order in (("memory", "directory"), ("directory",)):
+            if order == ("directory",) and not self._durable_has(name):
+                break
+            self._order = order
+            try:
+                result = load()
+            except (CorruptCheckpointError, MissingBaseError) as exc:
+                errors.append(exc)
+                continue
+            finally:
+                self._order = ("memory", "directory")
+            if errors:
+                warnings.warn(f"the memory copy of {name} in {self.location}'s tier is damaged ({errors[0]}); "
+                              "restored it from the directory", DamagedCopyWarning, stacklevel=3)
+            self.last_tier = "directory" if order == ("directory",) or not self.memory.has(name) else (
+                "peer" if self.peers is not None and name in self.peers.fetched else "memory")
+            return result
+        if not errors:
+            raise FileNotFoundError(f"{name} is in no tier of {self.location}")
+        raise errors[-1]
+
+    def _durable_has(self, name: str) -> bool:
+        return name in self.durable.list(self.naming.pattern).committed
+
+    # ------------------------------------------------------------------------------ memory
+
+    def _room(self) -> int:
+        """Bytes a new file may take: the budget's rest and the file system's free space."""
+        stat = os.statvfs(self.memory.root)
+        free = stat.f_bavail * stat.f_frsize
+        if self.tier.budget is None:
+            return free
+        return min(free, self.tier.budget - self.memory.nbytes() - self.peer.nbytes())
+
+    def _make_room(self, need: int, *, wait: bool) -> bool:
+        """Evict until ``need`` bytes fit; with ``wait``, wait for persisting copies (which are
+        pinned) to finish while that is not enough (back-pressure). Whether they fit."""
+        with self._cond:
+            while True:
+                self._evict(need)
+                if self._room() >= need:
+                    return True
+                if not wait or not self._pinned:
+                    return False
+                self._cond.wait()
+
+    def _retire(self) -> None:
+        """Memory retention: the newest ``keep`` own and peer copies (with their bases), then the
+        budget; a newest checkpoint that alone exceeds it moves to the directory."""
+        for shelf in (self.memory, self.peer):
+            for step in removable(shelf.steps(), self.tier.keep, shelf.base_of, also=self._pinned_steps(shelf)):
+                shelf.remove(step)
+        if self._make_room(0, wait=True):
+            return
+        steps = self.memory.steps()
+        if steps:
+            newest = self.naming.name_of(steps[-1])
+            self._persist(newest).result()
+            for step in reversed(self.memory.chain(steps[-1])):
+                self.memory.remove(step)
+            warnings.warn(f"{newest} does not fit in the memory tier's budget of {self.tier.budget} bytes; it was "
+                          f"moved to {self.location}", stacklevel=3)
+
+    def _evict(self, need: int) -> None:
+        """Remove the oldest copies that nothing protects until ``need`` bytes fit: not the newest
+        step of a shelf or a base it needs, not a pinned one, not a base of another copy kept."""
+        while self._room() < need:
+            candidates = []
+            for shelf in (self.memory, self.peer):
+                steps = shelf.steps()
+                keep = retained(steps, 1, shelf.base_of, also=self._pinned_steps(shelf))
+                bases = {shelf.base_of(s) for s in steps}
+                candidates += [(s, id(shelf), shelf) for s in steps if s not in keep and s not in bases]
+            if not candidates:
+                return
+            step, _, shelf = min(candidates, key=lambda c: c[:2])
+            shelf.remove(step)
+
+    def _pinned_steps(self, shelf: _Shelf) -> set[int]:
+        return {self.naming.step_of(n) for n in tuple(self._pinned)} if shelf is self.memory else set()
+
+    def hold(self, step: int, data: memoryview) -> None:
+        """Keep a peer's copy, if it fits."""
+        name = self.naming.name_of(step)
+        if not self._make_room(len(data), wait=True):
+            warnings.warn(f"the memory tier of {self.location} has no room for the peer's {name} "
+                          f"({len(data)} bytes) within its budget; that step is not replicated", stacklevel=4)
+            return
+        self.peer.put(name, data)
+
+    # ------------------------------------------------------------------------------ persisting
+
+    def _persist(self, name: str) -> concurrent.futures.Future[None]:
+        """Copy ``name`` (and its bases that the directory lacks) to the directory in the
+        background; the memory copies stay pinned until then."""
+        with self._cond:
+            self._pinned[name] += 1
+        future = self._persister.submit(self._persist_now, name)
+        self._persists.append(future)
+        return future
+
+    def _persist_now(self, name: str) -> None:
+        try:
+            committed = set(self.durable.list(self.naming.pattern).committed)
+            for step in self.memory.chain(self.naming.step_of(name)):
+                base = self.naming.name_of(step)
+                if base not in committed:
+                    with self.memory.storage.open(base) as src:
+                        self.durable.write(base, functools.partial(shutil.copyfileobj, src, length=_COPY_BYTES))
+            steps = [self.naming.step_of(n) for n in self.durable.list(self.naming.pattern).committed]
+            for old in removable(steps, self.keep_last, self._durable_base):
+                self.durable.delete(self.naming.name_of(old))
+        finally:
+            with self._cond:
+                self._pinned[name] -= 1
+                if not self._pinned[name]:
+                    del self._pinned[name]
+                self._cond.notify_all()
+
+    def _durable_base(self, step: int) -> int | None:
+        name = self.naming.name_of(step)
+        if name not in self._durable_bases:
+            self._durable_bases[name] = _base_name(self.durable, name)
+        base = self._durable_bases[name]
+        return None if base is None else self.naming.step_of(base)
+
+    def _raise_persist_errors(self) -> None:
+        """Raise the first error of a finished background copy (each once)."""
+        for future in [f for f in self._persists if f.done()]:
+            self._persists.remove(future)
+            if future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+
+    def wait_persisted(self) -> None:
+        """Block until every background copy to the directory has ended; raise the first error."""
+        concurrent.futures.wait(list(self._persists))
+        self._raise_persist_errors()
+
+    def close(self) -> None:
+        """Persist the newest memory checkpoint if the directory lacks it; wait for every copy."""
+        steps = self.memory.steps()
+        if steps and not self._durable_has(self.naming.name_of(steps[-1])):
+            self._persist(self.naming.name_of(steps[-1]))
+        self._persister.shutdown(wait=True)
+        self._raise_persist_errors()
+
+def _ring(replicate: Any) -> Ring | None:
+    if replicate is None:
+        return None
+    if not dist.is_initialized():
+        raise UsageError("MemoryTier(replicate=...) needs torch.distributed initialized (init_process_group) first")
+    group = dist.new_group(backend="gloo") if replicate == "world" else replicate
+    ring = Ring(group)
+    return ring if ring.size > 1 else None
