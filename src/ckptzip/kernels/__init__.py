@@ -4,49 +4,68 @@
 Each runs as Triton kernels on a CUDA device (one launch for a whole batch, programs find their
 data through small address tables) and as NumPy on the CPU, which releases the GIL so the CPU
 backend runs batches on several threads. ``TRITON_INTERPRET=1`` runs the Triton versions on CPU
-tensors (tests).
+tensors (tests). Triton is imported on the first launch of a Triton kernel, never by importing
+ckptzip (after TensorFlow, its LLVM would abort the process; and it costs import time).
 """
 
 from __future__ import annotations
 
 import collections
+import importlib.util
 import os
 import threading
+from types import ModuleType
 
 import numpy as np
 import torch
 
-__all__ = ["INTERPRET", "THREAD_SAFE", "distinct", "to_device", "triton", "use_triton"]
-
-try:
-    import triton
-except ImportError:  # pragma: no cover - depends on the environment
-    triton = None
+__all__ = ["INTERPRET", "THREAD_SAFE", "distinct", "load_triton", "prepare_triton", "to_device", "use_triton"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Triton's interpreter keeps global state: under it, batches run on one thread.
 THREAD_SAFE = not INTERPRET
 
 
-def _hash_triton_ahead() -> None:
-    """Start Triton's once-per-process hash of its own compiler (its cache key: some hundred MB of
-    files, about 0.35 s) on a background thread, so the first save does not wait for it. Only
-    where kernels will run on a GPU; pure host work (no CUDA call), and it releases the GIL."""
-    if triton is None or INTERPRET or not torch.cuda.is_available():
-        return
+_HAS_TRITON: bool | None = None
+_PREPARING = threading.Lock()
+_prepared = False
+
+
+def use_triton(device: torch.device) -> bool:
+    """Whether the Triton versions run for data on ``device`` (looks Triton up, imports nothing)."""
+    global _HAS_TRITON
+    if device.type != "cuda" and not INTERPRET:
+        return False
+    if _HAS_TRITON is None:
+        _HAS_TRITON = importlib.util.find_spec("triton") is not None
+    return _HAS_TRITON
+
+
+def load_triton(name: str) -> ModuleType:
+    """The Triton kernels module ``name`` of this package, imported (with Triton) on first use."""
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def prepare_triton() -> None:
+    """Where a GPU path begins: import the Triton kernels and run Triton's once-per-process hash of
+    its own compiler (its cache key: some hundred MB of files, about 0.35 s) on a background
+    thread, once, so the first launch does not wait for them (pure host work, no CUDA call)."""
+    global _prepared
+    with _PREPARING:
+        if _prepared or INTERPRET or not use_triton(torch.device("cuda")):
+            return
+        _prepared = True
+    threading.Thread(target=_prepare, name="ckptzip-triton-key", daemon=True).start()
+
+
+def _prepare() -> None:
+    for name in ("_planes_triton", "_segments_triton"):
+        load_triton(name)
     try:
         from triton.runtime.cache import triton_key
     except ImportError:  # another Triton layout: the first launch hashes, as it would anyway
         return
-    threading.Thread(target=triton_key, name="ckptzip-triton-key", daemon=True).start()
-
-
-_hash_triton_ahead()
-
-
-def use_triton(device: torch.device) -> bool:
-    """Whether the Triton versions run for data on ``device``."""
-    return triton is not None and (device.type == "cuda" or INTERPRET)
+    triton_key()
 
 
 class _UploadRing:

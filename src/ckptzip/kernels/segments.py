@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..checksum import wsum64_array
-from . import INTERPRET, to_device, triton, use_triton
+from . import INTERPRET, load_triton, to_device, use_triton
 
 BLOCK = 8192  # bytes a program handles at once
 # Blocks per program: few programs, so the address tables the host builds stay small (two under
@@ -22,62 +22,6 @@ BLOCK = 8192  # bytes a program handles at once
 ITERS = 2 if INTERPRET else 8
 SPAN = BLOCK * ITERS  # bytes per program
 WORD_ALIGN = 16  # segments at such addresses, of such lengths, take the word-wise kernel
-
-if triton is not None:
-    import triton.language as tl
-
-    @triton.jit
-    def _segments_kernel(table, partial, BLOCK: tl.constexpr, ITERS: tl.constexpr, GATHER: tl.constexpr):
-        # table row per program: source address, destination address, bytes (<= ITERS * BLOCK),
-        # first word; a program handles ITERS blocks of BLOCK bytes
-        pid = tl.program_id(0)
-        src = tl.load(table + pid * 4).to(tl.pointer_type(tl.uint8))
-        dst = tl.load(table + pid * 4 + 1).to(tl.pointer_type(tl.uint8))
-        n = tl.load(table + pid * 4 + 2)
-        word0 = tl.load(table + pid * 4 + 3)
-        W: tl.constexpr = BLOCK // 8
-        shifts = (tl.arange(0, 8) * 8).to(tl.int64)[None, :]
-        total = tl.zeros((), dtype=tl.int64)
-        for it in range(ITERS):
-            offs = it * BLOCK + tl.arange(0, W)[:, None] * 8 + tl.arange(0, 8)[None, :]
-            mask = offs < n
-            x = tl.load(src + offs, mask=mask, other=0)
-            if GATHER:
-                tl.store(dst + offs, x, mask=mask)
-            words = tl.sum(x.to(tl.int64) << shifts, axis=1)
-            weights = (word0 + it * W + tl.arange(0, W)).to(tl.int64) * 2 + 1
-            total += tl.sum(words * weights, axis=0)
-        tl.store(partial + pid, total)
-
-
-    @triton.jit
-    def _segments_words_kernel(table, partial, BLOCK: tl.constexpr, ITERS: tl.constexpr, GATHER: tl.constexpr):
-        # as _segments_kernel, for 16-byte aligned addresses and lengths: whole words, vector loads
-        pid = tl.program_id(0)
-        src = tl.multiple_of(tl.load(table + pid * 4), 16).to(tl.pointer_type(tl.int64))
-        dst = tl.multiple_of(tl.load(table + pid * 4 + 1), 16).to(tl.pointer_type(tl.int64))
-        n = tl.load(table + pid * 4 + 2) // 8
-        word0 = tl.load(table + pid * 4 + 3)
-        W: tl.constexpr = BLOCK // 8
-        total = tl.zeros((), dtype=tl.int64)
-        for it in range(ITERS):
-            i = it * W + tl.arange(0, W)
-            mask = i < n
-            x = tl.load(src + i, mask=mask, other=0)
-            if GATHER:
-                tl.store(dst + i, x, mask=mask)
-            total += tl.sum(x * ((word0 + i).to(tl.int64) * 2 + 1), axis=0)
-        tl.store(partial + pid, total)
-
-
-    @triton.jit
-    def _gather_bytes_kernel(addresses, out, n, BLOCK: tl.constexpr):
-        # out[i] = the byte at addresses[i]
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = i < n
-        at = tl.load(addresses + i, mask=mask, other=0).to(tl.pointer_type(tl.uint8))
-        tl.store(out + i, tl.load(at, mask=mask, other=0), mask=mask)
-
 
 def gather_bytes(bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
     """``bases[base_index[i]][offsets[i]]`` for every i (1-D uint8 tensors on one device): one
@@ -97,7 +41,7 @@ def gather_bytes(bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets:
         base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
         addresses = to_device(base_ptrs[base_index.astype(np.int64)] + offsets.astype(np.int64), device)
         block = 1024
-        _gather_bytes_kernel[(-(-len(offsets) // block),)](addresses, out, len(offsets), BLOCK=block)
+        load_triton("_segments_triton").gather_bytes_kernel[(-(-len(offsets) // block),)](addresses, out, len(offsets), BLOCK=block)
     return out
 
 
@@ -150,7 +94,9 @@ def segment_sums(
     aligned = (src % WORD_ALIGN == 0) & (dst % WORD_ALIGN == 0) & (lengths % WORD_ALIGN == 0)
     fast = aligned[owner]
     partial = torch.empty(owner.size, dtype=torch.int64, device=device)
-    for kernel, rows in ((_segments_words_kernel, np.flatnonzero(fast)), (_segments_kernel, np.flatnonzero(~fast))):
+    kernels = load_triton("_segments_triton")
+    for kernel, rows in ((kernels.segments_words_kernel, np.flatnonzero(fast)),
+                         (kernels.segments_kernel, np.flatnonzero(~fast))):
         if rows.size:
             table_dev = to_device(table[rows].reshape(-1), device)
             part = torch.empty(rows.size, dtype=torch.int64, device=device)
