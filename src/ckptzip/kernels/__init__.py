@@ -2,8 +2,10 @@
 (:mod:`.planes`) and checksummed gathers of many byte segments (:mod:`.segments`).
 
 Each runs as Triton kernels on a CUDA device (one launch for a whole batch, programs find their
-data through small address tables) and as NumPy on the CPU, which releases the GIL so the CPU
-backend runs batches on several threads. ``TRITON_INTERPRET=1`` runs the Triton versions on CPU
+data through small address tables) and, on the CPU, as compiled C (``_cpu.c``, built by the
+package's build; the same kind of tables, split between threads by bytes) or, where no compiled
+build exists or ``CKPTZIP_NUMPY_KERNELS=1``, as NumPy. Both release the GIL, so the CPU backend
+runs batches on several threads. ``TRITON_INTERPRET=1`` runs the Triton versions on CPU
 tensors (tests). Triton is imported on the first launch of a Triton kernel, never by importing
 ckptzip (after TensorFlow, its LLVM would abort the process; and it costs import time).
 """
@@ -15,17 +17,33 @@ import importlib.util
 import os
 import threading
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["INTERPRET", "THREAD_SAFE", "distinct", "load_triton", "prepare_triton", "to_device", "use_triton"]
+from ..codecs._threads import MIN_PARALLEL_BYTES, codec_thread_count
+
+__all__ = ["COMPILED", "CPU_PIECE_BYTES", "INTERPRET", "THREAD_SAFE", "compiled_threads", "distinct", "load_triton",
+           "pieces", "prepare_triton", "to_device", "use_triton"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Triton's interpreter keeps global state: under it, batches run on one thread.
 THREAD_SAFE = not INTERPRET
+CPU_PIECE_BYTES = 1 << 20  # most bytes of a row of the compiled kernels, whose threads split rows by bytes
 
 
+def _compiled() -> ModuleType | None:
+    """The compiled CPU kernels, or None (not built here, or ``CKPTZIP_NUMPY_KERNELS=1``)."""
+    if os.environ.get("CKPTZIP_NUMPY_KERNELS") == "1":
+        return None
+    try:
+        return importlib.import_module(f"{__name__}._cpu")
+    except ImportError:
+        return None
+
+
+COMPILED: Any = _compiled()  # the module's functions take tables of addresses (see _cpu.c)
 _HAS_TRITON: bool | None = None
 _PREPARING = threading.Lock()
 _prepared = False
@@ -126,6 +144,21 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     if host.numel() * host.element_size() > _RING.nbytes // 4:
         return host.pin_memory().to(device, non_blocking=True)
     return _RING.upload(host, device)
+
+
+def compiled_threads(nbytes: int) -> int:
+    """Threads a compiled kernel call over ``nbytes`` bytes uses: the calling thread's codec share
+    (:func:`~ckptzip.codecs._threads.codec_thread_count`), at least MIN_PARALLEL_BYTES each."""
+    return max(1, min(codec_thread_count(), nbytes // MIN_PARALLEL_BYTES))
+
+
+def pieces(sizes: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``sizes`` cut into pieces of at most ``span``: each piece's owner, start and size (an empty
+    owner has none)."""
+    counts = -(-sizes // span)
+    owner = np.repeat(np.arange(sizes.size, dtype=np.int64), counts)
+    start = (np.arange(owner.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)) * span
+    return owner, start, np.minimum(span, sizes[owner] - start)
 
 
 def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,8 @@ import numpy.typing as npt
 import torch
 
 from ..checksum import wsum64_array
-from . import INTERPRET, load_triton, to_device, use_triton
+from ..errors import CorruptCheckpointError
+from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, load_triton, pieces, to_device, use_triton
 
 ELEMENTS_PER_BLOCK = 4096  # elements a program handles at once
 # Few programs, so the address tables the host builds stay small (two under Triton's interpreter,
@@ -47,22 +48,26 @@ def plane_layout(nbytes: Sequence[int] | npt.NDArray[np.int64], itemsize: int) -
 
 def _programs(elements: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For tensors of ``elements`` elements: the tensor of each program and its first element."""
-    counts = -(-elements // ELEMENTS_PER_PROGRAM)
-    owner = np.repeat(np.arange(elements.size, dtype=np.int64), counts)
-    first = np.arange(owner.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    return owner, first * ELEMENTS_PER_PROGRAM
+    owner, first, _ = pieces(elements, ELEMENTS_PER_PROGRAM)
+    return owner, first
+
+
+def _table(rows: list[np.ndarray], count: int) -> np.ndarray:
+    """A table of ``count`` rows of the split and merge kernels: columns 0-3, then plane addresses."""
+    table = np.zeros((count, 4 + MAX_ITEMSIZE), dtype=np.int64)
+    for c, column in enumerate(rows):
+        if column.ndim == 1:
+            table[:, c] = column
+        else:
+            table[:, 4 : 4 + column.shape[1]] = column
+    return table
 
 
 def _launch(kernel: Any, device: torch.device, rows: list[np.ndarray], owner: np.ndarray, count: int,
             *args: object, **meta: object) -> torch.Tensor:
     """Launch ``kernel`` over a table of one row per program (columns 0-3, then plane addresses);
     return the per-tensor sums of the programs' partial checksums."""
-    table = np.zeros((owner.size, 4 + MAX_ITEMSIZE), dtype=np.int64)
-    for c, column in enumerate(rows):
-        if column.ndim == 1:
-            table[:, c] = column
-        else:
-            table[:, 4 : 4 + column.shape[1]] = column
+    table = _table(rows, owner.size)
     sums = torch.zeros(count, dtype=torch.int64, device=device)
     if owner.size:
         table_dev = to_device(table.reshape(-1), device)
@@ -70,6 +75,17 @@ def _launch(kernel: Any, device: torch.device, rows: list[np.ndarray], owner: np
         kernel[(owner.size,)](table_dev, partial, *args, E=ELEMENTS_PER_BLOCK, ITERS=BLOCKS_PER_PROGRAM, **meta)
         sums.index_add_(0, to_device(owner, device), partial)
     return sums
+
+
+def _run_compiled(kernel: Any, ptrs: np.ndarray, elements: np.ndarray, plane_ptrs: np.ndarray,
+                  itemsize: int) -> torch.Tensor:
+    """Run a compiled split or merge over tensors at ``ptrs`` (rows of at most CPU_PIECE_BYTES,
+    threads split by bytes); each tensor's wsum64."""
+    owner, first, count = pieces(elements, CPU_PIECE_BYTES // itemsize)
+    sums = np.zeros(elements.size, dtype=np.uint64)
+    kernel(_table([ptrs[owner], first, count, owner, plane_ptrs[owner]], owner.size), itemsize, sums,
+           compiled_threads(int(elements.sum()) * itemsize))
+    return torch.from_numpy(sums.view(np.int64))
 
 
 def split_planes(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Tensor, starts: np.ndarray,
@@ -80,11 +96,15 @@ def split_planes(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Ten
     (int64)."""
     device = planes.device
     elements = np.array([d.numel() // itemsize for d in datas], dtype=np.int64)
-    if not use_triton(device):
+    if not use_triton(device) and COMPILED is None:
         return _split_numpy(datas, itemsize, planes, starts, strides, hist, hist_rows)
-    owner, first = _programs(elements)
     src = np.array([d.data_ptr() for d in datas], dtype=np.int64)
     plane_ptrs = planes.data_ptr() + starts[:, None] + strides[:, None] * np.arange(itemsize)[None, :]
+    if not use_triton(device):
+        COMPILED.sample_counts(np.stack([src, elements, hist_rows.astype(np.int64)], axis=1), itemsize, hist.numpy(),
+                               _SAMPLE_ELEMENTS)
+        return _run_compiled(COMPILED.split, src, elements, plane_ptrs, itemsize)
+    owner, first = _programs(elements)
     rows = [src[owner], elements[owner], first, hist_rows.astype(np.int64)[owner], plane_ptrs[owner]]
     return _launch(load_triton("_planes_triton").split_kernel, device, rows, owner, len(datas), hist, K=itemsize,
                    SAMPLE_EVERY=_SAMPLE_EVERY)
@@ -96,12 +116,17 @@ def merge_planes(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[to
     at ``bases[plane_base[t, j]][plane_offset[t, j]:]``. Returns each tensor's wsum64 (int64)."""
     device = outs[0].device
     elements = np.array([o.numel() // itemsize for o in outs], dtype=np.int64)
-    if not use_triton(device):
+    if not use_triton(device) and COMPILED is None:
         return _merge_numpy(outs, itemsize, bases, plane_base, plane_offset)
-    owner, first = _programs(elements)
     dst = np.array([o.data_ptr() for o in outs], dtype=np.int64)
     base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
     plane_ptrs = base_ptrs[plane_base] + plane_offset
+    if not use_triton(device):
+        sizes = np.array([b.numel() for b in bases], dtype=np.int64)
+        if ((plane_offset < 0) | (plane_offset + elements[:, None] > sizes[plane_base])).any():
+            raise CorruptCheckpointError("a byte plane reaches past the bytes that hold it")
+        return _run_compiled(COMPILED.merge, dst, elements, plane_ptrs, itemsize)
+    owner, first = _programs(elements)
     rows = [dst[owner], elements[owner], first, np.zeros_like(owner), plane_ptrs[owner]]
     return _launch(load_triton("_planes_triton").merge_kernel, device, rows, owner, len(outs), K=itemsize)
 

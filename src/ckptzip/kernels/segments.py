@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from ..checksum import wsum64_array
-from . import INTERPRET, load_triton, to_device, use_triton
+from ..errors import CorruptCheckpointError
+from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, load_triton, pieces, to_device, use_triton
 
 BLOCK = 8192  # bytes a program handles at once
 # Blocks per program: few programs, so the address tables the host builds stay small (two under
@@ -68,26 +69,31 @@ def segment_sums(
     count = len(lengths)
     if count == 0:
         return torch.zeros(0, dtype=torch.int64, device=device)
-    if not use_triton(device):
+    on_cpu = not use_triton(device)
+    if on_cpu and COMPILED is None:
         return _segment_sums_numpy(bases, base_index, offsets, lengths, outs, out_index, out_offsets)
     lengths = lengths.astype(np.int64)
-    pieces = -(-lengths // SPAN)
-    owner = np.repeat(np.arange(count, dtype=np.int64), pieces)
-    piece = np.arange(owner.size, dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)
     base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
     src = base_ptrs[base_index.astype(np.int64)] + offsets.astype(np.int64)
+    if on_cpu:
+        _check_bounds(bases, base_index, offsets, lengths)
     if outs:
         assert out_index is not None and out_offsets is not None  # given with outs
         out_ptrs = np.array([o.data_ptr() for o in outs], dtype=np.int64)
         dst = out_ptrs[out_index.astype(np.int64)] + out_offsets.astype(np.int64)
+        if on_cpu:
+            _check_bounds(outs, out_index, out_offsets, lengths)
     else:
         dst = np.zeros(count, dtype=np.int64)
-    table = np.stack([
-        src[owner] + piece * SPAN,
-        dst[owner] + piece * SPAN,
-        np.minimum(SPAN, lengths[owner] - piece * SPAN),
-        piece * (SPAN // 8),
-    ], axis=1)
+    if on_cpu:
+        owner, start, size = pieces(lengths, CPU_PIECE_BYTES)
+        found = np.zeros(count, dtype=np.uint64)
+        table = np.stack([src[owner] + start, dst[owner] + start if outs else np.zeros_like(owner), size, owner,
+                          start // 8], axis=1)
+        COMPILED.segments(table, 1, found, compiled_threads(int(lengths.sum())))
+        return torch.from_numpy(_as_signed(found))
+    owner, start, size = pieces(lengths, SPAN)
+    table = np.stack([src[owner] + start, dst[owner] + start, size, start // 8], axis=1)
     sums = torch.zeros(count, dtype=torch.int64, device=device)
     if not owner.size:
         return sums
@@ -104,6 +110,14 @@ def segment_sums(
             partial[to_device(rows, device)] = part
     sums.index_add_(0, to_device(owner, device), partial)
     return sums
+
+
+def _check_bounds(buffers: Sequence[torch.Tensor], index: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> None:
+    """``CorruptCheckpointError`` unless every segment lies within its buffer (the compiled
+    kernels read and write raw addresses)."""
+    sizes = np.array([b.numel() for b in buffers], dtype=np.int64)
+    if ((offsets < 0) | (offsets + lengths > sizes[index.astype(np.int64)])).any():
+        raise CorruptCheckpointError("a stored chunk reaches past the bytes that hold it")
 
 
 def _segment_sums_numpy(
