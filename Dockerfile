@@ -17,7 +17,7 @@ RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 
 WORKDIR /opt/ckptzip
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY src src
 COPY docker/install.sh docker/install.sh
 ARG TORCH_SPEC="torch==2.13.0"

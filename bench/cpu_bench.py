@@ -11,6 +11,10 @@ class against the five-line baseline (:func:`planes_zstd3`)::
     python bench/cpu_bench.py                                   # tiny trained state, 1 and all cores
     python bench/cpu_bench.py --state synthetic --codec portable --cores 1,2,4,8,16
     CUDA_VISIBLE_DEVICES="" python bench/cpu_bench.py --preset medium --cores 1,16   # a GPU host's CPU
+
+``--disk DIR`` times files instead: each method of ``ckptzip bench`` named by ``--methods``
+(default ckptzip-auto, torch.save, safetensors, zipnn) saves into a fresh directory under DIR,
+fsync included, and loads it back (page cache warm), medians of ``--reps``.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ import collections
 import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -33,6 +39,7 @@ import zstandard
 import ckptzip
 from ckptzip.bench.training import tensor_class, train
 from ckptzip.tree import flatten
+from ckptzip.bench.methods import get_method
 from ckptzip.bench.pipeline import DiscardSink
 
 
@@ -66,12 +73,39 @@ def _medians(fn: Any, reps: int) -> tuple[float, float]:
     return statistics.median(walls), statistics.median(cpus)
 
 
+def measure_disk(args: argparse.Namespace, state: Any) -> dict[str, float]:
+    """Each method's save into a fresh directory under ``args.disk`` (fsync included) and load,
+    medians of ``args.reps`` after one untimed round."""
+    row: dict[str, float] = {}
+    for name in args.methods.split(","):
+        method = get_method(name)
+        if not method.available()[0]:
+            continue
+        saves, loads, written = [], [], 0
+        for rep in range(args.reps + 1):
+            directory = tempfile.mkdtemp(dir=args.disk)
+            try:
+                result = method.save(state, os.path.join(directory, "out"))
+                _, seconds = method.load(os.path.join(directory, "out"))
+            finally:
+                shutil.rmtree(directory)
+            if rep:
+                saves.append(result.seconds)
+                loads.append(seconds)
+            written = result.bytes_written
+        row[f"{name}_save_s"], row[f"{name}_load_s"] = statistics.median(saves), statistics.median(loads)
+        row[f"{name}_bytes"] = written
+    return row
+
+
 def measure(args: argparse.Namespace) -> dict[str, float]:
     """Run in a child pinned to ``args.child`` cores."""
     os.sched_setaffinity(0, list(sorted(os.sched_getaffinity(0)))[: args.child])
     torch.set_num_threads(args.child)
     state = make_state(args)
     nbytes = sum(t.tensor.numel() * t.tensor.element_size() for t in flatten(state).tensors)
+    if args.disk:
+        return {"cores": args.child, "nbytes": nbytes, **measure_disk(args, state)}
     out = io.BytesIO()
     ckptzip.save(state, out, codec=args.codec)
     blob = out.getvalue()
@@ -107,6 +141,19 @@ def class_ratios(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def print_disk(args: argparse.Namespace, rows: list[dict[str, float]]) -> None:
+    names = [n for n in args.methods.split(",") if f"{n}_save_s" in rows[0]]
+    print(f"{args.state} state ({args.preset}), {rows[0]['nbytes'] / 1e6:.1f} MB; files with fsync, "
+          f"medians of {args.reps}\n")
+    print("| cores | method | ratio | save s | load s | save / torch.save | load / torch.load |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        for n in names:
+            print(f"| {r['cores']} | {n} | {r['nbytes'] / r[f'{n}_bytes']:.4f} | {r[f'{n}_save_s']:.3f} "
+                  f"| {r[f'{n}_load_s']:.3f} | {r[f'{n}_save_s'] / r['torch.save_save_s']:.2f}x "
+                  f"| {r[f'{n}_load_s'] / r['torch.save_load_s']:.2f}x |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--state", choices=("trained", "synthetic"), default="trained")
@@ -115,6 +162,8 @@ def main() -> int:
     p.add_argument("--codec", default="auto")
     p.add_argument("--cores", default=f"1,{len(os.sched_getaffinity(0))}", help="comma-separated core counts")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--disk", help="time saves (with fsync) and loads of files in this directory")
+    p.add_argument("--methods", default="ckptzip-auto,torch.save,safetensors,zipnn", help="with --disk")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -124,6 +173,9 @@ def main() -> int:
     for cores in sorted({int(c) for c in args.cores.split(",")}):
         cmd = [sys.executable, __file__, *sys.argv[1:], "--child", str(cores)]
         rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
+    if args.disk:
+        print_disk(args, rows)
+        return 0
     print(f"{args.state} state ({args.preset if args.state == 'trained' else '48 x 4 MiB fp32'}), codec={args.codec}, "
           f"{rows[0]['nbytes'] / 1e6:.1f} MB, ratio {rows[0]['ratio']:.4f}; medians of {args.reps}, in memory\n")
     print("| cores | ckptzip save s | load s | save GB/s | load GB/s | torch.save s | torch.load s | save / torch | "

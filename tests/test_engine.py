@@ -296,6 +296,7 @@ def test_a_reserved_slab_gives_pinned_buffers_that_copy_asynchronously_and_are_r
 
 
 def test_the_numpy_split_and_merge_agree_across_their_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(planes_module, "COMPILED", None)  # the NumPy kernels, also where compiled ones exist
     monkeypatch.setattr(planes_module, "_CPU_BLOCK", 1000)
     test_splitting_on_the_cpu_matches_numpy_reference()
 

@@ -19,6 +19,8 @@ Contract, beyond :class:`~ckptzip.codecs.base.Codec`:
   (nvCOMP known issue): verify stored bytes before decoding them.
 - nvCOMP codec objects are costly to create and not thread-safe; they are cached per thread, per
   algorithm, options, chunk capacity, device and stream.
+- ``nvidia.nvcomp`` is imported (and CUDA asked for) when a GPU codec is first asked for
+  (:func:`~ckptzip.codecs.registry.declare`), never by importing ckptzip.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 
 from ..errors import CodecUnavailableError, CorruptCheckpointError
 from .base import Codec
-from .registry import mark_unavailable, register
+from .registry import declare, mark_unavailable, register
 
 _MIN_NVCOMP_MAJOR = 6
 _INSTALL_HINT = "pip install {}ckptzip[gpu], or ckptzip[gpu-cu13] for CUDA 13"
@@ -93,9 +95,35 @@ def _load_nvcomp(import_it: bool) -> tuple[Any, str | None]:
     return module, None
 
 
-_CUDA_AVAILABLE = torch.cuda.is_available()
-_nv, _problem = _load_nvcomp(import_it=_CUDA_AVAILABLE)
-UNAVAILABLE_REASON: str | None = _why_unavailable(_CUDA_AVAILABLE, _problem)
+_nv: Any = None
+_LOADING = threading.Lock()
+_loaded = False
+_reason: str | None = None  # once loaded: why the GPU codecs cannot run here, or None
+
+
+def _load() -> str | None:
+    """Import nvCOMP where CUDA runs, once, and register the GPU codecs or mark them unavailable;
+    return why they cannot run here (None: they can)."""
+    global _nv, _loaded, _reason
+    with _LOADING:
+        if not _loaded:
+            cuda = torch.cuda.is_available()
+            _nv, problem = _load_nvcomp(import_it=cuda)
+            _reason = _why_unavailable(cuda, problem)
+            for cls in CODECS:
+                if _reason is None:
+                    register(cls)
+                else:
+                    mark_unavailable(cls.codec_id, "cuda", _reason)
+            _loaded = True
+    return _reason
+
+
+def __getattr__(name: str) -> Any:
+    """``UNAVAILABLE_REASON``: why the GPU codecs cannot run here, or None (loads them)."""
+    if name == "UNAVAILABLE_REASON":
+        return _load()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _TorchBuffer:
@@ -456,8 +484,9 @@ class _NvcompCodec(Codec):
         return None
 
     def _require_nvcomp(self) -> None:
-        if _nv is None:
-            raise CodecUnavailableError(f"codec {self.codec_id!r} cannot run on the GPU here: {UNAVAILABLE_REASON}.")
+        reason = _load()
+        if reason is not None:
+            raise CodecUnavailableError(f"codec {self.codec_id!r} cannot run on the GPU here: {reason}.")
 
     def _engine_for(self, device: torch.device, largest: int) -> _Engine:
         """The cached engine for this codec on the current stream, sized for chunks of ``largest`` bytes."""
@@ -595,8 +624,4 @@ CODECS: tuple[type[_NvcompCodec], ...] = (
     NvcompCascadedCodec,
 )
 
-for _cls in CODECS:
-    if UNAVAILABLE_REASON is None:
-        register(_cls)
-    else:
-        mark_unavailable(_cls.codec_id, "cuda", UNAVAILABLE_REASON)
+declare([cls.codec_id for cls in CODECS], "cuda", _load)

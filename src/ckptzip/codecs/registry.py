@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import CodecUnavailableError, CorruptCheckpointError, UnsupportedFormatError
@@ -10,6 +11,9 @@ from .base import Codec
 _REGISTRY: dict[tuple[str, str], type[Codec]] = {}
 # Codec ids that exist but whose implementation could not be loaded here, with the reason.
 _UNAVAILABLE: dict[tuple[str, str], str] = {}
+# Codec ids declared before their implementation is loaded: the loader registers them (or marks
+# them unavailable) the first time one is asked for on that backend.
+_PENDING: dict[tuple[str, str], Callable[[], object]] = {}
 # The id sets derived from the two tables (asked per tensor when saving and loading), by the
 # tables' identities and sizes: rebuilt when either changes (or is replaced, as tests do).
 _IDS: dict[tuple[int, ...], tuple[frozenset[str], frozenset[str]]] = {}
@@ -27,12 +31,30 @@ def mark_unavailable(codec_id: str, backend: str, reason: str) -> None:
     _UNAVAILABLE.setdefault((codec_id, backend), reason)
 
 
+def declare(codec_ids: Iterable[str], backend: str, load: Callable[[], object]) -> None:
+    """Make ``codec_ids`` known on ``backend`` without loading them: ``load()`` (idempotent)
+    registers or marks them unavailable when one is first asked for there (GPU libraries are
+    imported only by a GPU path)."""
+    for codec_id in codec_ids:
+        _PENDING[(codec_id, backend)] = load
+    _IDS.clear()
+
+
+def _resolve(codec_id: str, backend: str) -> None:
+    load = _PENDING.get((codec_id, backend))
+    if load is not None:
+        load()
+        for key in [key for key, pending in _PENDING.items() if pending is load]:
+            _PENDING.pop(key, None)
+        _IDS.clear()
+
+
 def _ids() -> tuple[frozenset[str], frozenset[str]]:
     """(every codec id, the GPU-only ones)."""
-    key = (id(_REGISTRY), len(_REGISTRY), id(_UNAVAILABLE), len(_UNAVAILABLE))
+    key = (id(_REGISTRY), len(_REGISTRY), id(_UNAVAILABLE), len(_UNAVAILABLE), id(_PENDING), len(_PENDING))
     ids = _IDS.get(key)
     if ids is None:
-        known = [*_REGISTRY, *_UNAVAILABLE]
+        known = [*_REGISTRY, *_UNAVAILABLE, *_PENDING]
         every = frozenset(cid for cid, _ in known)
         ids = _IDS[key] = every, every - {cid for cid, backend in known if backend == "cpu"}
     return ids
@@ -50,6 +72,7 @@ def gpu_only_ids() -> frozenset[str]:
 
 def has_codec(codec_id: str, backend: str) -> bool:
     """Whether ``codec_id`` can run on ``backend`` in this process."""
+    _resolve(codec_id, backend)
     return (codec_id, backend) in _REGISTRY
 
 
@@ -68,6 +91,7 @@ def get_codec(config: dict[str, Any] | str, backend: str) -> Codec:
             f"unknown codec id {codec_id!r}; this ckptzip knows {sorted(codec_ids())}. "
             "Upgrade ckptzip to read this file."
         )
+    _resolve(codec_id, backend)
     cls = _REGISTRY.get((codec_id, backend))
     if cls is None:
         raise CodecUnavailableError(_unavailable_message(codec_id, backend))

@@ -23,6 +23,7 @@ import torch
 
 from ..codecs import Codec, codec_ids, get_codec, gpu_only_ids, has_codec
 from ..errors import CkptzipError
+from ..kernels import prepare_triton
 
 PRESETS = ("auto", "fast", "portable")
 SMALL_TENSOR_BYTES = 1 << 12
@@ -105,14 +106,16 @@ class Policy:
 
     def backend(self, device: torch.device) -> str:
         """Where tensors on ``device`` are encoded: their GPU when nvCOMP runs this policy's codec
-        there, else the CPU; a GPU-only codec id always runs on a GPU (or fails saying why)."""
+        there, else the CPU; a GPU-only codec id always runs on a GPU (or fails saying why). A GPU
+        answer starts loading the GPU kernels in the background."""
         if self.name in gpu_only_ids():
             codec_for({"id": self.name}, "cuda")  # CodecUnavailableError naming the fix when no GPU runs it
-            return "cuda"
-        if device.type != "cuda":
+        elif device.type != "cuda":
             return "cpu"
-        probe = self.name if not self.is_preset else _PRESET_CODECS[(self.name, "cuda")]["id"]
-        return "cuda" if has_codec(probe, "cuda") else "cpu"
+        elif not has_codec(self.name if not self.is_preset else _PRESET_CODECS[(self.name, "cuda")]["id"], "cuda"):
+            return "cpu"
+        prepare_triton()
+        return "cuda"
 
     def splits(self, itemsize: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Which tensors (by item size and byte size) are split into byte planes."""

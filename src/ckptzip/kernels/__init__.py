@@ -2,51 +2,88 @@
 (:mod:`.planes`) and checksummed gathers of many byte segments (:mod:`.segments`).
 
 Each runs as Triton kernels on a CUDA device (one launch for a whole batch, programs find their
-data through small address tables) and as NumPy on the CPU, which releases the GIL so the CPU
-backend runs batches on several threads. ``TRITON_INTERPRET=1`` runs the Triton versions on CPU
-tensors (tests).
+data through small address tables) and, on the CPU, as compiled C (``_cpu.c``, built by the
+package's build; the same kind of tables, split between threads by bytes) or, where no compiled
+build exists or ``CKPTZIP_NUMPY_KERNELS=1``, as NumPy. Both release the GIL, so the CPU backend
+runs batches on several threads. ``TRITON_INTERPRET=1`` runs the Triton versions on CPU
+tensors (tests). Triton is imported on the first launch of a Triton kernel, never by importing
+ckptzip (after TensorFlow, its LLVM would abort the process; and it costs import time).
 """
 
 from __future__ import annotations
 
 import collections
+import importlib.util
 import os
 import threading
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["INTERPRET", "THREAD_SAFE", "distinct", "to_device", "triton", "use_triton"]
+from ..codecs._threads import MIN_PARALLEL_BYTES, codec_thread_count
 
-try:
-    import triton
-except ImportError:  # pragma: no cover - depends on the environment
-    triton = None
+__all__ = ["COMPILED", "CPU_PIECE_BYTES", "INTERPRET", "THREAD_SAFE", "compiled_threads", "distinct", "load_triton",
+           "pieces", "prepare_triton", "to_device", "use_triton"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Triton's interpreter keeps global state: under it, batches run on one thread.
 THREAD_SAFE = not INTERPRET
+CPU_PIECE_BYTES = 1 << 20  # most bytes of a row of the compiled kernels, whose threads split rows by bytes
 
 
-def _hash_triton_ahead() -> None:
-    """Start Triton's once-per-process hash of its own compiler (its cache key: some hundred MB of
-    files, about 0.35 s) on a background thread, so the first save does not wait for it. Only
-    where kernels will run on a GPU; pure host work (no CUDA call), and it releases the GIL."""
-    if triton is None or INTERPRET or not torch.cuda.is_available():
-        return
+def _compiled() -> ModuleType | None:
+    """The compiled CPU kernels, or None (not built here, or ``CKPTZIP_NUMPY_KERNELS=1``)."""
+    if os.environ.get("CKPTZIP_NUMPY_KERNELS") == "1":
+        return None
+    try:
+        return importlib.import_module(f"{__name__}._cpu")
+    except ImportError:
+        return None
+
+
+COMPILED: Any = _compiled()  # the module's functions take tables of addresses (see _cpu.c)
+_HAS_TRITON: bool | None = None
+_PREPARING = threading.Lock()
+_prepared = False
+
+
+def use_triton(device: torch.device) -> bool:
+    """Whether the Triton versions run for data on ``device`` (looks Triton up, imports nothing)."""
+    global _HAS_TRITON
+    if device.type != "cuda" and not INTERPRET:
+        return False
+    if _HAS_TRITON is None:
+        _HAS_TRITON = importlib.util.find_spec("triton") is not None
+    return _HAS_TRITON
+
+
+def load_triton(name: str) -> ModuleType:
+    """The Triton kernels module ``name`` of this package, imported (with Triton) on first use."""
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def prepare_triton() -> None:
+    """Where a GPU path begins: import the Triton kernels and run Triton's once-per-process hash of
+    its own compiler (its cache key: some hundred MB of files, about 0.35 s) on a background
+    thread, once, so the first launch does not wait for them (pure host work, no CUDA call)."""
+    global _prepared
+    with _PREPARING:
+        if _prepared or INTERPRET or not use_triton(torch.device("cuda")):
+            return
+        _prepared = True
+    threading.Thread(target=_prepare, name="ckptzip-triton-key", daemon=True).start()
+
+
+def _prepare() -> None:
+    for name in ("_planes_triton", "_segments_triton"):
+        load_triton(name)
     try:
         from triton.runtime.cache import triton_key
     except ImportError:  # another Triton layout: the first launch hashes, as it would anyway
         return
-    threading.Thread(target=triton_key, name="ckptzip-triton-key", daemon=True).start()
-
-
-_hash_triton_ahead()
-
-
-def use_triton(device: torch.device) -> bool:
-    """Whether the Triton versions run for data on ``device``."""
-    return triton is not None and (device.type == "cuda" or INTERPRET)
+    triton_key()
 
 
 class _UploadRing:
@@ -107,6 +144,21 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     if host.numel() * host.element_size() > _RING.nbytes // 4:
         return host.pin_memory().to(device, non_blocking=True)
     return _RING.upload(host, device)
+
+
+def compiled_threads(nbytes: int) -> int:
+    """Threads a compiled kernel call over ``nbytes`` bytes uses: the calling thread's codec share
+    (:func:`~ckptzip.codecs._threads.codec_thread_count`), at least MIN_PARALLEL_BYTES each."""
+    return max(1, min(codec_thread_count(), nbytes // MIN_PARALLEL_BYTES))
+
+
+def pieces(sizes: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``sizes`` cut into pieces of at most ``span``: each piece's owner, start and size (an empty
+    owner has none)."""
+    counts = -(-sizes // span)
+    owner = np.repeat(np.arange(sizes.size, dtype=np.int64), counts)
+    start = (np.arange(owner.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)) * span
+    return owner, start, np.minimum(span, sizes[owner] - start)
 
 
 def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,8 @@ import numpy.typing as npt
 import torch
 
 from ..checksum import wsum64_array
-from . import INTERPRET, to_device, triton, use_triton
+from ..errors import CorruptCheckpointError
+from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, load_triton, pieces, to_device, use_triton
 
 ELEMENTS_PER_BLOCK = 4096  # elements a program handles at once
 # Few programs, so the address tables the host builds stay small (two under Triton's interpreter,
@@ -33,76 +34,6 @@ _SAMPLE_EVERY = 16  # programs whose bytes are counted into the plane histograms
 _SAMPLE_ELEMENTS = 1 << 13  # elements sampled per tensor (CPU)
 _CPU_BLOCK = 1 << 16  # elements per step of the NumPy split/merge: its planes' slices stay in cache
 MAX_ITEMSIZE = 8
-
-if triton is not None:
-    import triton.language as tl
-
-    @triton.jit
-    def _element_ptr(addr, K: tl.constexpr):
-        if K == 2:
-            return addr.to(tl.pointer_type(tl.int16))
-        elif K == 4:
-            return addr.to(tl.pointer_type(tl.int32))
-        else:
-            return addr.to(tl.pointer_type(tl.int64))
-
-    @triton.jit
-    def _element_sum(x, elems, K: tl.constexpr):
-        """Σ of each element's bits (int64, zero-extended), placed in its word, times (2·word + 1)."""
-        EPW: tl.constexpr = 8 // K
-        placed = x << ((elems % EPW) * (8 * K)).to(tl.int64)
-        return tl.sum(placed * ((elems // EPW) * 2 + 1).to(tl.int64), axis=0)
-
-    @triton.jit
-    def _split_kernel(table, partial, hist, K: tl.constexpr, E: tl.constexpr, ITERS: tl.constexpr,
-                      SAMPLE_EVERY: tl.constexpr):
-        # table row per program: source address, elements, first element, histogram row, K plane
-        # addresses; a program splits ITERS blocks of E elements
-        W: tl.constexpr = 4 + 8
-        pid = tl.program_id(0)
-        src = _element_ptr(tl.load(table + pid * W), K)
-        n = tl.load(table + pid * W + 1)
-        first = tl.load(table + pid * W + 2)
-        hist_row = hist + tl.load(table + pid * W + 3) * (8 * 256)
-        total = tl.zeros((), dtype=tl.int64)
-        for it in range(ITERS):
-            e0 = first + it * E
-            elems = e0 + tl.arange(0, E)
-            mask = elems < n
-            x = tl.load(src + elems, mask=mask, other=0).to(tl.int64)
-            if K < 8:
-                x = x & ((1 << (8 * K)) - 1)
-            total += _element_sum(x, elems, K)
-            sampled = ((e0 // E) % SAMPLE_EVERY == 0) & (e0 + E <= n)
-            for j in tl.static_range(K):
-                plane = tl.load(table + pid * W + 4 + j).to(tl.pointer_type(tl.uint8))
-                b = ((x >> (8 * j)) & 0xFF).to(tl.uint8)
-                tl.store(plane + elems, b, mask=mask)
-                if sampled:
-                    counts = tl.histogram(b.to(tl.int32), 256)
-                    tl.atomic_add(hist_row + j * 256 + tl.arange(0, 256), counts)
-        tl.store(partial + pid, total)
-
-    @triton.jit
-    def _merge_kernel(table, partial, K: tl.constexpr, E: tl.constexpr, ITERS: tl.constexpr):
-        # table row per program: output address, elements, first element, unused, K plane addresses
-        W: tl.constexpr = 4 + 8
-        pid = tl.program_id(0)
-        dst = _element_ptr(tl.load(table + pid * W), K)
-        n = tl.load(table + pid * W + 1)
-        first = tl.load(table + pid * W + 2)
-        total = tl.zeros((), dtype=tl.int64)
-        for it in range(ITERS):
-            elems = first + it * E + tl.arange(0, E)
-            mask = elems < n
-            x = tl.zeros((E,), dtype=tl.int64)
-            for j in tl.static_range(K):
-                plane = tl.load(table + pid * W + 4 + j).to(tl.pointer_type(tl.uint8))
-                b = tl.load(plane + elems, mask=mask, other=0).to(tl.int64)
-                x = x | (b << (8 * j))
-            total += _element_sum(x, elems, K)
-            tl.store(dst + elems, x.to(dst.dtype.element_ty), mask=mask)
-        tl.store(partial + pid, total)
 
 
 def plane_layout(nbytes: Sequence[int] | npt.NDArray[np.int64], itemsize: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -117,22 +48,26 @@ def plane_layout(nbytes: Sequence[int] | npt.NDArray[np.int64], itemsize: int) -
 
 def _programs(elements: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For tensors of ``elements`` elements: the tensor of each program and its first element."""
-    counts = -(-elements // ELEMENTS_PER_PROGRAM)
-    owner = np.repeat(np.arange(elements.size, dtype=np.int64), counts)
-    first = np.arange(owner.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    return owner, first * ELEMENTS_PER_PROGRAM
+    owner, first, _ = pieces(elements, ELEMENTS_PER_PROGRAM)
+    return owner, first
+
+
+def _table(rows: list[np.ndarray], count: int) -> np.ndarray:
+    """A table of ``count`` rows of the split and merge kernels: columns 0-3, then plane addresses."""
+    table = np.zeros((count, 4 + MAX_ITEMSIZE), dtype=np.int64)
+    for c, column in enumerate(rows):
+        if column.ndim == 1:
+            table[:, c] = column
+        else:
+            table[:, 4 : 4 + column.shape[1]] = column
+    return table
 
 
 def _launch(kernel: Any, device: torch.device, rows: list[np.ndarray], owner: np.ndarray, count: int,
             *args: object, **meta: object) -> torch.Tensor:
     """Launch ``kernel`` over a table of one row per program (columns 0-3, then plane addresses);
     return the per-tensor sums of the programs' partial checksums."""
-    table = np.zeros((owner.size, 4 + MAX_ITEMSIZE), dtype=np.int64)
-    for c, column in enumerate(rows):
-        if column.ndim == 1:
-            table[:, c] = column
-        else:
-            table[:, 4 : 4 + column.shape[1]] = column
+    table = _table(rows, owner.size)
     sums = torch.zeros(count, dtype=torch.int64, device=device)
     if owner.size:
         table_dev = to_device(table.reshape(-1), device)
@@ -140,6 +75,17 @@ def _launch(kernel: Any, device: torch.device, rows: list[np.ndarray], owner: np
         kernel[(owner.size,)](table_dev, partial, *args, E=ELEMENTS_PER_BLOCK, ITERS=BLOCKS_PER_PROGRAM, **meta)
         sums.index_add_(0, to_device(owner, device), partial)
     return sums
+
+
+def _run_compiled(kernel: Any, ptrs: np.ndarray, elements: np.ndarray, plane_ptrs: np.ndarray,
+                  itemsize: int) -> torch.Tensor:
+    """Run a compiled split or merge over tensors at ``ptrs`` (rows of at most CPU_PIECE_BYTES,
+    threads split by bytes); each tensor's wsum64."""
+    owner, first, count = pieces(elements, CPU_PIECE_BYTES // itemsize)
+    sums = np.zeros(elements.size, dtype=np.uint64)
+    kernel(_table([ptrs[owner], first, count, owner, plane_ptrs[owner]], owner.size), itemsize, sums,
+           compiled_threads(int(elements.sum()) * itemsize))
+    return torch.from_numpy(sums.view(np.int64))
 
 
 def split_planes(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Tensor, starts: np.ndarray,
@@ -150,13 +96,18 @@ def split_planes(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Ten
     (int64)."""
     device = planes.device
     elements = np.array([d.numel() // itemsize for d in datas], dtype=np.int64)
-    if not use_triton(device):
+    if not use_triton(device) and COMPILED is None:
         return _split_numpy(datas, itemsize, planes, starts, strides, hist, hist_rows)
-    owner, first = _programs(elements)
     src = np.array([d.data_ptr() for d in datas], dtype=np.int64)
     plane_ptrs = planes.data_ptr() + starts[:, None] + strides[:, None] * np.arange(itemsize)[None, :]
+    if not use_triton(device):
+        COMPILED.sample_counts(np.stack([src, elements, hist_rows.astype(np.int64)], axis=1), itemsize, hist.numpy(),
+                               _SAMPLE_ELEMENTS)
+        return _run_compiled(COMPILED.split, src, elements, plane_ptrs, itemsize)
+    owner, first = _programs(elements)
     rows = [src[owner], elements[owner], first, hist_rows.astype(np.int64)[owner], plane_ptrs[owner]]
-    return _launch(_split_kernel, device, rows, owner, len(datas), hist, K=itemsize, SAMPLE_EVERY=_SAMPLE_EVERY)
+    return _launch(load_triton("_planes_triton").split_kernel, device, rows, owner, len(datas), hist, K=itemsize,
+                   SAMPLE_EVERY=_SAMPLE_EVERY)
 
 
 def merge_planes(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[torch.Tensor],
@@ -165,14 +116,19 @@ def merge_planes(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[to
     at ``bases[plane_base[t, j]][plane_offset[t, j]:]``. Returns each tensor's wsum64 (int64)."""
     device = outs[0].device
     elements = np.array([o.numel() // itemsize for o in outs], dtype=np.int64)
-    if not use_triton(device):
+    if not use_triton(device) and COMPILED is None:
         return _merge_numpy(outs, itemsize, bases, plane_base, plane_offset)
-    owner, first = _programs(elements)
     dst = np.array([o.data_ptr() for o in outs], dtype=np.int64)
     base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
     plane_ptrs = base_ptrs[plane_base] + plane_offset
+    if not use_triton(device):
+        sizes = np.array([b.numel() for b in bases], dtype=np.int64)
+        if ((plane_offset < 0) | (plane_offset + elements[:, None] > sizes[plane_base])).any():
+            raise CorruptCheckpointError("a byte plane reaches past the bytes that hold it")
+        return _run_compiled(COMPILED.merge, dst, elements, plane_ptrs, itemsize)
+    owner, first = _programs(elements)
     rows = [dst[owner], elements[owner], first, np.zeros_like(owner), plane_ptrs[owner]]
-    return _launch(_merge_kernel, device, rows, owner, len(outs), K=itemsize)
+    return _launch(load_triton("_planes_triton").merge_kernel, device, rows, owner, len(outs), K=itemsize)
 
 
 def _each_element_row(tensors: Sequence[torch.Tensor], itemsize: int,

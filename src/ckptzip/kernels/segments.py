@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from ..checksum import wsum64_array
-from . import INTERPRET, to_device, triton, use_triton
+from ..errors import CorruptCheckpointError
+from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, load_triton, pieces, to_device, use_triton
 
 BLOCK = 8192  # bytes a program handles at once
 # Blocks per program: few programs, so the address tables the host builds stay small (two under
@@ -22,62 +23,6 @@ BLOCK = 8192  # bytes a program handles at once
 ITERS = 2 if INTERPRET else 8
 SPAN = BLOCK * ITERS  # bytes per program
 WORD_ALIGN = 16  # segments at such addresses, of such lengths, take the word-wise kernel
-
-if triton is not None:
-    import triton.language as tl
-
-    @triton.jit
-    def _segments_kernel(table, partial, BLOCK: tl.constexpr, ITERS: tl.constexpr, GATHER: tl.constexpr):
-        # table row per program: source address, destination address, bytes (<= ITERS * BLOCK),
-        # first word; a program handles ITERS blocks of BLOCK bytes
-        pid = tl.program_id(0)
-        src = tl.load(table + pid * 4).to(tl.pointer_type(tl.uint8))
-        dst = tl.load(table + pid * 4 + 1).to(tl.pointer_type(tl.uint8))
-        n = tl.load(table + pid * 4 + 2)
-        word0 = tl.load(table + pid * 4 + 3)
-        W: tl.constexpr = BLOCK // 8
-        shifts = (tl.arange(0, 8) * 8).to(tl.int64)[None, :]
-        total = tl.zeros((), dtype=tl.int64)
-        for it in range(ITERS):
-            offs = it * BLOCK + tl.arange(0, W)[:, None] * 8 + tl.arange(0, 8)[None, :]
-            mask = offs < n
-            x = tl.load(src + offs, mask=mask, other=0)
-            if GATHER:
-                tl.store(dst + offs, x, mask=mask)
-            words = tl.sum(x.to(tl.int64) << shifts, axis=1)
-            weights = (word0 + it * W + tl.arange(0, W)).to(tl.int64) * 2 + 1
-            total += tl.sum(words * weights, axis=0)
-        tl.store(partial + pid, total)
-
-
-    @triton.jit
-    def _segments_words_kernel(table, partial, BLOCK: tl.constexpr, ITERS: tl.constexpr, GATHER: tl.constexpr):
-        # as _segments_kernel, for 16-byte aligned addresses and lengths: whole words, vector loads
-        pid = tl.program_id(0)
-        src = tl.multiple_of(tl.load(table + pid * 4), 16).to(tl.pointer_type(tl.int64))
-        dst = tl.multiple_of(tl.load(table + pid * 4 + 1), 16).to(tl.pointer_type(tl.int64))
-        n = tl.load(table + pid * 4 + 2) // 8
-        word0 = tl.load(table + pid * 4 + 3)
-        W: tl.constexpr = BLOCK // 8
-        total = tl.zeros((), dtype=tl.int64)
-        for it in range(ITERS):
-            i = it * W + tl.arange(0, W)
-            mask = i < n
-            x = tl.load(src + i, mask=mask, other=0)
-            if GATHER:
-                tl.store(dst + i, x, mask=mask)
-            total += tl.sum(x * ((word0 + i).to(tl.int64) * 2 + 1), axis=0)
-        tl.store(partial + pid, total)
-
-
-    @triton.jit
-    def _gather_bytes_kernel(addresses, out, n, BLOCK: tl.constexpr):
-        # out[i] = the byte at addresses[i]
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = i < n
-        at = tl.load(addresses + i, mask=mask, other=0).to(tl.pointer_type(tl.uint8))
-        tl.store(out + i, tl.load(at, mask=mask, other=0), mask=mask)
-
 
 def gather_bytes(bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
     """``bases[base_index[i]][offsets[i]]`` for every i (1-D uint8 tensors on one device): one
@@ -97,7 +42,7 @@ def gather_bytes(bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets:
         base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
         addresses = to_device(base_ptrs[base_index.astype(np.int64)] + offsets.astype(np.int64), device)
         block = 1024
-        _gather_bytes_kernel[(-(-len(offsets) // block),)](addresses, out, len(offsets), BLOCK=block)
+        load_triton("_segments_triton").gather_bytes_kernel[(-(-len(offsets) // block),)](addresses, out, len(offsets), BLOCK=block)
     return out
 
 
@@ -124,33 +69,40 @@ def segment_sums(
     count = len(lengths)
     if count == 0:
         return torch.zeros(0, dtype=torch.int64, device=device)
-    if not use_triton(device):
+    on_cpu = not use_triton(device)
+    if on_cpu and COMPILED is None:
         return _segment_sums_numpy(bases, base_index, offsets, lengths, outs, out_index, out_offsets)
     lengths = lengths.astype(np.int64)
-    pieces = -(-lengths // SPAN)
-    owner = np.repeat(np.arange(count, dtype=np.int64), pieces)
-    piece = np.arange(owner.size, dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)
     base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
     src = base_ptrs[base_index.astype(np.int64)] + offsets.astype(np.int64)
+    if on_cpu:
+        _check_bounds(bases, base_index, offsets, lengths)
     if outs:
         assert out_index is not None and out_offsets is not None  # given with outs
         out_ptrs = np.array([o.data_ptr() for o in outs], dtype=np.int64)
         dst = out_ptrs[out_index.astype(np.int64)] + out_offsets.astype(np.int64)
+        if on_cpu:
+            _check_bounds(outs, out_index, out_offsets, lengths)
     else:
         dst = np.zeros(count, dtype=np.int64)
-    table = np.stack([
-        src[owner] + piece * SPAN,
-        dst[owner] + piece * SPAN,
-        np.minimum(SPAN, lengths[owner] - piece * SPAN),
-        piece * (SPAN // 8),
-    ], axis=1)
+    if on_cpu:
+        owner, start, size = pieces(lengths, CPU_PIECE_BYTES)
+        found = np.zeros(count, dtype=np.uint64)
+        table = np.stack([src[owner] + start, dst[owner] + start if outs else np.zeros_like(owner), size, owner,
+                          start // 8], axis=1)
+        COMPILED.segments(table, 1, found, compiled_threads(int(lengths.sum())))
+        return torch.from_numpy(_as_signed(found))
+    owner, start, size = pieces(lengths, SPAN)
+    table = np.stack([src[owner] + start, dst[owner] + start, size, start // 8], axis=1)
     sums = torch.zeros(count, dtype=torch.int64, device=device)
     if not owner.size:
         return sums
     aligned = (src % WORD_ALIGN == 0) & (dst % WORD_ALIGN == 0) & (lengths % WORD_ALIGN == 0)
     fast = aligned[owner]
     partial = torch.empty(owner.size, dtype=torch.int64, device=device)
-    for kernel, rows in ((_segments_words_kernel, np.flatnonzero(fast)), (_segments_kernel, np.flatnonzero(~fast))):
+    kernels = load_triton("_segments_triton")
+    for kernel, rows in ((kernels.segments_words_kernel, np.flatnonzero(fast)),
+                         (kernels.segments_kernel, np.flatnonzero(~fast))):
         if rows.size:
             table_dev = to_device(table[rows].reshape(-1), device)
             part = torch.empty(rows.size, dtype=torch.int64, device=device)
@@ -158,6 +110,14 @@ def segment_sums(
             partial[to_device(rows, device)] = part
     sums.index_add_(0, to_device(owner, device), partial)
     return sums
+
+
+def _check_bounds(buffers: Sequence[torch.Tensor], index: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> None:
+    """``CorruptCheckpointError`` unless every segment lies within its buffer (the compiled
+    kernels read and write raw addresses)."""
+    sizes = np.array([b.numel() for b in buffers], dtype=np.int64)
+    if ((offsets < 0) | (offsets + lengths > sizes[index.astype(np.int64)])).any():
+        raise CorruptCheckpointError("a stored chunk reaches past the bytes that hold it")
 
 
 def _segment_sums_numpy(

@@ -1,0 +1,286 @@
+/* Compiled CPU kernels of ckptzip.kernels (private; ckptzip.kernels.cpu is the interface).
+ *
+ * Byte-plane split and merge fused with the wsum64 checksum (docs/FORMAT.md), sampled byte counts
+ * of planes, and checksummed segment gathers: one pass over the data, straight into the output.
+ * Work comes as a table of rows (int64), one row per piece of a tensor or segment, with raw
+ * addresses (the Triton kernels take the same kind of table); each call releases the GIL and
+ * splits its rows between `threads` threads by bytes. wsum64 is linear in the words, so the
+ * partial sum of each row is added to its owner's sum (mod 2**64) in any order.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_THREADS 256
+#define MAX_ITEMSIZE 8
+
+typedef struct {
+    const int64_t *table;  /* rows of `width` int64 */
+    Py_ssize_t width;
+    Py_ssize_t begin, end; /* rows of this thread */
+    int itemsize;
+    uint64_t *partial;     /* one per row */
+} Work;
+
+static inline uint64_t load64(const uint8_t *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w; /* little-endian hosts only (checked at import) */
+}
+
+static inline void store64(uint8_t *p, uint64_t w) { memcpy(p, &w, 8); }
+
+/* wsum64 terms of `bytes` bytes at p whose first word is word number w0; the tail zero-padded. */
+static uint64_t wsum(const uint8_t *p, uint64_t bytes, uint64_t w0) {
+    uint64_t total = 0, words = bytes / 8, i;
+    for (i = 0; i < words; i++) total += load64(p + 8 * i) * (2 * (w0 + i) + 1);
+    if (bytes % 8) {
+        uint8_t last[8] = {0};
+        memcpy(last, p + 8 * words, bytes % 8);
+        total += load64(last) * (2 * (w0 + words) + 1);
+    }
+    return total;
+}
+
+/* Split rows: source address, first element, elements, owner, K plane addresses (element 0). */
+static void split_row(const int64_t *row, int k, uint64_t *partial) {
+    const uint8_t *src = (const uint8_t *)(uintptr_t)row[0];
+    uint64_t first = (uint64_t)row[1], n = (uint64_t)row[2], e;
+    const uint8_t *s = src + first * k;
+    uint8_t *p[MAX_ITEMSIZE];
+    int j;
+    for (j = 0; j < k; j++) p[j] = (uint8_t *)(uintptr_t)row[4 + j] + first;
+    switch (k) { /* constant k per loop, so the compiler unrolls and vectorises the byte shuffles */
+    case 2:
+        for (e = 0; e < n; e++) { p[0][e] = s[2 * e]; p[1][e] = s[2 * e + 1]; }
+        break;
+    case 4:
+        for (e = 0; e < n; e++) {
+            p[0][e] = s[4 * e]; p[1][e] = s[4 * e + 1]; p[2][e] = s[4 * e + 2]; p[3][e] = s[4 * e + 3];
+        }
+        break;
+    default:
+        for (e = 0; e < n; e++) {
+            p[0][e] = s[8 * e]; p[1][e] = s[8 * e + 1]; p[2][e] = s[8 * e + 2]; p[3][e] = s[8 * e + 3];
+            p[4][e] = s[8 * e + 4]; p[5][e] = s[8 * e + 5]; p[6][e] = s[8 * e + 6]; p[7][e] = s[8 * e + 7];
+        }
+    }
+    *partial = wsum(s, n * k, first * k / 8);
+}
+
+/* Merge rows: destination address, first element, elements, owner, K plane addresses. */
+static void merge_row(const int64_t *row, int k, uint64_t *partial) {
+    uint8_t *dst = (uint8_t *)(uintptr_t)row[0];
+    uint64_t first = (uint64_t)row[1], n = (uint64_t)row[2], e;
+    uint8_t *d = dst + first * k;
+    const uint8_t *p[MAX_ITEMSIZE];
+    int j;
+    for (j = 0; j < k; j++) p[j] = (const uint8_t *)(uintptr_t)row[4 + j] + first;
+    switch (k) {
+    case 2:
+        for (e = 0; e < n; e++) { d[2 * e] = p[0][e]; d[2 * e + 1] = p[1][e]; }
+        break;
+    case 4:
+        for (e = 0; e < n; e++) {
+            d[4 * e] = p[0][e]; d[4 * e + 1] = p[1][e]; d[4 * e + 2] = p[2][e]; d[4 * e + 3] = p[3][e];
+        }
+        break;
+    default:
+        for (e = 0; e < n; e++) {
+            d[8 * e] = p[0][e]; d[8 * e + 1] = p[1][e]; d[8 * e + 2] = p[2][e]; d[8 * e + 3] = p[3][e];
+            d[8 * e + 4] = p[4][e]; d[8 * e + 5] = p[5][e]; d[8 * e + 6] = p[6][e]; d[8 * e + 7] = p[7][e];
+        }
+    }
+    *partial = wsum(d, n * k, first * k / 8);
+}
+
+/* Segment rows: source address, destination address (0: checksum only), bytes, owner, first word. */
+static void segment_row(const int64_t *row, int unused, uint64_t *partial) {
+    const uint8_t *src = (const uint8_t *)(uintptr_t)row[0];
+    uint8_t *dst = (uint8_t *)(uintptr_t)row[1];
+    uint64_t n = (uint64_t)row[2], w0 = (uint64_t)row[4], words = n / 8, total = 0, i;
+    (void)unused;
+    if (!dst) {
+        *partial = wsum(src, n, w0);
+        return;
+    }
+    for (i = 0; i < words; i++) {
+        uint64_t w = load64(src + 8 * i);
+        store64(dst + 8 * i, w);
+        total += w * (2 * (w0 + i) + 1);
+    }
+    if (n % 8) {
+        memcpy(dst + 8 * words, src + 8 * words, n % 8);
+        total += wsum(src + 8 * words, n % 8, w0 + words);
+    }
+    *partial = total;
+}
+
+typedef void (*RowFn)(const int64_t *, int, uint64_t *);
+
+typedef struct {
+    Work work;
+    RowFn fn;
+} Job;
+
+static void *run_job(void *arg) {
+    Job *job = (Job *)arg;
+    Py_ssize_t r;
+    for (r = job->work.begin; r < job->work.end; r++)
+        job->fn(job->work.table + r * job->work.width, job->work.itemsize, job->work.partial + r);
+    return NULL;
+}
+
+/* Run fn over every row on up to `threads` threads (rows split by their bytes, column 2 times
+ * `scale`), then add each row's partial sum to sums[owner] (column 3). */
+static int run_rows(const int64_t *table, Py_ssize_t rows, Py_ssize_t width, int itemsize, int scale,
+                    int threads, RowFn fn, uint64_t *sums, Py_ssize_t nsums) {
+    uint64_t *partial;
+    Job jobs[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    uint64_t total = 0, done = 0;
+    Py_ssize_t r, begin = 0;
+    int t;
+    for (r = 0; r < rows; r++) {
+        int64_t owner = table[r * width + 3];
+        if (owner < 0 || owner >= nsums || table[r * width + 2] < 0) return -1;
+        total += (uint64_t)table[r * width + 2] * scale;
+    }
+    partial = (uint64_t *)PyMem_RawMalloc(sizeof(uint64_t) * (rows ? rows : 1));
+    if (!partial) return -2;
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if ((Py_ssize_t)threads > rows) threads = rows ? (int)rows : 1;
+    for (t = 0; t < threads; t++) { /* contiguous rows, about total / threads bytes each */
+        Py_ssize_t end = begin;
+        uint64_t goal = total / threads * (t + 1);
+        while (end < rows && (t == threads - 1 || done < goal)) done += (uint64_t)table[end++ * width + 2] * scale;
+        jobs[t].work = (Work){table, width, begin, end, itemsize, partial};
+        jobs[t].fn = fn;
+        begin = end;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (t = 1; t < threads; t++) started[t] = pthread_create(&ids[t], NULL, run_job, &jobs[t]) == 0;
+    run_job(&jobs[0]);
+    for (t = 1; t < threads; t++) {
+        if (started[t]) pthread_join(ids[t], NULL);
+        else run_job(&jobs[t]); /* no thread to be had: this one does the work */
+    }
+    Py_END_ALLOW_THREADS
+    for (r = 0; r < rows; r++) sums[table[r * width + 3]] += partial[r];
+    PyMem_RawFree(partial);
+    return 0;
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    if (view->len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items", what, view->len,
+                     itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* kernel(table, width, itemsize, scale, sums, threads) for one of the row functions. */
+static PyObject *run_table(PyObject *args, RowFn fn, Py_ssize_t width, int planes) {
+    PyObject *table_obj, *sums_obj;
+    int itemsize, threads, status;
+    Py_buffer table, sums;
+    if (!PyArg_ParseTuple(args, "OiOi", &table_obj, &itemsize, &sums_obj, &threads)) return NULL;
+    if (planes && itemsize != 2 && itemsize != 4 && itemsize != 8)
+        return PyErr_Format(PyExc_ValueError, "item size %d: expected 2, 4 or 8", itemsize);
+    if (get_buffer(table_obj, &table, 0, (Py_ssize_t)sizeof(int64_t) * width, "table") < 0) return NULL;
+    if (get_buffer(sums_obj, &sums, 1, sizeof(uint64_t), "sums") < 0) {
+        PyBuffer_Release(&table);
+        return NULL;
+    }
+    status = run_rows((const int64_t *)table.buf, table.len / (Py_ssize_t)sizeof(int64_t) / width, width,
+                      itemsize, planes ? itemsize : 1, threads, fn, (uint64_t *)sums.buf,
+                      sums.len / (Py_ssize_t)sizeof(uint64_t));
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&sums);
+    if (status == -1) return PyErr_Format(PyExc_ValueError, "a row's owner or length is out of range");
+    if (status == -2) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *split(PyObject *self, PyObject *args) {
+    (void)self;
+    return run_table(args, split_row, 4 + MAX_ITEMSIZE, 1);
+}
+
+static PyObject *merge(PyObject *self, PyObject *args) {
+    (void)self;
+    return run_table(args, merge_row, 4 + MAX_ITEMSIZE, 1);
+}
+
+static PyObject *segments(PyObject *self, PyObject *args) {
+    (void)self;
+    return run_table(args, segment_row, 5, 0);
+}
+
+/* sample_counts(table, itemsize, hist, sample): rows (source address, elements, histogram row);
+ * adds the bytes of every max(1, elements // sample)-th element to hist[row][plane][byte]
+ * (int32, 8 x 256 per row). */
+static PyObject *sample_counts(PyObject *self, PyObject *args) {
+    PyObject *table_obj, *hist_obj;
+    int itemsize;
+    long long sample;
+    Py_buffer table, hist;
+    Py_ssize_t rows, r, nhist;
+    int bad = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OiOL", &table_obj, &itemsize, &hist_obj, &sample)) return NULL;
+    if (itemsize < 1 || itemsize > MAX_ITEMSIZE || sample < 1)
+        return PyErr_Format(PyExc_ValueError, "item size %d or sample %lld out of range", itemsize, sample);
+    if (get_buffer(table_obj, &table, 0, sizeof(int64_t) * 3, "table") < 0) return NULL;
+    if (get_buffer(hist_obj, &hist, 1, sizeof(int32_t) * MAX_ITEMSIZE * 256, "hist") < 0) {
+        PyBuffer_Release(&table);
+        return NULL;
+    }
+    rows = table.len / (Py_ssize_t)(sizeof(int64_t) * 3);
+    nhist = hist.len / (Py_ssize_t)(sizeof(int32_t) * MAX_ITEMSIZE * 256);
+    Py_BEGIN_ALLOW_THREADS
+    for (r = 0; r < rows && !bad; r++) {
+        const int64_t *row = (const int64_t *)table.buf + 3 * r;
+        const uint8_t *src = (const uint8_t *)(uintptr_t)row[0];
+        int64_t n = row[1], step = n / sample > 1 ? n / sample : 1, e;
+        int32_t *counts = (int32_t *)hist.buf + row[2] * MAX_ITEMSIZE * 256;
+        int j;
+        if (row[2] < 0 || row[2] >= nhist || n < 0) {
+            bad = 1;
+            break;
+        }
+        for (e = 0; e < n; e += step)
+            for (j = 0; j < itemsize; j++) counts[j * 256 + src[e * itemsize + j]]++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&hist);
+    if (bad) return PyErr_Format(PyExc_ValueError, "a row's histogram or length is out of range");
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"split", split, METH_VARARGS, "split(table, itemsize, sums, threads): byte planes and wsum64 of rows"},
+    {"merge", merge, METH_VARARGS, "merge(table, itemsize, sums, threads): elements from planes, and wsum64"},
+    {"segments", segments, METH_VARARGS, "segments(table, 1, sums, threads): copies and wsum64 of segments"},
+    {"sample_counts", sample_counts, METH_VARARGS, "sample_counts(table, itemsize, hist, sample)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu", "Compiled CPU kernels of ckptzip.", -1, methods};
+
+PyMODINIT_FUNC PyInit__cpu(void) {
+    const uint16_t one = 1;
+    if (*(const uint8_t *)&one != 1) {
+        PyErr_SetString(PyExc_ImportError, "ckptzip's compiled kernels need a little-endian CPU");
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}
