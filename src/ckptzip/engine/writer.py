@@ -38,7 +38,7 @@ from .staging import PinnedPool, copy_stream, pinned_pool
 BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
 # A GPU batch's peak is about three times its bytes (planes, codec outputs, the stored chunks),
 # and the pipeline holds up to three batches' stored bytes besides: budget / 6 per batch. A
-# tensor over a fifth of the budget is coded on the host.
+# tensor over a fifth of the budget is coded in element ranges (.parts).
 SAVE_WORKING_SETS = 6
 LARGEST_TENSOR_SHARE = 5
 WRITEBACK_BYTES = 64 << 20
