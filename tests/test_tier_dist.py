@@ -132,6 +132,17 @@ def test_a_step_missing_on_one_rank_is_restored_on_none(tmp_path: Path) -> None:
     assert [r["step"] for r in reports] == [4] * WORLD
 
 
+def test_a_job_resumed_from_the_agreed_step_replaces_the_newer_steps_of_single_ranks(tmp_path: Path) -> None:
+    root = tmp_path / "nodes"
+    finish(ranks("save-5", root))
+    name = "step_00000005.ckz"
+    (paths(root, 0)[1] / "own" / name).unlink()  # rank 0 never committed step 5; ranks 1 and 2 did
+    (paths(root, 1)[1] / "peer" / name).unlink()
+    finish(ranks("save-7", root))  # resumes after the agreed step 4: ranks 1 and 2 save 5 again
+    reports = restore_all(root, tmp_path)
+    assert [r["step"] for r in reports] == [7] * WORLD
+
+
 def test_a_damaged_tier_copy_is_replaced_by_the_peers(tmp_path: Path) -> None:
     root = tmp_path / "nodes"
     finish(ranks("save-5", root))

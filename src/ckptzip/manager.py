@@ -448,6 +448,7 @@ class CheckpointManager:
         memory.cap(gpu_memory)  # a bad value fails here, not at the first save
         self._storage = open_storage(directory, storage_options)
         self._tier = None if memory_tier is None else TieredStorage(memory_tier, self._storage, _NAMING, keep_last)
+        self._agreed: int | None = None  # the step the replicated group last agreed on
         if self._tier is not None:
             self._storage = self._tier
         self._keep_last = keep_last
@@ -532,6 +533,7 @@ class CheckpointManager:
             raise ValueError(f"step must be >= 0, got {step}")
         if self._lock is None:
             self._take_lock()
+        self._drop_orphans(step)
         newest = self._newest_step()
         if newest is not None and step <= newest:
             raise ValueError(
@@ -556,6 +558,18 @@ class CheckpointManager:
         future = self._executor.submit(self._save_snapshot, step, snapshot)
         self._pending.append((step, future))
         return future
+
+    def _drop_orphans(self, step: int) -> None:
+        """With a replicated memory tier: once the group agreed on a step (``latest_step`` or
+        ``restore``), this rank's newer checkpoints are complete on this rank alone, so no restore
+        of the group can use them; the first save after the agreed step replaces them."""
+        agreed, self._agreed = self._agreed, None
+        if agreed is None or self._pending or step <= agreed:
+            return
+        for old in sorted((s for s in self.all_steps() if s > agreed), reverse=True):  # a delta before its base
+            self._storage.delete(_STEP_NAME.format(old))
+            self._base_of.pop(old, None)
+        self._newest_committed = max((s for s in self.all_steps() if s <= agreed), default=None)
 
     def _take_lock(self) -> None:
         """Become the directory's writer; then look again at what earlier writers left."""
@@ -663,7 +677,8 @@ class CheckpointManager:
         """The newest committed step, or ``None`` if there is none. With a replicated memory
         tier, a collective: the newest step every rank of the group can restore."""
         if self._tier is not None and self._tier.peers is not None:
-            return self._tier.peers.latest()
+            self._agreed = self._tier.peers.latest()
+            return self._agreed
         steps = self.all_steps()
         return steps[-1] if steps else None
 
@@ -761,8 +776,15 @@ class CheckpointManager:
         ``step``) that every rank can, fetching its files from its peer where it lacks them.
         """
         if self._tier is not None and self._tier.peers is not None:
-            return self._tier.peers.restore(None if step is None else operator.index(step),
-                                            lambda s: self._load(s, map_location))
+            restored: list[int] = []
+
+            def load(s: int) -> Any:
+                restored.append(s)
+                return self._load(s, map_location)
+
+            state = self._tier.peers.restore(None if step is None else operator.index(step), load)
+            self._agreed = restored[-1] if restored else self._agreed
+            return state
         if step is not None:
             try:
                 return self._load(operator.index(step), map_location)
