@@ -6,12 +6,22 @@ Markers (gpu, slow) and warning filters live in pyproject.toml; nothing here ove
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
 import torch
 
 from ckptzip.engine import policy
+
+# One process runs Triton (the engine's GPU kernels, the interpreter tests, torch's own imports of
+# it through transformers) and TensorFlow, whose LLVM command-line options clash with Triton's
+# when TensorFlow's are registered first ("LLVM ERROR: inconsistency in registered CommandLine
+# options"). ckptzip imports Triton only once a GPU path runs, so the suite loads it here, before
+# any test module imports TensorFlow. (A user process that imports TensorFlow and then runs a GPU
+# save has the same conflict: docs/INTEGRATIONS.md.)
+with contextlib.suppress(ImportError):
+    import triton  # noqa: F401
 
 SMALL_CHUNK_BYTES = 1000
 
