@@ -144,8 +144,8 @@ _routed = False
 def _route_allocations() -> None:
     """Make nvCOMP allocate through torch's caching allocator (once per process). Its default,
     cudaMalloc, fails while torch caches the free memory, and cudaFree synchronises the device;
-    through torch, its scratch and outputs come from the memory torch can hand out, within the
-    engine's private pools (:mod:`ckptzip.engine.memory`)."""
+    through torch, its scratch and outputs come from the memory torch can hand out, on the stream
+    the engine works on (:mod:`ckptzip.engine.memory`)."""
     global _routed
     with _ROUTED:
         if not _routed:
