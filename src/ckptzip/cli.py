@@ -77,11 +77,44 @@ def _progress(args: argparse.Namespace) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
+def _entries(lines: list[str]) -> str:
+    return f"{len(lines)} entr{'y' if len(lines) == 1 else 'ies'}"
+
+
+def _report(head: str, lines: list[str]) -> None:
+    """Say on stderr what was done to which entries of a state, one path a line."""
+    if lines:
+        emit(f"ckptzip: {head}:\n" + "\n".join(f"  {line}" for line in lines), sys.stderr)
+
+
+def _compress_options(p: argparse.ArgumentParser) -> None:
+    _codec_arg(p)
+    p.add_argument(
+        "--trust-pickle", action="store_true",
+        help="load SRC with torch.load(weights_only=False), which RUNS ANY CODE PICKLED IN THE FILE: only for "
+        "files you trust (Lightning and HF checkpoints holding argparse.Namespace, paths, scheduler objects). "
+        "Objects ckptzip cannot store are converted where they have a plain form (Namespace, dict subclass and "
+        "namedtuple -> dict, path -> str), each reported on stderr",
+    )
+    p.add_argument(
+        "--skip-unsupported", action="store_true",
+        help="leave out the objects ckptzip cannot store (a dict entry is dropped, a list or tuple item becomes "
+        "None), each reported by its path; without it they are an error",
+    )
+
+
 def _compress(args: argparse.Namespace) -> None:
     from . import api
     from .convert import read_foreign
+    from .plain import storable
 
-    api.save(read_foreign(args.src), args.dst, codec=args.codec, progress=_progress(args))
+    if args.trust_pickle:
+        emit(f"ckptzip: warning: --trust-pickle loads {args.src} with torch.load(weights_only=False), which runs "
+             "any code pickled in the file; use it only for files you trust", sys.stderr)
+    plain = storable(read_foreign(args.src, trust_pickle=args.trust_pickle), skip_unsupported=args.skip_unsupported)
+    _report(f"note: converted {_entries(plain.converted)} to values ckptzip stores", plain.converted)
+    _report(f"note: left out {_entries(plain.dropped)} that ckptzip cannot store (--skip-unsupported)", plain.dropped)
+    api.save(plain.state, args.dst, codec=args.codec, progress=_progress(args))
 
 
 def _decompress(args: argparse.Namespace) -> None:
@@ -130,9 +163,10 @@ class _Commands(_SubParsers):
 
 
 def _add_file_command(
-    sub: _Commands, name: str, help_text: str, action: Callable[[argparse.Namespace], None], *, codec: bool,
+    sub: _Commands, name: str, help_text: str, action: Callable[[argparse.Namespace], None],
+    options: Configure | None = None,
 ) -> None:
-    """Add ``NAME SRC DST [--codec]``: run ``action``, then print both sizes, the ratio and the time."""
+    """Add ``NAME SRC DST [options]``: run ``action``, then print both sizes, the ratio and the time."""
     source, target = help_text.split(" -> ", 1) if " -> " in help_text else (".ckz file", ".ckz file to write")
 
     def configure(p: argparse.ArgumentParser) -> None:
@@ -140,8 +174,8 @@ def _add_file_command(
         p.add_argument("dst", help=f"output: {target}")
         force_arg(p)
         quiet_arg(p)
-        if codec:
-            _codec_arg(p)
+        if options is not None:
+            options(p)
         p.set_defaults(func=run)
 
     def run(args: argparse.Namespace) -> int:
@@ -260,12 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", action=_Commands)
     assert isinstance(sub, _Commands)
 
-    _add_file_command(sub, "compress", "torch.save or .safetensors file -> .ckz", _compress, codec=True)
+    _add_file_command(sub, "compress", "torch.save or .safetensors file -> .ckz", _compress, _compress_options)
+    _add_file_command(sub, "decompress", ".ckz -> torch.save file, or .safetensors by DST's extension", _decompress)
     _add_file_command(
-        sub, "decompress", ".ckz -> torch.save file, or .safetensors by DST's extension", _decompress, codec=False
-    )
-    _add_file_command(
-        sub, "convert", "re-encode a .ckz file with another codec (e.g. --codec portable)", _convert, codec=True
+        sub, "convert", "re-encode a .ckz file with another codec (e.g. --codec portable)", _convert, _codec_arg
     )
     sub.add_command("inspect", "per-tensor ratio table and totals by tensor class", _configure_inspect)
     sub.add_command("verify", "decode a .ckz file and check every checksum; writes nothing", _configure_verify)

@@ -1,0 +1,116 @@
+"""Plain states from the files users have.
+
+:func:`storable` makes what ``torch.load(weights_only=False)`` returned (a trusted Lightning or HF
+checkpoint) into what ckptzip stores, saying what it converted and what it left out. Every change
+is reported by the dotted path of the entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Any
+
+from .errors import UnsupportedObjectError
+from .tree import DROP, flatten, is_container, map_tree
+
+
+@dataclass
+class Plain:
+    """A state made plain, with what was changed: ``"path: from -> to"`` and ``"path: type"`` lines."""
+
+    state: Any
+    converted: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+def type_name(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}".removeprefix("builtins.")
+
+
+def _where(path: str) -> str:
+    return path or "<root>"
+
+
+def _stand_in(obj: Any) -> tuple[Any, str] | None:
+    """A value ckptzip stores in place of ``obj`` and its kind, for the objects that have one."""
+    if isinstance(obj, argparse.Namespace):
+        return dict(vars(obj)), "dict"
+    if isinstance(obj, PurePath):
+        return str(obj), "str"
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple: its fields by name
+        return dict(zip(obj._fields, obj)), "dict"
+    if isinstance(obj, dict):  # a subclass (AttributeDict, defaultdict, ...): its items
+        return dict(obj), "dict"
+    if isinstance(obj, tuple):
+        return tuple(obj), "tuple"
+    return None
+
+
+def _stores(obj: Any) -> bool:
+    """Whether ckptzip's tree stores the leaf ``obj`` as it is."""
+    try:
+        flatten(obj)
+    except UnsupportedObjectError:
+        return False
+    return True
+
+
+def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
+    """``obj`` with every leaf ckptzip cannot store replaced by a stand-in (a Namespace, dict
+    subclass or namedtuple by a dict, a path by its string) or, with ``skip_unsupported``, left out
+    (a dict entry is dropped, a list or tuple item becomes ``None``); without it, such a leaf is an
+    :class:`UnsupportedObjectError` naming every one by its path."""
+    plain = Plain(None)
+
+    def value(leaf: Any, path: str) -> Any:
+        if _stores(leaf):
+            return leaf
+        stand_in = _stand_in(leaf)
+        if stand_in is None:
+            plain.dropped.append(f"{_where(path)}: {type_name(leaf)}")
+            return DROP
+        new, kind = stand_in
+        plain.converted.append(f"{_where(path)}: {type_name(leaf)} -> {kind}")
+        return map_tree(new, value, key, path) if is_container(new) else new
+
+    def key(k: Any, path: str) -> Any:
+        if _stores(k):
+            return k
+        if isinstance(k, PurePath):
+            plain.converted.append(f"{path}: {type_name(k)} -> str")
+            return str(k)
+        plain.dropped.append(f"{path}: {type_name(k)}")
+        return DROP
+
+    try:
+        plain.state = map_tree(obj, value, key)
+    except RecursionError:
+        raise UnsupportedObjectError("the state is nested too deeply or holds a reference cycle") from None
+    if plain.state is DROP or (plain.dropped and not skip_unsupported):
+        raise UnsupportedObjectError(
+            f"ckptzip cannot store {len(plain.dropped)} object(s) of this state: {'; '.join(plain.dropped)}. "
+            "Pass --skip-unsupported (skip_unsupported=True) to leave them out (each is reported), or convert "
+            "them to tensors and plain values before saving"
+            + ("; the whole state is such an object" if plain.state is DROP else "")
+        )
+    return plain
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def weights_only_refusal(exc: BaseException) -> str:
+    """The reason in torch's long weights_only message ("Unsupported global: GLOBAL m.C was not an
+    allowed global by default"), or the message itself without terminal colour codes."""
+    text = _ANSI.sub("", str(exc))
+    if isinstance(exc, pickle.UnpicklingError):
+        for line in text.splitlines():
+            _, marker, reason = line.partition("WeightsUnpickler error: ")
+            if marker:
+                return reason.split(" Please use")[0].rstrip(". ")
+    return text.strip() or type(exc).__name__
+

@@ -1,0 +1,100 @@
+"""The files users have (issue #23): torch.save files holding objects that torch's weights_only
+unpickler refuses (``compress --trust-pickle``)."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import torch
+
+import ckptzip
+from ckptzip.cli import main
+from helpers import assert_same
+
+Point = collections.namedtuple("Point", ["x", "y"])
+
+
+def _lightning_like(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A checkpoint as Lightning and HF trainers write them: weights and optimizer state, with
+    hyperparameters as an argparse.Namespace holding a path, a defaultdict and a namedtuple."""
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
+    state = {
+        "state_dict": model.state_dict(),
+        "optimizer_states": [optimizer.state_dict()],
+        "lr_schedulers": [scheduler.state_dict()],
+        "hyper_parameters": argparse.Namespace(lr=0.1, data_dir=PurePosixPath("data/train"), layers=[4, 3]),
+        "loops": collections.defaultdict(list, fit=[1, 2]),
+        "origin": Point(1, 2),
+        "epoch": 3,
+    }
+    torch.save(state, tmp_path / "run.ckpt")
+    return tmp_path / "run.ckpt", state
+
+
+def test_a_refused_pickle_is_a_clean_error_naming_trust_pickle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src, _ = _lightning_like(tmp_path)
+    assert main(["compress", str(src), str(tmp_path / "run.ckz")]) == 1
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "add_safe_globals" not in err
+    assert "holds pickled objects that torch.load(weights_only=True) refuses (Unsupported global: GLOBAL " \
+        "argparse.Namespace was not an allowed global by default)" in err
+    assert "if you trust the file, pass --trust-pickle" in err
+    assert not (tmp_path / "run.ckz").exists()
+
+
+def test_trust_pickle_converts_what_ckptzip_stores_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, state = _lightning_like(tmp_path)
+    assert main(["compress", "--trust-pickle", str(src), str(tmp_path / "run.ckz")]) == 0
+    err = capsys.readouterr().err
+    assert "ckptzip: warning: --trust-pickle loads " in err and "which runs any code pickled in the file" in err
+    assert "note: converted 4 entries to values ckptzip stores:\n" \
+        "  hyper_parameters: argparse.Namespace -> dict\n" \
+        "  hyper_parameters.data_dir: pathlib.PurePosixPath -> str\n" \
+        "  loops: collections.defaultdict -> dict\n" \
+        "  origin: test_cli_files.Point -> dict\n" in err
+    back = ckptzip.load(tmp_path / "run.ckz")
+    assert back["hyper_parameters"] == {"lr": 0.1, "data_dir": "data/train", "layers": [4, 3]}
+    assert (back["loops"], back["origin"], back["epoch"]) == ({"fit": [1, 2]}, {"x": 1, "y": 2}, 3)
+    for key in ("state_dict", "optimizer_states", "lr_schedulers"):
+        assert_same(back[key], state[key])
+
+
+def test_an_object_ckptzip_cannot_store_is_an_error_or_with_skip_unsupported_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)  # the object, not its state_dict
+    torch.save({"w": model.weight.detach(), "scheduler": scheduler, "callbacks": [len, 5]}, tmp_path / "a.pt")
+    argv = ["compress", "--trust-pickle", str(tmp_path / "a.pt"), str(tmp_path / "a.ckz")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "ckptzip: error: ckptzip cannot store 2 object(s) of this state: scheduler: " \
+        "torch.optim.lr_scheduler.StepLR; callbacks.0: builtin_function_or_method. Pass --skip-unsupported" in err
+    assert not (tmp_path / "a.ckz").exists()
+
+    assert main([*argv, "--skip-unsupported"]) == 0
+    assert "note: left out 2 entries that ckptzip cannot store (--skip-unsupported):\n" \
+        "  scheduler: torch.optim.lr_scheduler.StepLR\n  callbacks.0: builtin_function_or_method\n" \
+        in capsys.readouterr().err
+    back = ckptzip.load(tmp_path / "a.ckz")
+    assert set(back) == {"w", "callbacks"} and back["callbacks"] == [None, 5]
+    assert_same(back["w"], model.weight.detach())
+
+
+def test_compress_help_says_what_trust_pickle_means(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["compress", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--trust-pickle load SRC with torch.load(weights_only=False), which RUNS ANY CODE PICKLED IN THE FILE" in out
+    assert "--skip-unsupported leave out the objects ckptzip cannot store" in out
