@@ -1,5 +1,6 @@
 """The files users have (issue #23): torch.save files holding objects that torch's weights_only
-unpickler refuses (``compress --trust-pickle``)."""
+unpickler refuses (``compress --trust-pickle``), and .pt files that ``torch.load(weights_only=True)``
+reads (``decompress`` of a state holding NumPy values)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import collections
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -98,3 +100,38 @@ def test_compress_help_says_what_trust_pickle_means(capsys: pytest.CaptureFixtur
     out = " ".join(capsys.readouterr().out.split())
     assert "--trust-pickle load SRC with torch.load(weights_only=False), which RUNS ANY CODE PICKLED IN THE FILE" in out
     assert "--skip-unsupported leave out the objects ckptzip cannot store" in out
+
+
+def test_decompress_writes_numpy_values_as_tensors_that_weights_only_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arrays = {"mean": np.linspace(0, 1, 7, dtype=np.float32), "counts": np.arange(6, dtype=np.int64).reshape(2, 3)}
+    state = {
+        "w": torch.randn(5, 3), "stats": arrays, "rng": [np.float64(0.25), np.int32(-3)], "name": "run", "step": 7,
+        "lr": 0.5,
+    }
+    ckptzip.save(state, tmp_path / "s.ckz")
+    assert main(["decompress", str(tmp_path / "s.ckz"), str(tmp_path / "s.pt")]) == 0
+    assert "note: wrote 4 entries holding NumPy values as tensors of the same dtype and bits, so that " \
+        "torch.load(weights_only=True) reads the file:\n  stats.mean: numpy.ndarray -> torch.Tensor\n" \
+        "  stats.counts: numpy.ndarray -> torch.Tensor\n  rng.0: numpy.float64 -> torch.Tensor\n" \
+        "  rng.1: numpy.int32 -> torch.Tensor\n" in capsys.readouterr().err
+    back = torch.load(tmp_path / "s.pt", weights_only=True)
+    assert_same(back["w"], state["w"])
+    for key, array in arrays.items():
+        assert_same(back["stats"][key], torch.from_numpy(array))
+    assert_same(back["rng"], [torch.tensor(0.25, dtype=torch.float64), torch.tensor(-3, dtype=torch.int32)])
+    assert (back["name"], back["step"], back["lr"]) == ("run", 7, 0.5)
+    assert main(["compress", str(tmp_path / "s.pt"), str(tmp_path / "again.ckz")]) == 0
+    assert_same(ckptzip.load(tmp_path / "again.ckz"), back)
+
+
+def test_decompress_names_the_entries_weights_only_will_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckptzip.save({"w": torch.ones(3), "tag": np.str_("fp32")}, tmp_path / "s.ckz")
+    assert main(["decompress", str(tmp_path / "s.ckz"), str(tmp_path / "s.pt")]) == 0
+    assert "warning: torch.load(weights_only=True) will refuse " in (err := capsys.readouterr().err)
+    assert " for 1 entry (NumPy values torch cannot hold); load it with weights_only=False, or keep the .ckz:\n" \
+        "  tag: numpy.str_\n" in err
+    assert torch.load(tmp_path / "s.pt", weights_only=False)["tag"] == "fp32"

@@ -119,9 +119,19 @@ def _compress(args: argparse.Namespace) -> None:
 
 def _decompress(args: argparse.Namespace) -> None:
     from . import api
-    from .convert import write_foreign
+    from .convert import is_safetensors, write_foreign
+    from .plain import weights_only_loadable
 
-    write_foreign(api.load(args.src, map_location="cpu", progress=_progress(args)), args.dst)
+    state = api.load(args.src, map_location="cpu", progress=_progress(args))
+    if not is_safetensors(args.dst):
+        plain = weights_only_loadable(state)
+        _report(f"note: wrote {_entries(plain.converted)} holding NumPy values as tensors of the same dtype and "
+                "bits, so that torch.load(weights_only=True) reads the file", plain.converted)
+        _report(f"warning: torch.load(weights_only=True) will refuse {args.dst} for {_entries(plain.dropped)} "
+                "(NumPy values torch cannot hold); load it with weights_only=False, or keep the .ckz",
+                plain.dropped)
+        state = plain.state
+    write_foreign(state, args.dst)
 
 
 def _convert(args: argparse.Namespace) -> None:

@@ -1,8 +1,9 @@
-"""Plain states from the files users have.
+"""Plain states from the files users have, and for the tools they use.
 
 :func:`storable` makes what ``torch.load(weights_only=False)`` returned (a trusted Lightning or HF
-checkpoint) into what ckptzip stores, saying what it converted and what it left out. Every change
-is reported by the dotted path of the entry.
+checkpoint) into what ckptzip stores, saying what it converted and what it left out;
+:func:`weights_only_loadable` makes a loaded state into what ``torch.load(weights_only=True)``
+reads. Every change is reported by the dotted path of the entry.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
+
+import numpy as np
+import torch
 
 from .errors import UnsupportedObjectError
 from .tree import DROP, flatten, is_container, map_tree
@@ -97,6 +101,27 @@ def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
             "them to tensors and plain values before saving"
             + ("; the whole state is such an object" if plain.state is DROP else "")
         )
+    return plain
+
+
+def weights_only_loadable(obj: Any) -> Plain:
+    """``obj`` with its NumPy arrays and numeric NumPy scalars as tensors of the same dtype and
+    bits (``torch.load(weights_only=True)`` refuses NumPy objects); NumPy scalars torch cannot
+    hold (strings, dates) stay, listed in ``dropped`` as what keeps the file from loading so."""
+    plain = Plain(None)
+
+    def value(leaf: Any, path: str) -> Any:
+        if not isinstance(leaf, (np.ndarray, np.generic)):
+            return leaf
+        try:
+            tensor = torch.from_numpy(np.asarray(leaf))
+        except TypeError:
+            plain.dropped.append(f"{_where(path)}: {type_name(leaf)}")
+            return leaf
+        plain.converted.append(f"{_where(path)}: {type_name(leaf)} -> torch.Tensor")
+        return tensor
+
+    plain.state = map_tree(obj, value)
     return plain
 
 
