@@ -20,9 +20,14 @@ from helpers import assert_same
 Point = collections.namedtuple("Point", ["x", "y"])
 
 
+class EmaWeights(collections.OrderedDict[str, torch.Tensor]):
+    """A state-dict class of a user's own."""
+
+
 def _lightning_like(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     """A checkpoint as Lightning and HF trainers write them: weights and optimizer state, with
-    hyperparameters as an argparse.Namespace holding a path, a defaultdict and a namedtuple."""
+    hyperparameters as an argparse.Namespace holding a path, a defaultdict, a namedtuple and an
+    OrderedDict subclass."""
     model = torch.nn.Linear(4, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(2, 4)).sum().backward()
@@ -35,6 +40,7 @@ def _lightning_like(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
         "hyper_parameters": argparse.Namespace(lr=0.1, data_dir=PurePosixPath("data/train"), layers=[4, 3]),
         "loops": collections.defaultdict(list, fit=[1, 2]),
         "origin": Point(1, 2),
+        "ema": EmaWeights(weight=model.weight.detach().clone()),
         "epoch": 3,
     }
     torch.save(state, tmp_path / "run.ckpt")
@@ -59,14 +65,16 @@ def test_trust_pickle_converts_what_ckptzip_stores_and_says_so(
     assert main(["compress", "--trust-pickle", str(src), str(tmp_path / "run.ckz")]) == 0
     err = capsys.readouterr().err
     assert "ckptzip: warning: --trust-pickle loads " in err and "which runs any code pickled in the file" in err
-    assert "note: converted 4 entries to values ckptzip stores:\n" \
+    assert "note: converted 5 entries to values ckptzip stores:\n" \
         "  hyper_parameters: argparse.Namespace -> dict\n" \
         "  hyper_parameters.data_dir: pathlib.PurePosixPath -> str\n" \
         "  loops: collections.defaultdict -> dict\n" \
-        "  origin: test_cli_files.Point -> dict\n" in err
+        "  origin: test_cli_files.Point -> dict\n" \
+        "  ema: test_cli_files.EmaWeights -> collections.OrderedDict\n" in err
     back = ckptzip.load(tmp_path / "run.ckz")
     assert back["hyper_parameters"] == {"lr": 0.1, "data_dir": "data/train", "layers": [4, 3]}
     assert (back["loops"], back["origin"], back["epoch"]) == ({"fit": [1, 2]}, {"x": 1, "y": 2}, 3)
+    assert_same(back["ema"], collections.OrderedDict(state["ema"]))
     for key in ("state_dict", "optimizer_states", "lr_schedulers"):
         assert_same(back[key], state[key])
 
@@ -92,6 +100,19 @@ def test_an_object_ckptzip_cannot_store_is_an_error_or_with_skip_unsupported_lef
     back = ckptzip.load(tmp_path / "a.ckz")
     assert set(back) == {"w", "callbacks"} and back["callbacks"] == [None, 5]
     assert_same(back["w"], model.weight.detach())
+
+
+def test_an_error_names_ten_objects_and_an_unsupported_whole_state_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.save({f"f{i}": len for i in range(12)}, tmp_path / "many.pt")
+    assert main(["compress", "--trust-pickle", str(tmp_path / "many.pt"), str(tmp_path / "many.ckz")]) == 1
+    assert "cannot store 12 object(s) of this state: f0: builtin_function_or_method; " in (err := capsys.readouterr().err)
+    assert "; f9: builtin_function_or_method; and 2 more. Pass --skip-unsupported" in err
+    torch.save(len, tmp_path / "one.pt")
+    argv = ["compress", "--trust-pickle", "--skip-unsupported", str(tmp_path / "one.pt"), str(tmp_path / "one.ckz")]
+    assert main(argv) == 1
+    assert "ckptzip: error: the state is a builtin_function_or_method, which ckptzip cannot store" in capsys.readouterr().err
 
 
 def test_compress_help_says_what_trust_pickle_means(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ reads. Every change is reported by the dotted path of the entry.
 from __future__ import annotations
 
 import argparse
+import collections
 import pickle
 import re
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ def type_name(obj: Any) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}".removeprefix("builtins.")
 
 
+_SHOWN = 10  # objects an error names; --skip-unsupported reports every one
+
+
 def _where(path: str) -> str:
     return path or "<root>"
 
@@ -47,6 +51,8 @@ def _stand_in(obj: Any) -> tuple[Any, str] | None:
         return str(obj), "str"
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple: its fields by name
         return dict(zip(obj._fields, obj)), "dict"
+    if isinstance(obj, collections.OrderedDict):  # a subclass: its items, in order
+        return collections.OrderedDict(obj), "collections.OrderedDict"
     if isinstance(obj, dict):  # a subclass (AttributeDict, defaultdict, ...): its items
         return dict(obj), "dict"
     if isinstance(obj, tuple):
@@ -94,12 +100,15 @@ def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
         plain.state = map_tree(obj, value, key)
     except RecursionError:
         raise UnsupportedObjectError("the state is nested too deeply or holds a reference cycle") from None
-    if plain.state is DROP or (plain.dropped and not skip_unsupported):
+    if plain.state is DROP:
+        raise UnsupportedObjectError(f"the state is a {type_name(obj)}, which ckptzip cannot store")
+    if plain.dropped and not skip_unsupported:
+        more = len(plain.dropped) - _SHOWN
+        shown = "; ".join(plain.dropped[:_SHOWN]) + (f"; and {more} more" if more > 0 else "")
         raise UnsupportedObjectError(
-            f"ckptzip cannot store {len(plain.dropped)} object(s) of this state: {'; '.join(plain.dropped)}. "
-            "Pass --skip-unsupported (skip_unsupported=True) to leave them out (each is reported), or convert "
-            "them to tensors and plain values before saving"
-            + ("; the whole state is such an object" if plain.state is DROP else "")
+            f"ckptzip cannot store {len(plain.dropped)} object(s) of this state: {shown}. Pass --skip-unsupported "
+            "(skip_unsupported=True) to leave them out (each is reported), or convert them to tensors and plain "
+            "values before saving"
         )
     return plain
 
