@@ -156,3 +156,40 @@ def test_decompress_names_the_entries_weights_only_will_refuse(
     assert " for 1 entry (NumPy values torch cannot hold); load it with weights_only=False, or keep the .ckz:\n" \
         "  tag: numpy.str_\n" in err
     assert torch.load(tmp_path / "s.pt", weights_only=False)["tag"] == "fp32"
+
+
+def test_a_real_lightning_checkpoint_with_a_path_in_its_hyperparameters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+
+    class Model(pl.LightningModule):
+        def __init__(self, hparams: argparse.Namespace) -> None:
+            super().__init__()
+            self.save_hyperparameters(hparams)
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self) -> Any:
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)]
+
+    trainer = pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path, accelerator="cpu")
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
+    trainer.fit(Model(argparse.Namespace(lr=0.1, data=Path("data/train"))), data)
+    trainer.save_checkpoint(tmp_path / "real.ckpt")
+    capsys.readouterr()
+
+    argv = ["compress", str(tmp_path / "real.ckpt"), str(tmp_path / "real.ckz")]
+    assert main(argv) == 1
+    assert "refuses (Unsupported global: GLOBAL pathlib.PosixPath was not an allowed global by default)" \
+        in capsys.readouterr().err
+    assert main([*argv, "--trust-pickle"]) == 0
+    assert "  hyper_parameters.data: pathlib.PosixPath -> str\n" in capsys.readouterr().err
+    back, original = ckptzip.load(tmp_path / "real.ckz"), torch.load(tmp_path / "real.ckpt", weights_only=False)
+    assert back["hyper_parameters"] == {"lr": 0.1, "data": "data/train"}
+    for key in ("state_dict", "optimizer_states", "lr_schedulers", "global_step"):
+        assert_same(back[key], original[key])
