@@ -113,7 +113,8 @@ def _compress(args: argparse.Namespace) -> None:
              "any code pickled in the file; use it only for files you trust", sys.stderr)
     plain = storable(read_foreign(args.src, trust_pickle=args.trust_pickle), skip_unsupported=args.skip_unsupported)
     _report(f"note: converted {_entries(plain.converted)} to values ckptzip stores", plain.converted)
-    _report(f"note: left out {_entries(plain.dropped)} that ckptzip cannot store (--skip-unsupported)", plain.dropped)
+    _report(f"note: left out {_entries(plain.unsupported)} that ckptzip cannot store (--skip-unsupported)",
+            plain.unsupported)
     api.save(plain.state, args.dst, codec=args.codec, progress=_progress(args))
 
 
@@ -127,9 +128,9 @@ def _decompress(args: argparse.Namespace) -> None:
         plain = weights_only_loadable(state)
         _report(f"note: wrote {_entries(plain.converted)} holding NumPy values as tensors of the same dtype and "
                 "bits, so that torch.load(weights_only=True) reads the file", plain.converted)
-        _report(f"warning: torch.load(weights_only=True) will refuse {args.dst} for {_entries(plain.dropped)} "
+        _report(f"warning: torch.load(weights_only=True) will refuse {args.dst} for {_entries(plain.unsupported)} "
                 "(NumPy values torch cannot hold); load it with weights_only=False, or keep the .ckz",
-                plain.dropped)
+                plain.unsupported)
         state = plain.state
     write_foreign(state, args.dst)
 

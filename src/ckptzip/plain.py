@@ -25,11 +25,12 @@ from .tree import DROP, flatten, is_container, map_tree
 
 @dataclass
 class Plain:
-    """A state made plain, with what was changed: ``"path: from -> to"`` and ``"path: type"`` lines."""
+    """A state made plain, and by ``"path: type"`` lines: what was converted (``-> kind``) and what
+    has no plain form (left out by :func:`storable`, kept by :func:`weights_only_loadable`)."""
 
     state: Any
     converted: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
+    unsupported: list[str] = field(default_factory=list)
 
 
 def type_name(obj: Any) -> str:
@@ -81,7 +82,7 @@ def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
             return leaf
         stand_in = _stand_in(leaf)
         if stand_in is None:
-            plain.dropped.append(f"{_where(path)}: {type_name(leaf)}")
+            plain.unsupported.append(f"{_where(path)}: {type_name(leaf)}")
             return DROP
         new, kind = stand_in
         plain.converted.append(f"{_where(path)}: {type_name(leaf)} -> {kind}")
@@ -93,7 +94,7 @@ def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
         if isinstance(k, PurePath):
             plain.converted.append(f"{path}: {type_name(k)} -> str")
             return str(k)
-        plain.dropped.append(f"{path}: {type_name(k)}")
+        plain.unsupported.append(f"{path}: {type_name(k)}")
         return DROP
 
     try:
@@ -102,11 +103,11 @@ def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
         raise UnsupportedObjectError("the state is nested too deeply or holds a reference cycle") from None
     if plain.state is DROP:
         raise UnsupportedObjectError(f"the state is a {type_name(obj)}, which ckptzip cannot store")
-    if plain.dropped and not skip_unsupported:
-        more = len(plain.dropped) - _SHOWN
-        shown = "; ".join(plain.dropped[:_SHOWN]) + (f"; and {more} more" if more > 0 else "")
+    if plain.unsupported and not skip_unsupported:
+        more = len(plain.unsupported) - _SHOWN
+        shown = "; ".join(plain.unsupported[:_SHOWN]) + (f"; and {more} more" if more > 0 else "")
         raise UnsupportedObjectError(
-            f"ckptzip cannot store {len(plain.dropped)} object(s) of this state: {shown}. Pass --skip-unsupported "
+            f"ckptzip cannot store {len(plain.unsupported)} object(s) of this state: {shown}. Pass --skip-unsupported "
             "(skip_unsupported=True) to leave them out (each is reported), or convert them to tensors and plain "
             "values before saving"
         )
@@ -116,7 +117,7 @@ def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
 def weights_only_loadable(obj: Any) -> Plain:
     """``obj`` with its NumPy arrays and numeric NumPy scalars as tensors of the same dtype and
     bits (``torch.load(weights_only=True)`` refuses NumPy objects); NumPy scalars torch cannot
-    hold (strings, dates) stay, listed in ``dropped`` as what keeps the file from loading so."""
+    hold (strings, dates) stay, listed in ``unsupported`` as what keeps the file from loading so."""
     plain = Plain(None)
 
     def value(leaf: Any, path: str) -> Any:
@@ -124,8 +125,8 @@ def weights_only_loadable(obj: Any) -> Plain:
             return leaf
         try:
             tensor = torch.from_numpy(np.asarray(leaf))
-        except TypeError:
-            plain.dropped.append(f"{_where(path)}: {type_name(leaf)}")
+        except (TypeError, ValueError):  # a dtype torch has no equivalent of
+            plain.unsupported.append(f"{_where(path)}: {type_name(leaf)}")
             return leaf
         plain.converted.append(f"{_where(path)}: {type_name(leaf)} -> torch.Tensor")
         return tensor
