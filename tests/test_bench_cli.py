@@ -36,7 +36,9 @@ EXACT = METHODS[:4]
 def bench(argv: list[str]) -> int:
     """Parse ``argv`` the way the ckptzip CLI wires the subcommand, then run it."""
     parser = argparse.ArgumentParser(prog="ckptzip")
-    run.add_parser(parser.add_subparsers(dest="command", required=True)).set_defaults(func=run.run)
+    p = parser.add_subparsers(dest="command", required=True).add_parser("bench")
+    run.configure(p)
+    p.set_defaults(func=run.run)
     args = parser.parse_args(["bench", *argv])
     return int(args.func(args))
 

@@ -113,6 +113,39 @@ def test_top_level_help_lists_every_command_without_markup(capsys: pytest.Captur
     assert "``" not in out
 
 
+def _imported(*args: str) -> set[str]:
+    """Every module that ``python -X importtime ARGS`` imports (its stderr names each one)."""
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("args", [("--help",), ("--version",), ("cost", "--help"), ("dcp-convert", "--help")])
+def test_help_imports_neither_torch_nor_the_commands(args: tuple[str, ...]) -> None:
+    """Issue #22: ``ckptzip --help`` took 3 s, 2 s of it importing torch; a command's modules are
+    imported only when it is chosen (and these commands' help needs no torch)."""
+    modules = _imported("-m", "ckptzip", *args)
+    assert "ckptzip.cli" in modules
+    heavy = {m for m in modules if m.split(".")[0] in ("torch", "numpy") or m.startswith(("ckptzip.api", "ckptzip.bench"))}
+    assert not heavy, sorted(heavy)
+
+
+def test_import_ckptzip_is_lazy_and_keeps_its_names() -> None:
+    code = (
+        "import sys, ckptzip; assert 'torch' not in sys.modules; "
+        "assert issubclass(ckptzip.UsageError, ckptzip.CkptzipError) and 'torch' not in sys.modules; "
+        "import ckptzip.api, ckptzip.manager; "
+        "assert ckptzip.save is ckptzip.api.save and ckptzip.CheckpointManager is ckptzip.manager.CheckpointManager; "
+        "ns = {}; exec('from ckptzip import *', ns); assert set(ckptzip.__all__) <= set(ns) <= set(dir(ckptzip)) | {'__builtins__'}"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        ckptzip.nothing  # noqa: B018
+
+
 def test_positional_arguments_have_help(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["compress", "--help"])

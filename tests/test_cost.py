@@ -21,7 +21,7 @@ SEED_BYTES = 70e9 * 12  # bf16 weights + bf16 gradients + two fp32 AdamW moments
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckptzip")
-    cost.add_parser(parser.add_subparsers(dest="command", required=True))
+    cost.configure(parser.add_subparsers(dest="command", required=True).add_parser("cost"))
     return parser
 
 

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 import ckptzip
-from ckptzip.dcp import CompressedStorageReader, CompressedStorageWriter, add_parser, ckz_to_dcp, dcp_to_ckz, run
+from ckptzip.dcp import CompressedStorageReader, CompressedStorageWriter, ckz_to_dcp, configure, dcp_to_ckz, run
 from ckptzip.dcp._metadata import METADATA_FILE, decode_metadata, encode_metadata
 from ckptzip.errors import (
     CheckpointNotFoundError,
@@ -369,7 +369,7 @@ def test_convert_to_ckz_and_back(saved: tuple[Path, dict[str, Any]], tmp_path: P
 
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="ckptzip")
-    add_parser(parser.add_subparsers(dest="command"))
+    configure(parser.add_subparsers(dest="command").add_parser("dcp-convert"))
     return run(parser.parse_args(argv))
 
 

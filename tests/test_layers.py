@@ -17,7 +17,7 @@ FLOORS = {
     "checksum": 1, "storage": 1, "codecs": 1, "transforms": 1,
     "kernels": 2, "format": 2,
     "tree": 3, "report": 3,
-    "engine": 4,
+    "engine": 4, "plain": 4,
     "api": 5, "budget": 5,
     "convert": 6, "manager": 6, "dcp": 6, "tier": 6,
     "integrations": 7,

@@ -1,7 +1,15 @@
-"""ckptzip: lossless, GPU-native compression of deep-learning training checkpoints."""
+"""ckptzip: lossless, GPU-native compression of deep-learning training checkpoints.
+
+The errors are imported eagerly (they import nothing); the functions and classes below import
+torch, so they are imported on first use: ``import ckptzip`` and ``ckptzip --help`` stay cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .api import CheckpointReader, CompressedTensor, compress, decompress, load, open, save, warmup
 from .errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
@@ -17,7 +25,17 @@ from .errors import (
     UnsupportedObjectError,
     UsageError,
 )
-from .manager import CheckpointManager, CheckpointSkippedWarning
+
+if TYPE_CHECKING:
+    from .api import CheckpointReader, CompressedTensor, compress, decompress, load, open, save, warmup
+    from .manager import CheckpointManager, CheckpointSkippedWarning
+
+_LAZY = {
+    **dict.fromkeys(
+        ("CheckpointReader", "CompressedTensor", "compress", "decompress", "load", "open", "save", "warmup"), ".api"
+    ),
+    **dict.fromkeys(("CheckpointManager", "CheckpointSkippedWarning"), ".manager"),
+}
 
 __all__ = [
     "CheckpointManager",
@@ -45,3 +63,15 @@ __all__ = [
     "save",
     "warmup",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

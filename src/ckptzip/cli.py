@@ -1,27 +1,32 @@
-"""The ckptzip command line (``ckptzip --help`` lists its commands)."""
+"""The ckptzip command line (``ckptzip --help`` lists its commands).
+
+Building the parser imports nothing heavy: each command's arguments are added when that command
+is chosen, and its handler imports torch and the rest of ckptzip, so ``ckptzip --help`` is fast.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from . import api
 from ._version import __version__
-from .convert import convert, read_foreign, write_foreign
 from .errors import CkptzipError
-from .codecs import codec_ids
-from .engine.policy import PRESETS
-from .format import TensorEntry
-from .report import (
-    class_table, classify, human_bytes, pipeline_label, portability_note, sources_note, tensor_table,
-)
+
+if TYPE_CHECKING:
+    from .format import TensorEntry
+
+    _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+else:
+    _SubParsers = argparse._SubParsersAction  # not subscriptable at run time
+
+Configure = Callable[[argparse.ArgumentParser], None]
 
 
 def emit(text: str, stream: TextIO | None = None) -> None:
@@ -58,6 +63,9 @@ def check_destination(src: str, dst: str, *, force: bool, exists: Callable[[str]
 
 
 def _codec_arg(parser: argparse.ArgumentParser) -> None:
+    from .codecs import codec_ids
+    from .engine.policy import PRESETS
+
     parser.add_argument(
         "--codec", default="auto",
         help=f"preset ({', '.join(PRESETS)}) or codec id ({', '.join(sorted(codec_ids()))})",
@@ -69,15 +77,67 @@ def _progress(args: argparse.Namespace) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
+def _entries(lines: list[str]) -> str:
+    return f"{len(lines)} entr{'y' if len(lines) == 1 else 'ies'}"
+
+
+def _report(head: str, lines: list[str]) -> None:
+    """Say on stderr what was done to which entries of a state, one path a line."""
+    if lines:
+        emit(f"ckptzip: {head}:\n" + "\n".join(f"  {line}" for line in lines), sys.stderr)
+
+
+def _compress_options(p: argparse.ArgumentParser) -> None:
+    _codec_arg(p)
+    p.add_argument(
+        "--trust-pickle", action="store_true",
+        help="load SRC with torch.load(weights_only=False), which RUNS ANY CODE PICKLED IN THE FILE: only for "
+        "files you trust (Lightning and HF checkpoints holding argparse.Namespace, paths, scheduler objects). "
+        "Objects ckptzip cannot store are converted where they have a plain form (Namespace, dict subclass and "
+        "namedtuple -> dict, path -> str), each reported on stderr",
+    )
+    p.add_argument(
+        "--skip-unsupported", action="store_true",
+        help="leave out the objects ckptzip cannot store (a dict entry is dropped, a list or tuple item becomes "
+        "None), each reported by its path; without it they are an error",
+    )
+
+
 def _compress(args: argparse.Namespace) -> None:
-    api.save(read_foreign(args.src), args.dst, codec=args.codec, progress=_progress(args))
+    from . import api
+    from .convert import read_foreign
+    from .plain import storable
+
+    if args.trust_pickle:
+        emit(f"ckptzip: warning: --trust-pickle loads {args.src} with torch.load(weights_only=False), which runs "
+             "any code pickled in the file; use it only for files you trust", sys.stderr)
+    plain = storable(read_foreign(args.src, trust_pickle=args.trust_pickle), skip_unsupported=args.skip_unsupported)
+    _report(f"note: converted {_entries(plain.converted)} to values ckptzip stores", plain.converted)
+    _report(f"note: left out {_entries(plain.unsupported)} that ckptzip cannot store (--skip-unsupported)",
+            plain.unsupported)
+    api.save(plain.state, args.dst, codec=args.codec, progress=_progress(args))
 
 
 def _decompress(args: argparse.Namespace) -> None:
-    write_foreign(api.load(args.src, map_location="cpu", progress=_progress(args)), args.dst)
+    from . import api
+    from .convert import is_safetensors, write_foreign
+    from .plain import weights_only_loadable
+
+    state = api.load(args.src, map_location="cpu", progress=_progress(args))
+    if not is_safetensors(args.dst):
+        plain = weights_only_loadable(state)
+        _report(f"note: wrote {_entries(plain.converted)} holding NumPy values as tensors of the same dtype and "
+                "bits, so that torch.load(weights_only=True) reads the file", plain.converted)
+        _report(f"warning: torch.load(weights_only=True) will refuse {args.dst} for {_entries(plain.unsupported)} "
+                "(NumPy values torch cannot hold); load it with weights_only=False, or keep the .ckz",
+                plain.unsupported)
+        state = plain.state
+    write_foreign(state, args.dst)
 
 
 def _convert(args: argparse.Namespace) -> None:
+    from .convert import convert
+
     convert(args.src, args.dst, codec=args.codec, progress=_progress(args))
 
 
@@ -92,21 +152,46 @@ def quiet_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary line")
 
 
+class _Commands(_SubParsers):
+    """Subcommands whose arguments are added (by a ``configure`` function) only when one is
+    chosen, so the top-level parser and its help import none of what the commands need."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending: dict[str, Configure] = {}
+
+    def add_command(self, name: str, help_text: str, configure: Configure) -> None:
+        self.add_parser(name, help=help_text, description=help_text)
+        self._pending[name] = configure
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        assert values is not None and not isinstance(values, str)  # nargs=PARSER: [name, *arguments]
+        configure = self._pending.pop(values[0], None)
+        if configure is not None:
+            configure(self.choices[values[0]])
+        super().__call__(parser, namespace, values, option_string)
+
+
 def _add_file_command(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_text: str,
-    action: Callable[[argparse.Namespace], None], *, codec: bool,
+    sub: _Commands, name: str, help_text: str, action: Callable[[argparse.Namespace], None],
+    options: Configure | None = None,
 ) -> None:
-    """Add ``NAME SRC DST [--codec]``: run ``action``, then print both sizes, the ratio and the time."""
-    p = sub.add_parser(name, help=help_text, description=help_text)
+    """Add ``NAME SRC DST [options]``: run ``action``, then print both sizes, the ratio and the time."""
     source, target = help_text.split(" -> ", 1) if " -> " in help_text else (".ckz file", ".ckz file to write")
-    p.add_argument("src", help=f"input: {source}")
-    p.add_argument("dst", help=f"output: {target}")
-    force_arg(p)
-    quiet_arg(p)
-    if codec:
-        _codec_arg(p)
+
+    def configure(p: argparse.ArgumentParser) -> None:
+        p.add_argument("src", help=f"input: {source}")
+        p.add_argument("dst", help=f"output: {target}")
+        force_arg(p)
+        quiet_arg(p)
+        if options is not None:
+            options(p)
+        p.set_defaults(func=run)
 
     def run(args: argparse.Namespace) -> int:
+        from .report import human_bytes
+
         check_destination(args.src, args.dst, force=args.force)
         start = time.perf_counter()
         action(args)
@@ -117,7 +202,7 @@ def _add_file_command(
             emit(f"{src} ({human_bytes(a)}) -> {dst} ({human_bytes(b)}): {size_change(src, a, dst, b)}, {seconds:.2f} s")
         return 0
 
-    p.set_defaults(func=run)
+    sub.add_command(name, help_text, configure)
 
 
 def _refuse_directory(path: str, command: str) -> None:
@@ -130,6 +215,8 @@ def _refuse_directory(path: str, command: str) -> None:
 
 
 def _entry_json(entry: TensorEntry, entries: list[TensorEntry]) -> dict[str, object]:
+    from .report import classify, pipeline_label
+
     return {
         "name": entry.name, "dtype": entry.dtype, "shape": list(entry.shape), "bytes": entry.nbytes,
         "compressed": entry.compressed_nbytes, "codec": pipeline_label(entry, entries), "class": classify(entry),
@@ -137,6 +224,9 @@ def _entry_json(entry: TensorEntry, entries: list[TensorEntry]) -> dict[str, obj
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    from . import api
+    from .report import class_table, human_bytes, portability_note, sources_note, tensor_table
+
     _refuse_directory(args.path, "inspect")
     with api.open(args.path) as reader:
         entries = reader.entries()
@@ -159,6 +249,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     """Decode every tensor of a .ckz file and check every checksum; nothing is written."""
+    from . import api
+    from .report import human_bytes
+
     _refuse_directory(args.path, "verify")
     start = time.perf_counter()
     with api.open(args.path) as reader:
@@ -175,47 +268,62 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(preset=args.preset, steps=args.steps, device=args.device)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ckptzip")
-    parser.add_argument("--version", action="version", version=f"ckptzip {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    _add_file_command(sub, "compress", "torch.save or .safetensors file -> .ckz", _compress, codec=True)
-    _add_file_command(
-        sub, "decompress", ".ckz -> torch.save file, or .safetensors by DST's extension", _decompress, codec=False
-    )
-    _add_file_command(
-        sub, "convert", "re-encode a .ckz file with another codec (e.g. --codec portable)", _convert, codec=True
-    )
-
-    p = sub.add_parser("inspect", help="per-tensor ratio table and totals by tensor class")
+def _configure_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help=".ckz file")
     p.add_argument("--top", type=positive_int, default=None, help="show only the N largest tensors (N >= 1)")
     p.add_argument("--json", action="store_true", help="print the sizes and the tensor table as JSON")
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("verify", help="decode a .ckz file and check every checksum; writes nothing")
+
+def _configure_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help=".ckz file")
     p.set_defaults(func=_cmd_verify)
 
-    p = sub.add_parser("demo", help="train a small model, checkpoint it, restore it bit-exactly")
+
+def _configure_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help="model size preset (tiny, tiny-moe, small, medium, ...)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.set_defaults(func=_cmd_demo)
 
-    for module in _plugin_modules():
-        module.add_parser(sub).set_defaults(func=module.run)
+
+def _plugin(module: str) -> Configure:
+    """A subcommand that lives with its subsystem: ``module`` has ``configure(parser)`` and ``run(args)``,
+    and is imported only when the subcommand is chosen."""
+
+    def configure(p: argparse.ArgumentParser) -> None:
+        plugin = importlib.import_module(module, __package__)
+        plugin.configure(p)
+        p.set_defaults(func=plugin.run)
+
+    return configure
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ckptzip")
+    parser.add_argument("--version", action="version", version=f"ckptzip {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", action=_Commands)
+    assert isinstance(sub, _Commands)
+
+    _add_file_command(sub, "compress", "torch.save or .safetensors file -> .ckz", _compress, _compress_options)
+    _add_file_command(sub, "decompress", ".ckz -> torch.save file, or .safetensors by DST's extension", _decompress)
+    _add_file_command(
+        sub, "convert", "re-encode a .ckz file with another codec (e.g. --codec portable)", _convert, _codec_arg
+    )
+    sub.add_command("inspect", "per-tensor ratio table and totals by tensor class", _configure_inspect)
+    sub.add_command("verify", "decode a .ckz file and check every checksum; writes nothing", _configure_verify)
+    sub.add_command("demo", "train a small model, checkpoint it, restore it bit-exactly", _configure_demo)
+    sub.add_command(
+        "cost", "estimate idle-GPU and storage cost of checkpoint writes, with and without compression",
+        _plugin(".cost"),
+    )
+    sub.add_command("dcp-convert", "DCP checkpoint directory <-> single .ckz file (direction from SRC)", _plugin(".dcp"))
+    sub.add_command(
+        "bench", "compare ckptzip with torch.save, safetensors, DCP, zstd, ZipNN and nvCOMP on real state",
+        _plugin(".bench.run"),
+    )
     parser.description = "Lossless compression of deep-learning checkpoints. Commands: " + ", ".join(sub.choices)
     return parser
-
-
-def _plugin_modules() -> list[ModuleType]:
-    """Subcommands that live with their subsystem: each has ``add_parser(sub)`` and ``run(args)``."""
-    from . import cost, dcp
-    from .bench import run as bench
-
-    return [cost, dcp, bench]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

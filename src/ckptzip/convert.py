@@ -10,6 +10,7 @@ import torch
 
 from . import api
 from .errors import CkptzipError, UnsupportedObjectError
+from .plain import weights_only_refusal
 from .storage import atomic_file, open_for_read
 
 
@@ -17,18 +18,28 @@ def is_safetensors(path: str | os.PathLike[str]) -> bool:
     return Path(path).suffix == ".safetensors"
 
 
-def read_foreign(path: str | os.PathLike[str]) -> Any:
-    """Load a torch.save file (``weights_only=True``: no code runs) or a .safetensors file."""
+def read_foreign(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Any:
+    """Load a torch.save file (``weights_only=True``: no code runs; with ``trust_pickle``,
+    ``weights_only=False``, which runs the file's pickled code) or a .safetensors file."""
     if is_safetensors(path):
         return _read_safetensors(path)
     try:
         with open_for_read(path) as f:  # a FIFO or device is refused, not read until it ends
-            return torch.load(f, map_location="cpu", weights_only=True)
+            return torch.load(f, map_location="cpu", weights_only=not trust_pickle)
     except CkptzipError:
         raise
     except Exception as exc:  # torch raises several unrelated types for unreadable files
+        reason = weights_only_refusal(exc)
+        if trust_pickle:
+            raise CkptzipError(f"could not read {str(path)!r} as a torch.save file ({reason})") from exc
+        if "WeightsUnpickler error" in str(exc):
+            raise UnsupportedObjectError(
+                f"{str(path)!r} holds pickled objects that torch.load(weights_only=True) refuses ({reason}). "
+                "ckptzip reads torch.save files with weights_only=True so that no code from the file runs; if "
+                "you trust the file, pass --trust-pickle (trust_pickle=True), which runs its pickled code"
+            ) from exc
         raise CkptzipError(
-            f"could not read {str(path)!r} as a torch.save file with weights_only=True ({exc}). "
+            f"could not read {str(path)!r} as a torch.save file with weights_only=True ({reason}). "
             "Only tensors and plain containers are accepted, so no code from the file runs."
         ) from exc
 

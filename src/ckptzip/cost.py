@@ -3,7 +3,7 @@
 ``ckptzip cost`` turns a model size, a state layout, a cluster and a storage bandwidth into GPU
 hours and dollars per month, with and without a compression ratio. The model, its formulas and
 its assumptions are documented in ``docs/COST.md``; the functions here are pure, the CLI is
-:func:`add_parser` + :func:`run`.
+:func:`configure` + :func:`run`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ckptzip.api import open as open_checkpoint
 from ckptzip import strictjson
 from ckptzip.errors import CkptzipError
 
@@ -239,6 +238,8 @@ def ratio_from_bench(path: str | os.PathLike[str], method: str = DEFAULT_BENCH_M
 
 def ratio_from_checkpoint(path: str | os.PathLike[str]) -> float:
     """Uncompressed / compressed payload bytes of an existing ``.ckz`` file."""
+    from ckptzip.api import open as open_checkpoint  # torch: only when a checkpoint is read
+
     try:
         with open_checkpoint(path) as reader:
             raw, stored = reader.nbytes, reader.compressed_nbytes
@@ -296,13 +297,11 @@ _non_negative = _number_type(lambda v: v >= 0, "a number >= 0")
 _days = _number_type(lambda v: 0 < v <= 31, "training days per month, in (0, 31]")
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Add the ``cost`` subcommand; dispatch the parsed namespace to :func:`run`."""
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add the ``cost`` subcommand's arguments to its parser; :func:`run` takes the parsed namespace."""
     defaults = CostInputs()
-    p = subparsers.add_parser(
-        "cost", help="estimate idle-GPU and storage cost of checkpoint writes, with and without compression",
-        description="Estimate what checkpoint writes cost in idle GPU time (and storage) per month, "
-                    "and what a compression ratio saves. Rates are in GiB/s. See docs/COST.md.")
+    p.description = ("Estimate what checkpoint writes cost in idle GPU time (and storage) per month, "
+                     "and what a compression ratio saves. Rates are in GiB/s. See docs/COST.md.")
     job = p.add_argument_group("job")
     job.add_argument("--params", type=_param_count, default=defaults.params,
                      help="parameters checkpointed, e.g. 70e9 or 70B; for MoE, all experts (default: 70e9)")
@@ -346,7 +345,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     storage.add_argument("--keep", type=_positive_int, default=defaults.keep,
                          help="checkpoints retained (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    return p
 
 
 def run(args: argparse.Namespace) -> int:

@@ -59,7 +59,7 @@ from ckptzip.storage import atomic_file
 from ckptzip.tree import map_tree
 from ckptzip.bench.training import count_parameters, get_preset, state_nbytes, train
 
-__all__ = ["add_parser", "run"]
+__all__ = ["configure", "run"]
 
 _DEFAULT_PRESETS = {"cuda": ("medium", "medium-moe"), "cpu": ("tiny", "tiny-moe")}
 PROFILED = "ckptzip-auto"  # the method --profile breaks down
@@ -91,12 +91,10 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Add the ``bench`` subcommand to ``subparsers`` and return its parser."""
-    p = subparsers.add_parser(
-        "bench", help="compare ckptzip with torch.save, safetensors, DCP, zstd, ZipNN and nvCOMP on real state",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` subcommand's arguments to its parser; :func:`run` takes the parsed namespace."""
+    p.description = __doc__
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--preset", help="dense model preset, or 'none' (default: medium on CUDA, tiny on CPU)")
     p.add_argument("--moe-preset", help="mixture-of-experts preset, or 'none' (default: medium-moe on CUDA, "
                                         "tiny-moe on CPU)")
@@ -123,7 +121,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--out-json", help="write the results as JSON here (rewritten after every method)")
     p.add_argument("--results-md", help="write RESULTS.md here")
     p.add_argument("--plot", help="write a PNG of ratio against throughput here (needs matplotlib)")
-    return p
 
 
 def _relative(arg: str) -> str:

@@ -10,8 +10,8 @@ state and resharding on load::
     dcp.load(state, storage_reader=CompressedStorageReader("ckpt/step100"))
 
 See docs/DCP.md for the file layout, safety properties and supported torch versions. The
-names below are imported on first use, so ``add_parser`` / ``run`` (the ``ckptzip dcp-convert``
-subcommand) do not make the command line import torch.distributed.checkpoint.
+names below are imported on first use, so ``configure`` / ``run`` (the ``ckptzip dcp-convert``
+subcommand) do not make the command line import torch.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._cli import add_parser, run
+from ._cli import configure, run
 
 if TYPE_CHECKING:
     from ._convert import ckz_to_dcp, dcp_to_ckz
@@ -33,7 +33,9 @@ _LAZY = {
     "dcp_to_ckz": "._convert",
 }
 
-__all__ = ["CompressedStorageReader", "CompressedStorageWriter", "add_parser", "ckz_to_dcp", "dcp_to_ckz", "run"]
+__all__ = [
+    "CompressedStorageReader", "CompressedStorageWriter", "ckz_to_dcp", "configure", "dcp_to_ckz", "run",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,26 +1,22 @@
 """``ckptzip dcp-convert``: the command-line side of :mod:`ckptzip.dcp`.
 
-Importing this module is cheap; torch.distributed.checkpoint is imported when the command runs.
+Importing this module is cheap (no torch): the rest of ckptzip is imported when the command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
 
 from ..errors import CheckpointNotFoundError
-from ..storage import local_path, open_directory
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``dcp-convert`` subcommand to the ``ckptzip`` command line."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "dcp-convert",
-        help="DCP checkpoint directory <-> single .ckz file (direction from SRC)",
-        description="Convert a DCP checkpoint directory (written by ckptzip.dcp.CompressedStorageWriter, or "
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the ``dcp-convert`` subcommand's arguments to its parser; :func:`run` takes the namespace."""
+    parser.description = (
+        "Convert a DCP checkpoint directory (written by ckptzip.dcp.CompressedStorageWriter, or "
         "with --trusted-objects by DCP's FileSystemWriter) to one .ckz file when SRC is such a directory, or a "
-        ".ckz file to a ckptzip DCP directory otherwise. Paths may be fsspec URLs.",
+        ".ckz file to a ckptzip DCP directory otherwise. Paths may be fsspec URLs."
     )
     parser.add_argument("src", help="DCP checkpoint directory or .ckz file")
     parser.add_argument("dst", help=".ckz file or DCP checkpoint directory to create")
@@ -31,12 +27,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="load non-tensor values that torch's weights_only unpickler refuses, and plain DCP checkpoints "
         "(pickled metadata); only for trusted files",
     )
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ckptzip dcp-convert``."""
     from ..cli import check_destination, emit
+    from ..storage import local_path, open_directory
     from ._convert import ckz_to_dcp, dcp_to_ckz, is_dcp_checkpoint, is_plain_dcp_checkpoint
     from ._metadata import METADATA_FILE
 
@@ -59,5 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _exists(path: str) -> bool:
     """Whether a file or directory is at ``path`` (a local path or an fsspec URL)."""
+    from ..storage import open_directory
+
     return open_directory(path).present()
 

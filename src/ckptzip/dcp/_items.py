@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from ..api import CompressedTensor, decompress
 from ..errors import CkptzipError, CorruptCheckpointError, UnsupportedObjectError
 from ..format import TensorEntry
+from ..plain import weights_only_refusal
 from ._metadata import StoredItem
 
 def describe(index: MetadataIndex) -> str:
@@ -92,7 +93,7 @@ def check_safe_object(data: bytes, where: str) -> None:
     except pickle.UnpicklingError as exc:
         raise UnsupportedObjectError(
             f"{where} is a pickled Python object that torch's weights_only loader refuses "
-            f"({_refusal(exc)}). DCP would unpickle it without restriction, which can run code from "
+            f"({weights_only_refusal(exc)}). DCP would unpickle it without restriction, which can run code from "
             "the file. If you trust this checkpoint, load it with "
             "CompressedStorageReader(path, trusted_objects=True), or allowlist the class with "
             "torch.serialization.add_safe_globals."
@@ -116,12 +117,3 @@ def _byte_buffers_allowed() -> Iterator[None]:
             return
         with safe_globals([io.BytesIO]):
             yield
-
-
-def _refusal(exc: pickle.UnpicklingError) -> str:
-    """The reason in torch's long weights_only message: "Unsupported global: GLOBAL m.C ..."."""
-    for line in str(exc).splitlines():
-        _, marker, reason = line.partition("WeightsUnpickler error: ")
-        if marker:
-            return reason.split(" Please use")[0].rstrip(". ")
-    return type(exc).__name__
