@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "ckptzip"
 
 # Floor of each top-level module or package of ckptzip, bottom up.
 FLOORS = {
-    "_version": 0, "errors": 0, "strictjson": 0,
+    "_version": 0, "_lazy": 0, "errors": 0, "strictjson": 0,
     "checksum": 1, "storage": 1, "codecs": 1, "transforms": 1,
     "kernels": 2, "format": 2,
     "tree": 3, "report": 3,

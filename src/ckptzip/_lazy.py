@@ -1,0 +1,26 @@
+"""Attributes of a package loaded on first access (PEP 562), so importing it stays cheap."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def lazy_attributes(package: str, table: Mapping[str, str], namespace: dict[str, Any]
+                    ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of ``package``: name ``n`` of ``table`` comes from its
+    module ``table[n]`` (relative to ``package``) the first time it is asked for, and is then
+    kept in ``namespace`` (the package's globals)."""
+
+    def getattr_(name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(table[name], package), name)
+        namespace[name] = value
+        return value
+
+    def dir_() -> list[str]:
+        return sorted({*namespace, *table})
+
+    return getattr_, dir_
