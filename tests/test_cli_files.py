@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import collections
 from pathlib import Path, PurePosixPath
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,17 @@ from ckptzip.cli import main
 from helpers import assert_same
 
 Point = collections.namedtuple("Point", ["x", "y"])
+
+
+@pytest.fixture(autouse=True)
+def _default_safe_globals() -> Iterator[None]:
+    """torch.load's weights_only allow-list as torch ships it: libraries imported by other tests
+    widen it for the whole process (megatron-core registers Namespace, PosixPath and more)."""
+    saved = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    yield
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(saved)
 
 
 class EmaWeights(collections.OrderedDict[str, torch.Tensor]):
