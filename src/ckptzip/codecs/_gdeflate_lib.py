@@ -27,9 +27,9 @@ import numpy as np
 ENV_VAR = "CKPTZIP_NVCOMP_CPU_LIB"
 SONAME = "libnvcomp_cpu.so.6"
 INSTALL_HINT = (
-    "pip install nvidia-libnvcomp-cu12 (Linux x86-64 or aarch64; ckptzip[gpu] and ckptzip[cpu-gdeflate] "
-    f"include it), or point {ENV_VAR} at a libnvcomp_cpu.so; on other systems convert the file where it "
-    "decodes (a machine with a CUDA GPU or that library): `ckptzip convert SRC DST --codec portable`"
+    "on Linux x86-64 or aarch64: pip install ckptzip[gdeflate] (nvidia-libnvcomp-cu12; ckptzip[gpu] has it too), "
+    f"or point {ENV_VAR} at a libnvcomp_cpu.so; elsewhere, convert the file once on a machine that decodes it "
+    "(one with a CUDA GPU, or Linux with that library): `ckptzip convert SRC DST --codec portable`"
 )
 _ERR_BYTES = 512
 _Ptr = ctypes.c_void_p

@@ -46,7 +46,8 @@ def _groups(raw: np.ndarray) -> list[np.ndarray]:
 
 
 def _addresses(tensor: torch.Tensor, offsets: np.ndarray) -> np.ndarray:
-    return offsets.astype(np.uint64) + np.uint64(tensor.data_ptr())
+    addresses: np.ndarray = offsets.astype(np.uint64) + np.uint64(tensor.data_ptr())
+    return addresses
 
 
 def _check_bounds(what: str, tensor: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> None:
@@ -169,4 +170,4 @@ def _load() -> None:
         mark_unavailable(GdeflateCpuCodec.codec_id, "cpu", reason)
 
 
-declare([GdeflateCpuCodec.codec_id], "cpu", _load)
+declare([GdeflateCpuCodec.codec_id], "cpu", _load, gpu_first=True)
