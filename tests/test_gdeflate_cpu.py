@@ -235,3 +235,22 @@ def test_the_library_is_found_in_the_environment_variable(monkeypatch: pytest.Mo
     assert _gdeflate_lib._library_candidates() == ["/opt/x/libnvcomp_cpu.so.6"]
     monkeypatch.delenv(_gdeflate_lib.ENV_VAR)
     assert _gdeflate_lib._library_candidates()[-1] == _gdeflate_lib.SONAME
+
+
+def test_a_gpu_auto_file_codes_planes_with_huffman_only_gdeflate_in_chunks_a_cpu_decodes() -> None:
+    assert policy._PRESET_CODECS[("auto", "cuda")] == {"id": "gdeflate", "algorithm_type": 0}
+    assert policy._PRESET_CODECS[("fast", "cuda")]["id"] == "ans"
+    assert policy.chunk_bytes("gdeflate", "cpu") <= gdeflate_cpu.MAX_ENCODE_CHUNK
+    assert policy.chunk_bytes("gdeflate", "cuda") <= gdeflate_cpu.MAX_DECODE_CHUNK
+
+
+@needs_library
+def test_the_report_says_where_a_gdeflate_file_loads() -> None:
+    from ckptzip.report import portability_note
+
+    buffer = io.BytesIO()
+    ckptzip.save(_state(), buffer, codec="gdeflate")
+    with ckptzip.open(io.BytesIO(buffer.getvalue())) as reader:
+        note = portability_note(reader.entries())
+    assert note.startswith("loads on a GPU or, for gdeflate, on a Linux CPU with nvCOMP's CPU library")
+    assert "ckptzip convert SRC DST --codec portable" in note
