@@ -4,9 +4,12 @@ Why a shim and not plain ctypes: nvCOMP declares these functions only in C++
 (``nvcomp/native/gdeflate_cpu.h``, namespace ``nvcomp::gdeflate``) and reports every error,
 a damaged stream included, by throwing ``nvcomp::NVCompException``. A C++ exception cannot
 unwind through ctypes' (C) frames: the process aborts. The shim (``_gdeflate_shim.cpp``, an
-optional extension of the package's build, with no link-time dependency on nvCOMP) ``dlopen``\\ s
-the library, calls it inside ``try``/``catch (...)`` and returns an error code and message; ctypes
-calls the shim's ``extern "C"`` functions, which release the GIL like any ctypes call.
+optional extension of the package's build, with no link-time dependency on nvCOMP) opens the
+library with dlopen, calls it inside ``try``/``catch (...)`` and returns an error code and message;
+ctypes calls the shim's ``extern "C"`` functions (the GIL released, as for any ctypes call).
+The library also exports C functions of its embedded libdeflate (``libdeflate_gdeflate_*``), but
+no header declares them, so their ABI is not NVIDIA's to keep. What no ``catch`` stops: an empty
+chunk makes the compressor divide by zero (SIGFPE); the codec never passes one.
 
 The library is looked for at ``CKPTZIP_NVCOMP_CPU_LIB`` (a path), then in the installed
 ``nvidia.libnvcomp`` package (wheels ``nvidia-libnvcomp-cu12``/``-cu13``, Linux x86-64 and
