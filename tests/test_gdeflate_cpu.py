@@ -15,6 +15,7 @@ from ckptzip import CodecUnavailableError, CorruptCheckpointError
 from ckptzip.codecs import _gdeflate_lib, get_codec, gpu_first_ids, gpu_only_ids, has_codec, registry
 from ckptzip.codecs import gdeflate_cpu
 from ckptzip.engine import policy
+from golden_state import golden_state
 from helpers import assert_same
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -187,13 +188,14 @@ def test_a_file_whose_float_planes_use_gdeflate_loads_bit_exactly(monkeypatch: p
 
 @pytest.fixture
 def without_library(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The registry as a machine without libnvcomp_cpu has it."""
+    """The registry as a machine without libnvcomp_cpu (nor a GPU that runs gdeflate) has it."""
     monkeypatch.setattr(_gdeflate_lib, "_loaded", None)
     monkeypatch.setattr(_gdeflate_lib, "_library_candidates", lambda: ["/nonexistent/libnvcomp_cpu.so.6"])
-    monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items() if k != ("gdeflate", "cpu")})
+    monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items() if k[0] != "gdeflate"})
     monkeypatch.setattr(registry, "_UNAVAILABLE", {k: v for k, v in registry._UNAVAILABLE.items()
                                                    if k != ("gdeflate", "cpu")})
-    monkeypatch.setattr(registry, "_PENDING", {**registry._PENDING, ("gdeflate", "cpu"): gdeflate_cpu._load})
+    monkeypatch.setattr(registry, "_PENDING", {**{k: v for k, v in registry._PENDING.items() if k != ("gdeflate", "cuda")},
+                                               ("gdeflate", "cpu"): gdeflate_cpu._load})
     monkeypatch.setattr(policy, "_codec", policy._codec.__wrapped__)  # no cached codec objects
 
 
@@ -254,3 +256,15 @@ def test_the_report_says_where_a_gdeflate_file_loads() -> None:
         note = portability_note(reader.entries())
     assert note.startswith("loads on a GPU or, for gdeflate, on a Linux CPU with nvCOMP's CPU library")
     assert "ckptzip convert SRC DST --codec portable" in note
+
+
+@needs_library
+def test_the_golden_file_an_h200_saved_with_auto_loads_on_the_cpu() -> None:
+    """tests/golden/gpu_gdeflate_v2_1.ckz: tests/golden_state.py's state on an H200, saved with
+    ``codec="auto"`` by bench/gdeflate_check.py."""
+    path = GOLDEN / "gpu_gdeflate_v2_1.ckz"
+    with ckptzip.open(path) as reader:
+        entries = {e.name: e for e in reader.entries()}
+    assert entries["model.embed.weight"].device == "cuda:0"
+    assert entries["model.embed.weight"].codecs == ["raw", "raw", "raw", "gdeflate"]
+    assert_same(ckptzip.load(path, map_location="cpu"), golden_state())
