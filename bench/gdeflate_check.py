@@ -3,7 +3,8 @@
 On one GPU: a training-like state (engine_probe.synthetic_state: fp32 weights and AdamW moments,
 bf16 gradients) of ``--gib`` GiB is saved with ``codec="auto"`` (planes in gdeflate),
 ``codec="fast"`` (planes in ans, the former default) and ``codec="ans"`` (whole tensors), each to a file object that discards its input and to bytes in host memory
-(first call, then the median of ``--reps``); the gdeflate bytes are loaded in a process that sees
+(first call, which for the codec measured first includes the process's compiling and nvCOMP
+setup, then the median of ``--reps``); the gdeflate bytes are loaded in a process that sees
 no GPU (``CUDA_VISIBLE_DEVICES=""``), timed, and compared with the state tensor by tensor
 (xxh3 of the bytes). A small golden file (tests/golden_state.py's state saved from the GPU with
 ``codec="auto"``) is written to ``--out`` for tests/golden. Prints one JSON summary.
