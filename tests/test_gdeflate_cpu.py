@@ -211,6 +211,9 @@ def test_without_the_library_the_codec_says_how_to_get_it() -> None:
     with pytest.raises(CodecUnavailableError) as info:
         get_codec({"id": "gdeflate", "algorithm_type": 0}, "cpu")
     _assert_hint(str(info.value))
+    with pytest.raises(CodecUnavailableError) as info:
+        gdeflate_cpu.GdeflateCpuCodec(0)
+    _assert_hint(str(info.value))
 
 
 @needs_library

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CorruptCheckpointError
+from ..errors import CodecUnavailableError, CorruptCheckpointError
 from . import _gdeflate_lib
 from ._threads import codec_thread_count, parallel_map
 from .base import Codec
@@ -74,8 +74,9 @@ class GdeflateCpuCodec(Codec):
             raise ValueError(f"codec 'gdeflate' option algorithm_type must be one of {list(ALGORITHM_TYPES)}, "
                              f"got {algorithm_type!r}")
         self.algorithm_type = algorithm_type
-        library, _ = _gdeflate_lib.load()
-        assert library is not None, "registered only once the library loads"
+        library, reason = _gdeflate_lib.load()
+        if library is None:  # built directly, not through the registry (which knows the reason)
+            raise CodecUnavailableError(f"codec 'gdeflate' cannot run on the CPU here: {reason}.")
         self._lib = library
 
     def get_config(self) -> dict[str, Any]:
