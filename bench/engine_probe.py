@@ -35,8 +35,8 @@ from ckptzip.format import ContainerReader
 CUDA = torch.device("cuda")
 
 
-def synthetic_state(gb: float, layers: int, seed: int = 0) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(seed)
+def synthetic_state(gb: float, layers: int, seed: int = 0, device: str = "cuda") -> dict:
+    g = torch.Generator(device=device).manual_seed(seed)
     per_layer = gb * 1e9 / layers / 14  # bytes/param: 4 w + 4 m + 4 v + 2 g
     d = int((per_layer / 12) ** 0.5) // 64 * 64
     shapes = {"qkv": (3 * d, d), "proj": (d, d), "fc1": (4 * d, d), "fc2": (d, 4 * d), "ln1": (d,), "ln2": (d,),
@@ -46,10 +46,10 @@ def synthetic_state(gb: float, layers: int, seed: int = 0) -> dict:
     for layer in range(layers):
         for name, shape in shapes.items():
             key = f"layers.{layer}.{name}"
-            w = torch.randn(shape, device="cuda", generator=g) * (0.02 if len(shape) == 2 else 1.0)
+            w = torch.randn(shape, device=device, generator=g) * (0.02 if len(shape) == 2 else 1.0)
             model[key] = w
-            grads[key] = (torch.randn(shape, device="cuda", generator=g) * 1e-3).bfloat16()
-            m = torch.randn(shape, device="cuda", generator=g) * 1e-4
+            grads[key] = (torch.randn(shape, device=device, generator=g) * 1e-3).bfloat16()
+            m = torch.randn(shape, device=device, generator=g) * 1e-4
             opt[i] = {"step": torch.tensor(100.0), "exp_avg": m, "exp_avg_sq": m * m * 3 + 1e-12}
             i += 1
     return {"model": model, "grads": grads, "optimizer": {"state": opt, "param_groups": [{"lr": 1e-4, "params": list(range(i))}]}}

@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from ckptzip.codecs import gpu_only_ids, has_codec
+from ckptzip.codecs import gpu_first_ids, has_codec
 from ckptzip.dcp import CompressedStorageReader, CompressedStorageWriter
 from ckptzip.dcp._convert import _load_full_state
 from ckptzip.dcp._launch import launch
@@ -142,10 +142,10 @@ def _roundtrip_worker(rank: int, world: int, root: Path, device: str) -> None:
     dcp.save(state, storage_writer=CompressedStorageWriter(root / f"sync{world}"))
     dcp.async_save(state, storage_writer=CompressedStorageWriter(root / f"async{world}")).result()
     if device.startswith("cuda") and has_codec("ans", "cuda"):
-        # GPU shards were compressed on the GPU: the stored pipelines name GPU-only codecs.
+        # GPU shards were compressed on the GPU: the stored pipelines name nvCOMP's codecs.
         metadata = CompressedStorageReader(root / f"sync{world}").read_metadata()
         codecs = {c["id"] for item in metadata.storage_data.values() for c in item.pipeline["codecs"]}
-        assert codecs & set(gpu_only_ids()), codecs
+        assert codecs & set(gpu_first_ids()), codecs
     for name in (f"sync{world}", f"async{world}"):
         _load_and_compare(rank, world, root, device, name, expected)
 

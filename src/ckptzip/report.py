@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .codecs import gpu_only_ids
+from .codecs import gpu_first_ids, gpu_only_ids
 from .format import DTYPES, BaseRef, TensorEntry
 
 
@@ -144,10 +144,17 @@ def sources_note(entries: list[TensorEntry], bases: list[BaseRef]) -> str:
 
 def portability_note(entries: list[TensorEntry]) -> str:
     """Whether the file loads without a GPU, and how to make it do so if not."""
-    gpu_only = sorted({c for e in entries for c in e.codecs} & gpu_only_ids())
-    if not gpu_only:
-        return "portable: every codec has a CPU decoder; loads on any machine"
-    return (
-        f"GPU-only codecs: {', '.join(gpu_only)}; loading needs an NVIDIA GPU with nvCOMP "
-        "(ckptzip[gpu]). For CPU use: ckptzip convert SRC DST --codec portable"
-    )
+    codecs = {c for e in entries for c in e.codecs}
+    gpu_only = sorted(codecs & gpu_only_ids())
+    if gpu_only:
+        return (
+            f"GPU-only codecs: {', '.join(gpu_only)}; loading needs an NVIDIA GPU with nvCOMP "
+            "(ckptzip[gpu]). For CPU use: ckptzip convert SRC DST --codec portable"
+        )
+    nvcomp_cpu = sorted(codecs & gpu_first_ids())
+    if nvcomp_cpu:
+        return (
+            f"loads on a GPU or, for {', '.join(nvcomp_cpu)}, on a Linux CPU with nvCOMP's CPU library "
+            "(ckptzip[gdeflate]); elsewhere: ckptzip convert SRC DST --codec portable"
+        )
+    return "portable: every codec has a CPU decoder; loads on any machine"

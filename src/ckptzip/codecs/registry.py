@@ -14,6 +14,9 @@ _UNAVAILABLE: dict[tuple[str, str], str] = {}
 # Codec ids declared before their implementation is loaded: the loader registers them (or marks
 # them unavailable) the first time one is asked for on that backend.
 _PENDING: dict[tuple[str, str], Callable[[], object]] = {}
+# Codec ids whose CPU implementation is a fallback far slower than nvCOMP's: where a GPU runs
+# them, a load decodes them there whatever the target device.
+_GPU_FIRST: set[str] = set()
 # The id sets derived from the two tables (asked per tensor when saving and loading), by the
 # tables' identities and sizes: rebuilt when either changes (or is replaced, as tests do).
 _IDS: dict[tuple[int, ...], tuple[frozenset[str], frozenset[str]]] = {}
@@ -31,12 +34,15 @@ def mark_unavailable(codec_id: str, backend: str, reason: str) -> None:
     _UNAVAILABLE.setdefault((codec_id, backend), reason)
 
 
-def declare(codec_ids: Iterable[str], backend: str, load: Callable[[], object]) -> None:
+def declare(codec_ids: Iterable[str], backend: str, load: Callable[[], object], gpu_first: bool = False) -> None:
     """Make ``codec_ids`` known on ``backend`` without loading them: ``load()`` (idempotent)
     registers or marks them unavailable when one is first asked for there (GPU libraries are
-    imported only by a GPU path)."""
+    imported only by a GPU path). ``gpu_first``: these CPU implementations are fallbacks
+    (:func:`gpu_first_ids`)."""
     for codec_id in codec_ids:
         _PENDING[(codec_id, backend)] = load
+        if gpu_first:
+            _GPU_FIRST.add(codec_id)
     _IDS.clear()
 
 
@@ -68,6 +74,12 @@ def codec_ids() -> frozenset[str]:
 def gpu_only_ids() -> frozenset[str]:
     """Codec ids with no CPU implementation at all (NVIDIA formats only nvCOMP decodes)."""
     return _ids()[1]
+
+
+def gpu_first_ids() -> frozenset[str]:
+    """Codec ids best decoded on a GPU where one runs them: the GPU-only ones, and those whose CPU
+    decoder is a slow fallback (``gdeflate``)."""
+    return gpu_only_ids() | _GPU_FIRST
 
 
 def has_codec(codec_id: str, backend: str) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..codecs import gpu_only_ids, has_codec
+from ..codecs import gpu_first_ids, has_codec
 from ..codecs._threads import codec_threads
 from ..errors import CorruptCheckpointError, GpuMemoryError
 from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
@@ -48,9 +48,9 @@ _MASK64 = (1 << 64) - 1
 
 
 def decode_backend(entry: TensorEntry, device: torch.device) -> str:
-    """Decode on the GPU when the target is a GPU, or a codec is GPU-only, and a GPU can run it."""
+    """Decode on the GPU when the target is a GPU, or a codec is best decoded there, and a GPU can run it."""
     ids = set(entry.codecs)
-    if all(has_codec(i, "cuda") for i in ids) and (device.type == "cuda" or ids & gpu_only_ids()):
+    if all(has_codec(i, "cuda") for i in ids) and (device.type == "cuda" or ids & gpu_first_ids()):
         return "cuda"
     return "cpu"
 

@@ -1,0 +1,174 @@
+"""``gdeflate`` on the CPU: nvCOMP's GDeflate chunks, decoded and encoded by ``libnvcomp_cpu``.
+
+A chunk is one bare GDeflate stream, what nvCOMP's GPU codec stores (its RAW bitstream), so
+either side decodes the other's chunks. Decoding takes chunks of any size the GPU wrote;
+encoding takes chunks of at most 64 KiB (the CPU compressor's limit) at libdeflate-style level
+:data:`LEVEL`, whatever ``algorithm_type`` says (that option steers nvCOMP's GPU encoder only).
+
+Untrusted input: every chunk decodes into exactly its declared raw size (the decoder's writes
+stay within it) and must fill it; a stream nvCOMP rejects, or one that decodes to another size,
+raises ``CorruptCheckpointError`` naming the chunk. Decoding is linear in the stored and raw
+bytes. Empty chunks never reach the library (its compressor divides by the chunk size).
+
+The library loads on first use (:mod:`._gdeflate_lib`); where it cannot, the codec is
+unavailable on the CPU with the reason and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import CodecUnavailableError, CorruptCheckpointError
+from . import _gdeflate_lib
+from ._threads import codec_thread_count, parallel_map
+from .base import Codec
+from .registry import declare, mark_unavailable, register
+
+MAX_ENCODE_CHUNK = 1 << 16  # nvcompGdeflateCPUCompressionMaxAllowedChunkSize
+MAX_DECODE_CHUNK = 1 << 31  # the largest chunk nvCOMP's GPU encoder writes
+LEVEL = 1  # fastest level that codes (0 stores); on exponent planes within 10 % of level 12's ratio at 20x its speed
+ALGORITHM_TYPES = range(6)
+_GROUP_BYTES = 4 << 20  # raw bytes per library call: a few per thread keep the threads busy
+
+
+def _groups(raw: np.ndarray) -> list[np.ndarray]:
+    """Chunk indices split into consecutive runs of about ``_GROUP_BYTES`` raw bytes."""
+    if raw.size == 0:
+        return []
+    per = max(1, _GROUP_BYTES // max(1, int(raw.max())))
+    if codec_thread_count() > 1:
+        per = min(per, -(-raw.size // codec_thread_count()))
+    return np.array_split(np.arange(raw.size), range(per, raw.size, per))
+
+
+def _addresses(tensor: torch.Tensor, offsets: np.ndarray) -> np.ndarray:
+    addresses: np.ndarray = offsets.astype(np.uint64) + np.uint64(tensor.data_ptr())
+    return addresses
+
+
+def _check_bounds(what: str, tensor: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> None:
+    if tensor.dtype != torch.uint8 or tensor.dim() != 1 or not tensor.is_contiguous() or tensor.is_cuda:
+        raise ValueError(f"gdeflate (cpu) takes 1-D contiguous torch.uint8 CPU tensors; {what} is not one")
+    if offsets.shape != lengths.shape or (offsets < 0).any() or (offsets + lengths > tensor.numel()).any():
+        raise ValueError(f"gdeflate (cpu): a {what} chunk lies outside its buffer")
+
+
+def _corrupt(index: int, what: str) -> CorruptCheckpointError:
+    error = CorruptCheckpointError(f"gdeflate chunk {index} {what}")
+    error.chunk = index
+    return error
+
+
+class GdeflateCpuCodec(Codec):
+    """nvCOMP GDeflate chunks on the CPU; interchangeable with the GPU ``gdeflate`` codec."""
+
+    codec_id = "gdeflate"
+    backend = "cpu"
+
+    def __init__(self, algorithm_type: int = 1) -> None:
+        if type(algorithm_type) is not int or algorithm_type not in ALGORITHM_TYPES:
+            raise ValueError(f"codec 'gdeflate' option algorithm_type must be one of {list(ALGORITHM_TYPES)}, "
+                             f"got {algorithm_type!r}")
+        self.algorithm_type = algorithm_type
+        library, reason = _gdeflate_lib.load()
+        if library is None:  # built directly, not through the registry (which knows the reason)
+            raise CodecUnavailableError(f"codec 'gdeflate' cannot run on the CPU here: {reason}.")
+        self._lib = library
+
+    def get_config(self) -> dict[str, Any]:
+        return {"id": self.codec_id, "algorithm_type": self.algorithm_type}
+
+    def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
+        base = torch.cat(list(chunks)) if chunks else torch.empty(0, dtype=torch.uint8)
+        out, offsets, sizes = self.encode_segments(base, np.cumsum(lengths) - lengths, lengths)
+        return [out[o : o + n] for o, n in zip(offsets.tolist(), sizes.tolist())]
+
+    def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
+        raw = np.array(raw_sizes, dtype=np.int64)
+        lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
+        if raw.size != lengths.size:
+            raise ValueError(f"codec 'gdeflate': {lengths.size} chunks but {raw.size} raw sizes")
+        src = torch.cat(list(chunks)) if chunks else torch.empty(0, dtype=torch.uint8)
+        dst_offsets = np.cumsum(raw) - raw
+        self._check_raw(raw)
+        dst = torch.empty(int(raw.sum()), dtype=torch.uint8)
+        self.decode_segments(src, np.cumsum(lengths) - lengths, lengths, dst, dst_offsets, raw)
+        return [dst[o : o + n] for o, n in zip(dst_offsets.tolist(), raw.tolist())]
+
+    def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
+                        ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Chunks of at most 64 KiB, non-empty; the outputs lie in slots of the size bound."""
+        _check_bounds("source", base, offsets, lengths)
+        if not lengths.size:
+            return torch.empty(0, dtype=torch.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if (lengths <= 0).any() or (lengths > MAX_ENCODE_CHUNK).any():
+            index = int(np.argmax((lengths <= 0) | (lengths > MAX_ENCODE_CHUNK)))
+            raise ValueError(f"gdeflate (cpu) encodes chunks of 1 to {MAX_ENCODE_CHUNK} bytes; "
+                             f"chunk {index} has {int(lengths[index])}")
+        largest = int(lengths.max())
+        slot = self._lib.max_output(largest)
+        out = torch.zeros(slot * lengths.size, dtype=torch.uint8)  # zeroed: no stale bytes between slots
+        out_offsets = np.arange(lengths.size, dtype=np.int64) * slot
+        sizes = np.zeros(lengths.size, dtype=np.uint64)
+        in_ptrs, out_ptrs = _addresses(base, offsets), _addresses(out, out_offsets)
+
+        def run(group: np.ndarray) -> None:
+            sizes[group] = self._lib.compress(in_ptrs[group], lengths[group], largest, out_ptrs[group], LEVEL)
+
+        parallel_map(run, _groups(lengths), int(lengths.sum()))
+        return out, out_offsets, sizes.astype(np.int64)
+
+    def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
+                        dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
+        _check_bounds("stored", src, src_offsets, src_lengths)
+        _check_bounds("decoded", dst, dst_offsets, raw_lengths)
+        self._check_raw(raw_lengths)
+        if (src_lengths <= 0).any():
+            raise _corrupt(int(np.argmax(src_lengths <= 0)), "is empty; a compressed chunk has bytes")
+        in_ptrs, out_ptrs = _addresses(src, src_offsets), _addresses(dst, dst_offsets)
+
+        def run(group: np.ndarray) -> None:
+            try:
+                self._decode_group(group, in_ptrs, src_lengths, out_ptrs, raw_lengths)
+                return
+            except _gdeflate_lib.LibraryError:
+                pass
+            for index in group.tolist():  # name the chunk nvCOMP rejects (each one alone decodes it anew)
+                try:
+                    self._decode_group(np.array([index]), in_ptrs, src_lengths, out_ptrs, raw_lengths)
+                except _gdeflate_lib.LibraryError as exc:
+                    raise _corrupt(index, f"does not decode on the CPU: {exc}")
+
+        parallel_map(run, _groups(raw_lengths), int(raw_lengths.sum()))
+
+    def _decode_group(self, group: np.ndarray, in_ptrs: np.ndarray, in_bytes: np.ndarray, out_ptrs: np.ndarray,
+                      raw: np.ndarray) -> None:
+        """Decode chunks ``group`` in one library call (``LibraryError`` where nvCOMP rejects one);
+        a chunk that decodes to another size than ``raw`` declares is a ``CorruptCheckpointError``."""
+        got = self._lib.decompress(in_ptrs[group], in_bytes[group], out_ptrs[group], raw[group])
+        short = got != raw[group].astype(np.uint64)
+        if short.any():
+            first = int(np.argmax(short))
+            raise _corrupt(int(group[first]), f"decoded to {int(got[first])} bytes, expected {int(raw[group][first])}")
+
+    def _check_raw(self, raw: np.ndarray) -> None:
+        bad = (raw <= 0) | (raw > MAX_DECODE_CHUNK)
+        if bad.any():
+            index = int(np.argmax(bad))
+            raise _corrupt(index, f"declares {int(raw[index])} decoded bytes; gdeflate chunks hold 1 to {MAX_DECODE_CHUNK}")
+
+
+def _load() -> None:
+    _, reason = _gdeflate_lib.load()
+    if reason is None:
+        register(GdeflateCpuCodec)
+    else:
+        mark_unavailable(GdeflateCpuCodec.codec_id, "cpu", reason)
+
+
+declare([GdeflateCpuCodec.codec_id], "cpu", _load, gpu_first=True)

@@ -1,0 +1,273 @@
+"""The CPU gdeflate codec (nvCOMP's libnvcomp_cpu through ckptzip's shim): round trips, chunks an
+H200 wrote, damaged input, files, and the library's absence."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ckptzip
+from ckptzip import CodecUnavailableError, CorruptCheckpointError
+from ckptzip.codecs import _gdeflate_lib, get_codec, gpu_first_ids, gpu_only_ids, has_codec, registry
+from ckptzip.codecs import gdeflate_cpu
+from ckptzip.engine import policy
+from golden_state import golden_state
+from helpers import assert_same
+
+GOLDEN = Path(__file__).parent / "golden"
+needs_library = pytest.mark.skipif(not has_codec("gdeflate", "cpu"), reason="nvCOMP's CPU library is not installed")
+SIZES = [1, 2, 7, 255, 256, 257, 4095, 4096, 65535, 65536]
+
+
+def _codec(algorithm_type: int = 0) -> gdeflate_cpu.GdeflateCpuCodec:
+    codec = get_codec({"id": "gdeflate", "algorithm_type": algorithm_type}, "cpu")
+    assert isinstance(codec, gdeflate_cpu.GdeflateCpuCodec)
+    return codec
+
+
+def _data(n: int, kind: str) -> torch.Tensor:
+    """``n`` bytes: a uint8 view of bf16 weights, random bytes, or zeros."""
+    g = torch.Generator().manual_seed(n)
+    if kind == "bf16":
+        return (torch.randn(-(-n // 2), generator=g) * 0.02).bfloat16().view(torch.uint8)[:n].clone()
+    if kind == "random":
+        return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+    return torch.zeros(n, dtype=torch.uint8)
+
+
+def test_gdeflate_decodes_on_the_cpu_but_is_best_decoded_on_a_gpu() -> None:
+    assert "gdeflate" not in gpu_only_ids()
+    assert "gdeflate" in gpu_first_ids()
+
+
+@needs_library
+@pytest.mark.parametrize("kind", ["bf16", "random", "zeros"])
+def test_round_trip_at_every_edge_size(kind: str) -> None:
+    codec = _codec()
+    chunks = [_data(n, kind) for n in SIZES]
+    coded = codec.encode(chunks)
+    if kind == "zeros":
+        assert sum(c.numel() for c in coded) < sum(SIZES) // 10
+    for got, want in zip(codec.decode(coded, SIZES), chunks):
+        assert torch.equal(got, want)
+
+
+@needs_library
+def test_segments_round_trip_in_place_at_odd_offsets() -> None:
+    codec = _codec()
+    lengths = np.array(SIZES, dtype=np.int64)
+    offsets = np.cumsum(lengths + 3) - lengths  # gaps, and odd addresses
+    base = _data(int(offsets[-1] + lengths[-1]), "bf16")
+    out, out_offsets, sizes = codec.encode_segments(base, offsets, lengths)
+    dst = torch.full_like(base, 0xAB)
+    codec.decode_segments(out, out_offsets, sizes, dst, offsets, lengths)
+    for o, n in zip(offsets.tolist(), lengths.tolist()):
+        assert torch.equal(dst[o : o + n], base[o : o + n])
+    assert torch.equal(dst[offsets[0] + lengths[0] : offsets[1]], torch.full((3,), 0xAB, dtype=torch.uint8))
+
+
+@needs_library
+def test_many_chunks_on_several_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gdeflate_cpu, "_GROUP_BYTES", 1 << 17)
+    base = _data(300 * 65536 + 123, "bf16")
+    lengths = np.minimum(65536, base.numel() - np.arange(0, base.numel(), 65536))
+    offsets = np.arange(0, base.numel(), 65536)
+    out, out_offsets, sizes = _codec().encode_segments(base, offsets, lengths)
+    dst = torch.empty_like(base)
+    _codec().decode_segments(out, out_offsets, sizes, dst, offsets, lengths)
+    assert torch.equal(dst, base)
+
+
+@needs_library
+@pytest.mark.parametrize("size", [0, 65537])
+def test_encoder_rejects_empty_and_oversized_chunks(size: int) -> None:
+    with pytest.raises(ValueError, match="encodes chunks of 1 to 65536 bytes; chunk 1 has"):
+        _codec().encode([_data(10, "bf16"), _data(size, "bf16")])
+
+
+@needs_library
+def test_chunks_an_h200_wrote_decode_bit_exactly() -> None:
+    """tests/golden/gdeflate_gpu_chunks.npz: chunks nvCOMP 6.0's GPU gdeflate (RAW) coded on an
+    H200, algorithm types 0, 1 and 5, up to 256 KiB (more than the CPU encoder takes)."""
+    golden = np.load(GOLDEN / "gdeflate_gpu_chunks.npz")
+    names = [k for k in golden.files if k.startswith("enc_")]
+    assert len(names) == 16
+    for name in names:
+        _, size, algorithm_type = name.split("_")
+        raw = golden[f"raw_{size}"]
+        (got,) = _codec(int(algorithm_type)).decode([torch.from_numpy(golden[name])], [raw.size])
+        assert np.array_equal(got.numpy(), raw), name
+
+
+@needs_library
+def test_a_damaged_chunk_is_named() -> None:
+    codec = _codec()
+    chunks = [_data(n, "bf16") for n in (4096, 65536, 4096)]
+    coded = [c.clone() for c in codec.encode(chunks)]
+    coded[1][40:400] = 0xFF
+    with pytest.raises(CorruptCheckpointError, match="gdeflate chunk 1 does not decode on the CPU") as info:
+        codec.decode(coded, [4096, 65536, 4096])
+    assert info.value.chunk == 1
+
+
+@needs_library
+@pytest.mark.parametrize(("raw", "match"), [
+    (5000, "gdeflate chunk 2 decoded to 4096 bytes, expected 5000"),
+    (0, "gdeflate chunk 2 declares 0 decoded bytes"),
+    (1 << 32, "gdeflate chunk 2 declares 4294967296 decoded bytes"),
+])
+def test_a_chunk_of_another_size_is_named(raw: int, match: str) -> None:
+    codec = _codec()
+    chunks = [_data(4096, "bf16") for _ in range(3)]
+    coded = codec.encode(chunks)
+    src = torch.cat(coded)
+    lengths = np.array([c.numel() for c in coded])
+    raw_lengths = np.array([4096, 4096, raw])
+    dst = torch.empty(int(raw_lengths.sum()), dtype=torch.uint8)
+    with pytest.raises(CorruptCheckpointError, match=match) as info:
+        codec.decode_segments(src, np.cumsum(lengths) - lengths, lengths, dst, np.cumsum(raw_lengths) - raw_lengths,
+                              raw_lengths)
+    assert info.value.chunk == 2
+
+
+@needs_library
+def test_an_empty_stored_chunk_is_named() -> None:
+    codec = _codec()
+    coded = codec.encode([_data(100, "bf16")])
+    with pytest.raises(CorruptCheckpointError, match="gdeflate chunk 1 is empty") as info:
+        codec.decode([coded[0], torch.empty(0, dtype=torch.uint8)], [100, 100])
+    assert info.value.chunk == 1
+
+
+@needs_library
+def test_garbage_never_crashes_and_is_named() -> None:
+    rng = np.random.default_rng(0)
+    codec = _codec()
+    for _ in range(200):
+        junk = torch.from_numpy(rng.integers(0, 256, int(rng.integers(1, 2000)), dtype=np.uint8))
+        try:
+            (got,) = codec.decode([junk], [65536])
+        except CorruptCheckpointError as exc:
+            assert exc.chunk == 0
+        else:
+            assert got.numel() == 65536
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return {"w": torch.randn(300, 1000, generator=g) * 0.02, "m": (torch.randn(70_000, generator=g) * 1e-3).bfloat16(),
+            "ids": torch.randint(0, 50_000, (20_000,), generator=g), "tiny": torch.ones(3)}
+
+
+@needs_library
+def test_a_file_coded_with_gdeflate_on_the_cpu_loads_bit_exactly() -> None:
+    buffer = io.BytesIO()
+    ckptzip.save(_state(), buffer, codec="gdeflate")
+    with ckptzip.open(io.BytesIO(buffer.getvalue())) as reader:
+        assert {e.name: e.codecs for e in reader.entries()}["w"] == ["gdeflate"]
+    assert_same(ckptzip.load(io.BytesIO(buffer.getvalue())), _state())
+
+
+@needs_library
+def test_a_file_whose_float_planes_use_gdeflate_loads_bit_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a GPU's ``codec="auto"`` stores them: planes, the structured ones in gdeflate (here
+    coded on the CPU, by making gdeflate the CPU planner's only float-plane candidate)."""
+    monkeypatch.setattr(policy, "_CPU_FLOAT_CANDIDATES", ({"id": "gdeflate", "algorithm_type": 0},))
+    buffer = io.BytesIO()
+    ckptzip.save(_state(), buffer, codec="auto")
+    monkeypatch.undo()
+    with ckptzip.open(io.BytesIO(buffer.getvalue())) as reader:
+        planes = {e.name: e.codecs for e in reader.entries()}
+    assert "gdeflate" in planes["w"] and "raw" in planes["w"], planes
+    assert_same(ckptzip.load(io.BytesIO(buffer.getvalue())), _state())
+
+
+@pytest.fixture
+def without_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry as a machine without libnvcomp_cpu (nor a GPU that runs gdeflate) has it."""
+    monkeypatch.setattr(_gdeflate_lib, "_loaded", None)
+    monkeypatch.setattr(_gdeflate_lib, "_library_candidates", lambda: ["/nonexistent/libnvcomp_cpu.so.6"])
+    monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items() if k[0] != "gdeflate"})
+    monkeypatch.setattr(registry, "_UNAVAILABLE", {k: v for k, v in registry._UNAVAILABLE.items()
+                                                   if k != ("gdeflate", "cpu")})
+    monkeypatch.setattr(registry, "_PENDING", {**{k: v for k, v in registry._PENDING.items() if k != ("gdeflate", "cuda")},
+                                               ("gdeflate", "cpu"): gdeflate_cpu._load})
+    monkeypatch.setattr(policy, "_codec", policy._codec.__wrapped__)  # no cached codec objects
+
+
+def _assert_hint(message: str) -> None:
+    assert "codec 'gdeflate' cannot run on the CPU here: nvCOMP's CPU library libnvcomp_cpu is not found" in message
+    assert "pip install ckptzip[gdeflate]" in message
+    assert "`ckptzip convert SRC DST --codec portable`" in message
+
+
+@pytest.mark.usefixtures("without_library")
+def test_without_the_library_the_codec_says_how_to_get_it() -> None:
+    assert not has_codec("gdeflate", "cpu")
+    with pytest.raises(CodecUnavailableError) as info:
+        get_codec({"id": "gdeflate", "algorithm_type": 0}, "cpu")
+    _assert_hint(str(info.value))
+    with pytest.raises(CodecUnavailableError) as info:
+        gdeflate_cpu.GdeflateCpuCodec(0)
+    _assert_hint(str(info.value))
+
+
+@needs_library
+def test_without_the_library_a_gdeflate_file_says_how_to_read_it(monkeypatch: pytest.MonkeyPatch,
+                                                                   request: pytest.FixtureRequest) -> None:
+    buffer = io.BytesIO()
+    ckptzip.save(_state(), buffer, codec="gdeflate")
+    request.getfixturevalue("without_library")
+    with pytest.raises(CodecUnavailableError) as info:
+        ckptzip.load(io.BytesIO(buffer.getvalue()))
+    _assert_hint(str(info.value))
+    assert "tensor 'w'" in str(info.value)
+
+
+def test_without_the_shim_the_codec_says_how_to_build_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_gdeflate_lib, "_shim_path", lambda: None)
+    library, reason = _gdeflate_lib._load()
+    assert library is None and reason is not None
+    assert "installed without its GDeflate shim" in reason
+
+
+def test_the_library_is_found_in_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_gdeflate_lib.ENV_VAR, "/opt/x/libnvcomp_cpu.so.6")
+    assert _gdeflate_lib._library_candidates() == ["/opt/x/libnvcomp_cpu.so.6"]
+    monkeypatch.delenv(_gdeflate_lib.ENV_VAR)
+    assert _gdeflate_lib._library_candidates()[-1] == _gdeflate_lib.SONAME
+
+
+def test_a_gpu_auto_file_codes_planes_with_huffman_only_gdeflate_in_chunks_a_cpu_decodes() -> None:
+    assert policy._PRESET_CODECS[("auto", "cuda")] == {"id": "gdeflate", "algorithm_type": 0}
+    assert policy._PRESET_CODECS[("fast", "cuda")]["id"] == "ans"
+    assert policy.chunk_bytes("gdeflate", "cpu") <= gdeflate_cpu.MAX_ENCODE_CHUNK
+    assert policy.chunk_bytes("gdeflate", "cuda") <= gdeflate_cpu.MAX_DECODE_CHUNK
+
+
+@needs_library
+def test_the_report_says_where_a_gdeflate_file_loads() -> None:
+    from ckptzip.report import portability_note
+
+    buffer = io.BytesIO()
+    ckptzip.save(_state(), buffer, codec="gdeflate")
+    with ckptzip.open(io.BytesIO(buffer.getvalue())) as reader:
+        note = portability_note(reader.entries())
+    assert note.startswith("loads on a GPU or, for gdeflate, on a Linux CPU with nvCOMP's CPU library")
+    assert "ckptzip convert SRC DST --codec portable" in note
+
+
+@needs_library
+def test_the_golden_file_an_h200_saved_with_auto_loads_on_the_cpu() -> None:
+    """tests/golden/gpu_gdeflate_v2_1.ckz: tests/golden_state.py's state on an H200, saved with
+    ``codec="auto"`` by bench/gdeflate_check.py."""
+    path = GOLDEN / "gpu_gdeflate_v2_1.ckz"
+    with ckptzip.open(path) as reader:
+        entries = {e.name: e for e in reader.entries()}
+    assert entries["model.embed.weight"].device == "cuda:0"
+    assert entries["model.embed.weight"].codecs == ["raw", "raw", "raw", "gdeflate"]
+    assert_same(ckptzip.load(path, map_location="cpu"), golden_state())
