@@ -1,10 +1,10 @@
 """CheckpointManager: periodic, asynchronous, atomic checkpoints with retention.
 
-``save`` copies the state into a snapshot (on the GPU for CUDA tensors) and returns; compression,
-device-to-host copies and writes run on one background thread, in step order. A checkpoint is
-visible only once committed (atomic rename locally, commit marker on object stores), so a crash at
-any moment leaves the previous checkpoints loadable. docs/MANAGER.md describes the layout and the
-memory bound.
+``save`` copies the state into a snapshot (on the GPU for CUDA tensors, :mod:`._snapshot`) and
+returns; compression, device-to-host copies and writes run on one background thread, in step
+order. A checkpoint is visible only once committed (atomic rename locally, commit marker on
+object stores), so a crash at any moment leaves the previous checkpoints loadable.
+docs/MANAGER.md describes the layout and the memory bound.
 """
 
 from __future__ import annotations
@@ -14,117 +14,34 @@ import concurrent.futures
 import contextlib
 import operator
 import os
-import random
-import re
-import sys
-import threading
-import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
-import numpy as np
 import torch
 
-from . import api
-from .errors import CheckpointNotFoundError, CorruptCheckpointError, MissingBaseError
-from .engine.policy import Policy
-from .engine.sources import DeltaBase
-from .engine.staging import PinnedPool
-from .engine import memory
-from .engine.warmup import warm_up
-from .engine.writer import GpuLimits, StagedState, gpu_coded, stage_state, write_staged
-from .format import BaseRef, TensorEntry, content_hash
-from .storage import WriterLock, open_storage
-from .tier import MemoryTier, TieredStorage
-from .tier.retention import removable
-from .tier.store import Naming, Tier
-from .tree import flatten, unflatten
+from .. import api
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, MissingBaseError
+from ..engine import memory
+from ..engine.policy import Policy
+from ..engine.sources import DeltaBase
+from ..engine.warmup import warm_up
+from ..format import BaseRef, content_hash
+from ..storage import WriterLock, open_storage
+from ..tier import MemoryTier, TieredStorage
+from ..tier.retention import removable
+from ..tier.store import Tier
+from ..tree import flatten
+from ._snapshot import Snapshot, SnapshotMode, SnapshotPool, Write, Written
+from ._steps import NAMING, STEP_LIKE, STEP_NAME, STEP_PATTERN, report_ignored, step_of
 
-__all__ = ["CheckpointManager", "CheckpointSkippedWarning", "IgnoredFileWarning", "MemoryTier", "capture_rng_state",
-           "restore_rng_state"]
-
-_STEP_NAME = "step_{:08d}.ckz"
-# Exactly the names _STEP_NAME writes: 8 ASCII digits, or more without a leading zero. Others (such
-# as step_000000100.ckz beside step_00000100.ckz, or digits of other scripts, which ``\d`` would
-# accept) are not checkpoints of this manager: they are ignored, and reported once.
-_STEP_PATTERN = re.compile(r"step_([0-9]{8}|[1-9][0-9]{8,})\.ckz")
-_STEP_LIKE = re.compile(r"step_.*\.ckz", re.DOTALL)
 # Longest chain ``incremental=`` allows: restoring its last step reads (and decodes) every file of it.
 MAX_INCREMENTAL = 1000
-_ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
-
-_BufferKey = tuple[torch.device, bool]  # (device, pinned)
-SnapshotMode = Literal["auto", "device", "host"]
-# A device snapshot must leave this much GPU memory free (or 5 % of the GPU, if more), for the
-# training steps that run while the checkpoint is written; otherwise "auto" takes a host snapshot.
-DEVICE_HEADROOM = 2 << 30
-# GPU batch of a host snapshot: its encoding needs a few of these beside the state.
-HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
-# Host snapshots' pinned staging is kept at this much above the last snapshot's stored bytes.
-STAGING_MARGIN = 1.05
-_GIB = 1 << 30
-_LOG = logging.getLogger("ckptzip")
 
 
 class CheckpointSkippedWarning(UserWarning):
     """``restore()`` skipped a damaged checkpoint and fell back to an older one."""
-
-
-class IgnoredFileWarning(UserWarning):
-    """Files in a manager's directory are named like checkpoints but not as the manager names
-    them (``step_<8 or more ASCII digits>.ckz``, no leading zero beyond eight); they are ignored."""
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """The global RNG states of Python ``random``, NumPy, torch (CPU) and, once initialized, CUDA.
-
-    Put the result into the saved state and pass it back to :func:`restore_rng_state` after a
-    restore, so random data order, dropout and augmentation continue exactly.
-    """
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Set the global RNGs from :func:`capture_rng_state` output (tensors may be on any device).
-
-    The CUDA states are restored when CUDA is available here; without CUDA they are ignored.
-    """
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([t.cpu() for t in state["cuda"]])
-
-
-@dataclass
-class _Snapshot:
-    tree: Any  # the state flattened by ckptzip.tree, referring to ``tensors`` by position
-    names: list[str]
-    tensors: list[torch.Tensor]  # copies of the state's tensors (views into ``buffers``), or placeholders of staged ones
-    buffers: list[tuple[_BufferKey, torch.Tensor]]
-    ready: list[torch.cuda.Event]  # recorded after the GPU copies; empty when all copies were synchronous
-    staged: StagedState | None  # the table, its CUDA tensors already encoded, their stored bytes in pinned memory
-    copied: bool  # whether ``tensors`` holds a copy of every tensor (the base of an incremental save)
-
-
-@dataclass
-class _Written:
-    """What a save wrote: its tensor table, and its tensors by name (None where they were staged)."""
-
-    entries: list[TensorEntry]
-    tensors: dict[str, torch.Tensor] | None
-
-
-_Write = Callable[[BinaryIO, "DeltaBase | None"], _Written]
 
 
 @dataclass(frozen=True)
@@ -146,246 +63,11 @@ class _Kept:
     chain: int  # checkpoints in its chain, the whole one included
 
 
-# Floating types that the CUDA kernel of ``_foreach_copy_`` carries through float (its "opmath"
-# type), replacing their NaN payloads with the canonical NaN: those copy as same-width integers.
-_THROUGH_FLOAT = {
-    dtype: torch.int16 if dtype.itemsize == 2 else torch.int32 if dtype.itemsize == 4 else torch.uint8
-    for dtype in (torch.bfloat16, torch.float16, torch.complex32,
-                  *(getattr(torch, name) for name in dir(torch) if name.startswith("float8_")))
-    if isinstance(dtype, torch.dtype)
-}
-
-
-def _copy_batched(dst: list[torch.Tensor], src: list[torch.Tensor], *, non_blocking: bool) -> None:
-    """``dst[i].copy_(src[i])`` bit for bit, for all ``i`` (tensors of one device) in few launches:
-    one ``_foreach_copy_`` per dtype and layout, since its fused CUDA kernel needs one dtype and
-    matching strides per call."""
-    groups: dict[tuple[torch.dtype, bool], list[int]] = collections.defaultdict(list)
-    for i, t in enumerate(src):
-        groups[t.dtype, t.is_contiguous()].append(i)
-    for (dtype, _), members in groups.items():
-        into, out_of = [dst[i] for i in members], [src[i] for i in members]
-        bits = _THROUGH_FLOAT.get(dtype) if out_of[0].is_cuda else None  # CPU copies are bytewise
-        if bits is not None:
-            into, out_of = [t.view(bits) for t in into], [t.view(bits) for t in out_of]
-        torch._foreach_copy_(into, out_of, non_blocking=non_blocking)
-
-
-class _SnapshotPool:
-    """Takes snapshots of states, so the caller may mutate the originals at once.
-
-    ``"device"``: every tensor is copied into a reusable flat buffer on its device; a CUDA tensor
-    on a side stream that the caller's current stream then waits for, so ``take`` returns without
-    a host sync. ``"host"``: CUDA tensors are compressed on their GPU in bounded batches and only
-    their stored bytes are copied, into pinned host buffers that are kept for the next save (host
-    tensors are copied as above). ``"auto"``: ``"device"`` when every GPU has room for the copy
-    beside a safety margin, else ``"host"``. Buffers return to the pool after the save that used them.
-    """
-
-    def __init__(self, where: SnapshotMode, policy: Policy, gpu_memory: int | None = None) -> None:
-        self._where = where
-        self._policy = policy
-        self._gpu_memory = gpu_memory
-        self.last_mode: Literal["device", "host"] | None = None
-        self.last_reason: str | None = None
-        self._free: dict[_BufferKey, list[torch.Tensor]] = {}
-        self._staging = PinnedPool(count=sys.maxsize)
-        self._staged_bytes: int | None = None  # stored bytes of the last host snapshot
-        self._lock = threading.Lock()
-        self._side_streams: dict[torch.device, torch.cuda.Stream] = {}  # caller thread only
-        self._worker_streams: dict[torch.device, torch.cuda.Stream] = {}  # worker thread only
-
-    def _acquire(self, key: _BufferKey, nbytes: int) -> torch.Tensor:
-        with self._lock:
-            free = self._free.setdefault(key, [])
-            for i, buf in enumerate(free):
-                if buf.numel() >= nbytes:
-                    return free.pop(i)
-            free.clear()  # all too small for this state: let them go before allocating
-        device, pinned = key
-        return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pinned)
-
-    def _device_room(self, sources: list[torch.Tensor]) -> str | None:
-        """Why a device snapshot does not fit, or None when it does on every GPU: its copy, beside
-        ``DEVICE_HEADROOM`` (or 5 % of the GPU) left for training, out of what can really be had
-        (free memory, what torch's cache would release, and pooled buffers it would reuse)."""
-        need: dict[torch.device, int] = collections.defaultdict(int)
-        for t in sources:
-            if t.is_cuda:
-                need[t.device] += _aligned(t.nbytes)
-        for device, nbytes in need.items():
-            with self._lock:
-                pooled = max((b.numel() for b in self._free.get((device, False), [])), default=0)
-            if pooled >= nbytes:
-                continue
-            total = torch.cuda.get_device_properties(device).total_memory
-            headroom = max(DEVICE_HEADROOM, total // 20)
-            have = memory.available(device) + pooled
-            if nbytes + headroom > have:
-                return (f"a device copy of the state needs {nbytes / _GIB:.2f} GiB on {device} and "
-                        f"{headroom / _GIB:.2f} GiB must stay free for training, but only {have / _GIB:.2f} GiB "
-                        "can be had there")
-        return None
-
-    def reserve_host(self, sources: list[torch.Tensor]) -> threading.Thread | None:
-        """Where host snapshots are (or now would be) taken, reserve pinned staging for the GPU
-        bytes of ``sources`` on a background thread (a save's staging waits for it)."""
-        if self._where == "device" or (self._where == "auto" and self._device_room(sources) is None):
-            return None
-        nbytes = self._expected_staging() or sum(t.nbytes for t in sources if t.is_cuda)
-        if not nbytes:
-            return None
-        thread = threading.Thread(target=self._staging.reserve, args=(nbytes,), name="ckptzip-reserve", daemon=True)
-        thread.start()
-        return thread
-
-    def take(self, state: Any, base: DeltaBase | None, keep: bool) -> _Snapshot:
-        """Validate ``state`` (raises :class:`~ckptzip.errors.UnsupportedObjectError`) and snapshot
-        it. A host snapshot rewrites its table against ``base`` now; with ``keep`` it also copies
-        the CUDA tensors it encodes to host memory, as the next save's base."""
-        flat = flatten(state)  # also a deep copy of every non-tensor value
-        names = [item.name for item in flat.tensors]
-        sources = [item.tensor for item in flat.tensors]
-        reason = "snapshot='host' was asked for" if self._where == "host" else (
-            "snapshot='device' was asked for" if self._where == "device" else self._device_room(sources))
-        host = self._where == "host" or (self._where == "auto" and reason is not None)
-        limits = GpuLimits.of(sources, self._policy, self._gpu_memory, HOST_SNAPSHOT_BATCH_BYTES) if host else None
-        coded = gpu_coded(sources, self._policy, limits) if limits is not None else [False] * len(sources)
-        encoded = {i for i, t in enumerate(sources) if host and t.is_cuda}
-        copied = [i for i in range(len(sources)) if keep or i not in encoded or not coded[i]]
-        groups: dict[_BufferKey, list[int]] = collections.defaultdict(list)
-        for i in copied:
-            pinned = i in encoded  # a host copy of a CUDA tensor (kept as a base, or coded on the host)
-            groups[torch.device("cpu") if pinned else sources[i].device, pinned].append(i)
-        placeholder = torch.empty(0)
-        copies = [placeholder] * len(sources)
-        buffers = []
-        for key, members in groups.items():
-            offsets, total = [], 0
-            for i in members:
-                offsets.append(total)
-                total += _aligned(sources[i].nbytes)
-            buf = self._acquire(key, total)
-            buffers.append((key, buf))
-            for i, offset in zip(members, offsets):
-                t = sources[i]
-                copies[i] = buf[offset : offset + t.nbytes].view(t.dtype).view(t.shape)
-        ready = self._copy([sources[i] for i in copied], [copies[i] for i in copied])
-        staged = None
-        if encoded:  # the caller's stream is ordered after the copies: the table reads them
-            snapshot = [sources[i] if i in encoded and coded[i] else copies[i] for i in range(len(sources))]
-            staged = stage_state(names, snapshot, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base,
-                                 self._gpu_memory, self._expected_staging())
-            self._staged_bytes = staged.nbytes
-        if host and self._where == "auto" and self.last_mode != "host":
-            _LOG.warning("ckptzip: taking host snapshots (compressed on the GPU in small batches, stored in pinned "
-                         "host memory) instead of device copies: %s", reason)
-        self.last_mode = "host" if host else "device"
-        self.last_reason = reason or "a device copy of the state fits beside the headroom left for training"
-        return _Snapshot(flat.tree, names, copies, buffers, ready, staged, len(copied) == len(sources))
-
-    def _expected_staging(self) -> int | None:
-        """Pinned staging the next host snapshot needs: the last one's stored bytes and a margin
-        (None before the first)."""
-        return None if self._staged_bytes is None else int(self._staged_bytes * STAGING_MARGIN)
-
-    def _copy(self, sources: list[torch.Tensor], copies: list[torch.Tensor]) -> list[torch.cuda.Event]:
-        by_device: dict[torch.device, list[int]] = collections.defaultdict(list)
-        for i, t in enumerate(sources):
-            by_device[t.device].append(i)
-        ready = []
-        for device, members in by_device.items():
-            if device.type != "cuda":
-                _copy_batched([copies[i] for i in members], [sources[i] for i in members], non_blocking=False)
-                continue
-            current = torch.cuda.current_stream(device)
-            side = self._side_streams.get(device)
-            if side is None:
-                side = self._side_streams[device] = torch.cuda.Stream(device)
-            side.wait_stream(current)  # the state is final once the caller's queued kernels ran
-            with torch.cuda.stream(side):
-                _copy_batched([copies[i] for i in members], [sources[i] for i in members], non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(side)
-            current.wait_event(done)  # later kernels of the caller may overwrite the sources
-            ready.append(done)
-        return ready
-
-    @contextlib.contextmanager
-    def use(self, snapshot: _Snapshot) -> Iterator[_Write]:
-        """In the worker: wait for the copies, then give the body a function that writes the
-        snapshot as a container (on private CUDA streams); recycle the buffers afterwards."""
-        devices = {key[0] for key, _ in snapshot.buffers if key[0].type == "cuda"}
-        streams = [self._worker_stream(d) for d in devices]
-        staged = snapshot.staged
-
-        def write(f: BinaryIO, base: DeltaBase | None) -> _Written:
-            kept = dict(zip(snapshot.names, snapshot.tensors)) if snapshot.copied else None
-            if staged is not None:  # its table was rewritten (against the base) when it was taken
-                return _Written(write_staged(f, staged, snapshot.tree, self._policy), kept)
-            state = unflatten(snapshot.tree, snapshot.tensors.__getitem__, len(snapshot.tensors))
-            return _Written(api.write_checkpoint(f, state, self._policy, base=base, gpu_memory=self._gpu_memory), kept)
-
-        try:
-            for event in snapshot.ready:
-                event.synchronize()
-            with contextlib.ExitStack() as stack:
-                for stream in streams:
-                    stack.enter_context(torch.cuda.stream(stream))
-                yield write
-        finally:
-            for stream in streams:
-                stream.synchronize()  # nothing may still read a buffer when it is handed out again
-            if staged is not None:
-                staged.release()  # what a failed write left
-                expected = self._expected_staging()
-                if expected is not None:  # the first snapshot reserved the raw size: keep what is used
-                    self._staging.trim(expected)
-            with self._lock:
-                for key, buf in snapshot.buffers:
-                    self._free.setdefault(key, []).append(buf)
-
-    def _worker_stream(self, device: torch.device) -> torch.cuda.Stream:
-        stream = self._worker_streams.get(device)
-        if stream is None:
-            stream = self._worker_streams[device] = torch.cuda.Stream(device)
-        return stream
-
-    def clear(self) -> None:
-        """Free the pooled buffers."""
-        with self._lock:
-            self._free.clear()
-        self._staging.clear()
-
-
 def _copy_into(old: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t``, into ``old`` (a base no longer needed) where it fits: no fresh memory to fault in."""
     if old is not None and old.dtype == t.dtype and old.shape == t.shape and old.device == t.device:
         return old.copy_(t)
     return t.clone()
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
-
-
-def _step_of(name: str) -> int:
-    """The step of a name the storage listed (it matches ``_STEP_PATTERN``)."""
-    return int(name.removeprefix("step_").removesuffix(".ckz"))
-
-
-_NAMING = Naming(_STEP_PATTERN, _STEP_NAME.format, _step_of)
-
-
-def _report_ignored(names: list[str], location: str) -> None:
-    """Warn once about files named like checkpoints that are not this manager's."""
-    shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    warnings.warn(
-        f"ignoring {len(names)} file(s) in {location} named like checkpoints but not as a CheckpointManager "
-        f"names them (step_ and 8 or more ASCII digits, no leading zero beyond eight, .ckz): {shown}",
-        IgnoredFileWarning,
-        stacklevel=4,  # the caller of CheckpointManager(...)
-    )
 
 
 class CheckpointManager:
@@ -459,7 +141,7 @@ class CheckpointManager:
         self._gpu_memory = gpu_memory
         memory.cap(gpu_memory)  # a bad value fails here, not at the first save
         self._storage = open_storage(directory, storage_options)
-        self._tier = None if memory_tier is None else TieredStorage(memory_tier, self._storage, _NAMING, keep_last)
+        self._tier = None if memory_tier is None else TieredStorage(memory_tier, self._storage, NAMING, keep_last)
         self._agreed: int | None = None  # the step the replicated group last agreed on
         if self._tier is not None:
             self._storage = self._tier
@@ -470,9 +152,9 @@ class CheckpointManager:
         self._max_pending = max_pending
         self._lock: WriterLock | None = None  # taken by the first save
         self._leftovers: list[str] = []  # found when the lock was taken; discarded after the first commit
-        self._newest_committed = max(map(_step_of, self._committed_steps()), default=None)
+        self._newest_committed = max(map(step_of, self._committed_steps()), default=None)
         self._pending: collections.deque[tuple[int, concurrent.futures.Future[None]]] = collections.deque()
-        self._snapshots = _SnapshotPool(snapshot, self._policy, gpu_memory)
+        self._snapshots = SnapshotPool(snapshot, self._policy, gpu_memory)
         warm_up(policy=self._policy)  # compile the GPU kernels before the first save needs them
         self._executor = (
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-save")
@@ -554,7 +236,7 @@ class CheckpointManager:
                 "separate run"
             )
         if self._executor is None:
-            self._write(step, lambda f, base: _Written(api.write_checkpoint(f, state, self._policy, base=base,
+            self._write(step, lambda f, base: Written(api.write_checkpoint(f, state, self._policy, base=base,
                                                                             gpu_memory=self._gpu_memory),
                                                        {item.name: item.tensor for item in flatten(state).tensors}))
             self._after_commit(step)
@@ -579,29 +261,29 @@ class CheckpointManager:
         if agreed is None or self._pending or step <= agreed:
             return
         for old in sorted((s for s in self.all_steps() if s > agreed), reverse=True):  # a delta before its base
-            self._storage.delete(_STEP_NAME.format(old))
+            self._storage.delete(STEP_NAME.format(old))
             self._base_of.pop(old, None)
         self._newest_committed = max((s for s in self.all_steps() if s <= agreed), default=None)
 
     def _take_lock(self) -> None:
         """Become the directory's writer; then look again at what earlier writers left."""
         self._lock = self._storage.lock()
-        listing = self._storage.list(_STEP_PATTERN)
+        listing = self._storage.list(STEP_PATTERN)
         self._leftovers = listing.partial
-        self._newest_committed = max(map(_step_of, listing.committed), default=None)
+        self._newest_committed = max(map(step_of, listing.committed), default=None)
 
-    def _save_snapshot(self, step: int, snapshot: _Snapshot) -> None:
+    def _save_snapshot(self, step: int, snapshot: Snapshot) -> None:
         with self._snapshots.use(snapshot) as write:
             self._write(step, write)
         self._after_commit(step)
 
-    def _write(self, step: int, write: _Write) -> None:
+    def _write(self, step: int, write: Write) -> None:
         assert self._lock is not None
         self._lock.heartbeat()  # raises if the lock was lost, before anything is written
-        name = _STEP_NAME.format(step)
+        name = STEP_NAME.format(step)
         kept = self._kept
         base = self._delta_base()
-        written: list[_Written] = []
+        written: list[Written] = []
         self._storage.write(name, lambda f: written.append(write(f, base)))
         entries, tensors = written[0].entries, written[0].tensors
         delta = kept is not None and base is not None and any(e.source_kind == "xor" for e in entries)
@@ -623,9 +305,9 @@ class CheckpointManager:
         """Record the commit, retire old checkpoints, discard leftovers found at start."""
         self._newest_committed = step
         if self._keep_last is not None and self._tier is None:  # a tier retires its own copies
-            committed = map(_step_of, self._storage.list(_STEP_PATTERN).committed)
+            committed = map(step_of, self._storage.list(STEP_PATTERN).committed)
             for old in removable(committed, self._keep_last, self._base_step):
-                self._storage.delete(_STEP_NAME.format(old))
+                self._storage.delete(STEP_NAME.format(old))
                 self._base_of.pop(old, None)
         for name in self._leftovers:
             self._storage.discard_partial(name)
@@ -674,16 +356,16 @@ class CheckpointManager:
 
     def all_steps(self) -> list[int]:
         """Steps of the committed checkpoints, ascending (pending saves are not included)."""
-        return sorted(map(_step_of, self._storage.list(_STEP_PATTERN).committed))
+        return sorted(map(step_of, self._storage.list(STEP_PATTERN).committed))
 
     def _committed_steps(self) -> list[str]:
         """Committed checkpoint names, at construction: files named like checkpoints in another
         form are reported here, once."""
-        committed = self._storage.list(_STEP_LIKE).committed
-        ignored = [n for n in committed if not _STEP_PATTERN.fullmatch(n)]
+        committed = self._storage.list(STEP_LIKE).committed
+        ignored = [n for n in committed if not STEP_PATTERN.fullmatch(n)]
         if ignored:
-            _report_ignored(ignored, self.directory)
-        return [n for n in committed if _STEP_PATTERN.fullmatch(n)]
+            report_ignored(ignored, self.directory)
+        return [n for n in committed if STEP_PATTERN.fullmatch(n)]
 
     def latest_step(self) -> int | None:
         """The newest committed step, or ``None`` if there is none. With a replicated memory
@@ -698,7 +380,7 @@ class CheckpointManager:
         """The step of the checkpoint ``step`` is stored relative to (read once from its index)."""
         if step not in self._base_of:
             try:
-                with self._storage.open(_STEP_NAME.format(step)) as f, api.open(f) as reader:
+                with self._storage.open(STEP_NAME.format(step)) as f, api.open(f) as reader:
                     bases = reader.bases
             except (CorruptCheckpointError, FileNotFoundError):
                 bases = []  # unreadable: it needs nothing, and nothing can be restored from it
@@ -707,13 +389,13 @@ class CheckpointManager:
 
     def _load(self, step: int, map_location: api.MapLocation) -> Any:
         if self._tier is not None:  # from the fastest tier, again from the directory if that copy is damaged
-            return self._tier.read(_STEP_NAME.format(step), lambda: self._decode(step, map_location))
+            return self._tier.read(STEP_NAME.format(step), lambda: self._decode(step, map_location))
         state = self._decode(step, map_location)
         self._restored = True
         return state
 
     def _decode(self, step: int, map_location: api.MapLocation) -> Any:
-        with self._storage.open(_STEP_NAME.format(step)) as f, api.open(f, map_location=map_location) as reader:
+        with self._storage.open(STEP_NAME.format(step)) as f, api.open(f, map_location=map_location) as reader:
             reader.base_tensors = self._base_tensors(step, reader.bases, map_location)
             return reader.load()
 
@@ -747,7 +429,7 @@ class CheckpointManager:
         todo = [(step, ref) for ref in bases]
         while todo:
             child, ref = todo.pop()
-            if ref.step is None or ref.step >= child or ref.name != _STEP_NAME.format(ref.step):
+            if ref.step is None or ref.step >= child or ref.name != STEP_NAME.format(ref.step):
                 raise MissingBaseError(f"{self._what(child, ref)}, which is not an earlier checkpoint of this directory")
             if ref.step in below and below[ref.step].content_hash == ref.content_hash:
                 continue

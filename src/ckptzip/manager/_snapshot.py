@@ -1,0 +1,277 @@
+"""Snapshots a manager takes in ``save``, so the caller may change its state at once: device
+copies into reused buffers, or host snapshots (compressed on the GPU in bounded batches, their
+stored bytes in pinned host memory)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Literal
+
+import torch
+
+from .. import api
+from ..engine import memory
+from ..engine.policy import Policy
+from ..engine.sources import DeltaBase
+from ..engine.staging import PinnedPool
+from ..engine.writer import GpuLimits, StagedState, gpu_coded, stage_state, write_staged
+from ..format import TensorEntry
+from ..tree import flatten, unflatten
+
+_ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
+
+_BufferKey = tuple[torch.device, bool]  # (device, pinned)
+SnapshotMode = Literal["auto", "device", "host"]
+# A device snapshot must leave this much GPU memory free (or 5 % of the GPU, if more), for the
+# training steps that run while the checkpoint is written; otherwise "auto" takes a host snapshot.
+DEVICE_HEADROOM = 2 << 30
+# GPU batch of a host snapshot: its encoding needs a few of these beside the state.
+HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
+# Host snapshots' pinned staging is kept at this much above the last snapshot's stored bytes.
+STAGING_MARGIN = 1.05
+_GIB = 1 << 30
+_LOG = logging.getLogger("ckptzip")
+
+
+@dataclass
+class Snapshot:
+    tree: Any  # the state flattened by ckptzip.tree, referring to ``tensors`` by position
+    names: list[str]
+    tensors: list[torch.Tensor]  # copies of the state's tensors (views into ``buffers``), or placeholders of staged ones
+    buffers: list[tuple[_BufferKey, torch.Tensor]]
+    ready: list[torch.cuda.Event]  # recorded after the GPU copies; empty when all copies were synchronous
+    staged: StagedState | None  # the table, its CUDA tensors already encoded, their stored bytes in pinned memory
+    copied: bool  # whether ``tensors`` holds a copy of every tensor (the base of an incremental save)
+
+
+@dataclass
+class Written:
+    """What a save wrote: its tensor table, and its tensors by name (None where they were staged)."""
+
+    entries: list[TensorEntry]
+    tensors: dict[str, torch.Tensor] | None
+
+
+Write = Callable[[BinaryIO, "DeltaBase | None"], Written]
+
+
+# Floating types that the CUDA kernel of ``_foreach_copy_`` carries through float (its "opmath"
+# type), replacing their NaN payloads with the canonical NaN: those copy as same-width integers.
+_THROUGH_FLOAT = {
+    dtype: torch.int16 if dtype.itemsize == 2 else torch.int32 if dtype.itemsize == 4 else torch.uint8
+    for dtype in (torch.bfloat16, torch.float16, torch.complex32,
+                  *(getattr(torch, name) for name in dir(torch) if name.startswith("float8_")))
+    if isinstance(dtype, torch.dtype)
+}
+
+
+def _copy_batched(dst: list[torch.Tensor], src: list[torch.Tensor], *, non_blocking: bool) -> None:
+    """``dst[i].copy_(src[i])`` bit for bit, for all ``i`` (tensors of one device) in few launches:
+    one ``_foreach_copy_`` per dtype and layout, since its fused CUDA kernel needs one dtype and
+    matching strides per call."""
+    groups: dict[tuple[torch.dtype, bool], list[int]] = collections.defaultdict(list)
+    for i, t in enumerate(src):
+        groups[t.dtype, t.is_contiguous()].append(i)
+    for (dtype, _), members in groups.items():
+        into, out_of = [dst[i] for i in members], [src[i] for i in members]
+        bits = _THROUGH_FLOAT.get(dtype) if out_of[0].is_cuda else None  # CPU copies are bytewise
+        if bits is not None:
+            into, out_of = [t.view(bits) for t in into], [t.view(bits) for t in out_of]
+        torch._foreach_copy_(into, out_of, non_blocking=non_blocking)
+
+
+class SnapshotPool:
+    """Takes snapshots of states, so the caller may mutate the originals at once.
+
+    ``"device"``: every tensor is copied into a reusable flat buffer on its device; a CUDA tensor
+    on a side stream that the caller's current stream then waits for, so ``take`` returns without
+    a host sync. ``"host"``: CUDA tensors are compressed on their GPU in bounded batches and only
+    their stored bytes are copied, into pinned host buffers that are kept for the next save (host
+    tensors are copied as above). ``"auto"``: ``"device"`` when every GPU has room for the copy
+    beside a safety margin, else ``"host"``. Buffers return to the pool after the save that used them.
+    """
+
+    def __init__(self, where: SnapshotMode, policy: Policy, gpu_memory: int | None = None) -> None:
+        self._where = where
+        self._policy = policy
+        self._gpu_memory = gpu_memory
+        self.last_mode: Literal["device", "host"] | None = None
+        self.last_reason: str | None = None
+        self._free: dict[_BufferKey, list[torch.Tensor]] = {}
+        self._staging = PinnedPool(count=sys.maxsize)
+        self._staged_bytes: int | None = None  # stored bytes of the last host snapshot
+        self._lock = threading.Lock()
+        self._side_streams: dict[torch.device, torch.cuda.Stream] = {}  # caller thread only
+        self._worker_streams: dict[torch.device, torch.cuda.Stream] = {}  # worker thread only
+
+    def _acquire(self, key: _BufferKey, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            free = self._free.setdefault(key, [])
+            for i, buf in enumerate(free):
+                if buf.numel() >= nbytes:
+                    return free.pop(i)
+            free.clear()  # all too small for this state: let them go before allocating
+        device, pinned = key
+        return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pinned)
+
+    def _device_room(self, sources: list[torch.Tensor]) -> str | None:
+        """Why a device snapshot does not fit, or None when it does on every GPU: its copy, beside
+        ``DEVICE_HEADROOM`` (or 5 % of the GPU) left for training, out of what can really be had
+        (free memory, what torch's cache would release, and pooled buffers it would reuse)."""
+        need: dict[torch.device, int] = collections.defaultdict(int)
+        for t in sources:
+            if t.is_cuda:
+                need[t.device] += _aligned(t.nbytes)
+        for device, nbytes in need.items():
+            with self._lock:
+                pooled = max((b.numel() for b in self._free.get((device, False), [])), default=0)
+            if pooled >= nbytes:
+                continue
+            total = torch.cuda.get_device_properties(device).total_memory
+            headroom = max(DEVICE_HEADROOM, total // 20)
+            have = memory.available(device) + pooled
+            if nbytes + headroom > have:
+                return (f"a device copy of the state needs {nbytes / _GIB:.2f} GiB on {device} and "
+                        f"{headroom / _GIB:.2f} GiB must stay free for training, but only {have / _GIB:.2f} GiB "
+                        "can be had there")
+        return None
+
+    def reserve_host(self, sources: list[torch.Tensor]) -> threading.Thread | None:
+        """Where host snapshots are (or now would be) taken, reserve pinned staging for the GPU
+        bytes of ``sources`` on a background thread (a save's staging waits for it)."""
+        if self._where == "device" or (self._where == "auto" and self._device_room(sources) is None):
+            return None
+        nbytes = self._expected_staging() or sum(t.nbytes for t in sources if t.is_cuda)
+        if not nbytes:
+            return None
+        thread = threading.Thread(target=self._staging.reserve, args=(nbytes,), name="ckptzip-reserve", daemon=True)
+        thread.start()
+        return thread
+
+    def take(self, state: Any, base: DeltaBase | None, keep: bool) -> Snapshot:
+        """Validate ``state`` (raises :class:`~ckptzip.errors.UnsupportedObjectError`) and snapshot
+        it. A host snapshot rewrites its table against ``base`` now; with ``keep`` it also copies
+        the CUDA tensors it encodes to host memory, as the next save's base."""
+        flat = flatten(state)  # also a deep copy of every non-tensor value
+        names = [item.name for item in flat.tensors]
+        sources = [item.tensor for item in flat.tensors]
+        reason = "snapshot='host' was asked for" if self._where == "host" else (
+            "snapshot='device' was asked for" if self._where == "device" else self._device_room(sources))
+        host = self._where == "host" or (self._where == "auto" and reason is not None)
+        limits = GpuLimits.of(sources, self._policy, self._gpu_memory, HOST_SNAPSHOT_BATCH_BYTES) if host else None
+        coded = gpu_coded(sources, self._policy, limits) if limits is not None else [False] * len(sources)
+        encoded = {i for i, t in enumerate(sources) if host and t.is_cuda}
+        copied = [i for i in range(len(sources)) if keep or i not in encoded or not coded[i]]
+        groups: dict[_BufferKey, list[int]] = collections.defaultdict(list)
+        for i in copied:
+            pinned = i in encoded  # a host copy of a CUDA tensor (kept as a base, or coded on the host)
+            groups[torch.device("cpu") if pinned else sources[i].device, pinned].append(i)
+        placeholder = torch.empty(0)
+        copies = [placeholder] * len(sources)
+        buffers = []
+        for key, members in groups.items():
+            offsets, total = [], 0
+            for i in members:
+                offsets.append(total)
+                total += _aligned(sources[i].nbytes)
+            buf = self._acquire(key, total)
+            buffers.append((key, buf))
+            for i, offset in zip(members, offsets):
+                t = sources[i]
+                copies[i] = buf[offset : offset + t.nbytes].view(t.dtype).view(t.shape)
+        ready = self._copy([sources[i] for i in copied], [copies[i] for i in copied])
+        staged = None
+        if encoded:  # the caller's stream is ordered after the copies: the table reads them
+            snapshot = [sources[i] if i in encoded and coded[i] else copies[i] for i in range(len(sources))]
+            staged = stage_state(names, snapshot, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base,
+                                 self._gpu_memory, self._expected_staging())
+            self._staged_bytes = staged.nbytes
+        if host and self._where == "auto" and self.last_mode != "host":
+            _LOG.warning("ckptzip: taking host snapshots (compressed on the GPU in small batches, stored in pinned "
+                         "host memory) instead of device copies: %s", reason)
+        self.last_mode = "host" if host else "device"
+        self.last_reason = reason or "a device copy of the state fits beside the headroom left for training"
+        return Snapshot(flat.tree, names, copies, buffers, ready, staged, len(copied) == len(sources))
+
+    def _expected_staging(self) -> int | None:
+        """Pinned staging the next host snapshot needs: the last one's stored bytes and a margin
+        (None before the first)."""
+        return None if self._staged_bytes is None else int(self._staged_bytes * STAGING_MARGIN)
+
+    def _copy(self, sources: list[torch.Tensor], copies: list[torch.Tensor]) -> list[torch.cuda.Event]:
+        by_device: dict[torch.device, list[int]] = collections.defaultdict(list)
+        for i, t in enumerate(sources):
+            by_device[t.device].append(i)
+        ready = []
+        for device, members in by_device.items():
+            if device.type != "cuda":
+                _copy_batched([copies[i] for i in members], [sources[i] for i in members], non_blocking=False)
+                continue
+            current = torch.cuda.current_stream(device)
+            side = self._side_streams.get(device)
+            if side is None:
+                side = self._side_streams[device] = torch.cuda.Stream(device)
+            side.wait_stream(current)  # the state is final once the caller's queued kernels ran
+            with torch.cuda.stream(side):
+                _copy_batched([copies[i] for i in members], [sources[i] for i in members], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+            current.wait_event(done)  # later kernels of the caller may overwrite the sources
+            ready.append(done)
+        return ready
+
+    @contextlib.contextmanager
+    def use(self, snapshot: Snapshot) -> Iterator[Write]:
+        """In the worker: wait for the copies, then give the body a function that writes the
+        snapshot as a container (on private CUDA streams); recycle the buffers afterwards."""
+        devices = {key[0] for key, _ in snapshot.buffers if key[0].type == "cuda"}
+        streams = [self._worker_stream(d) for d in devices]
+        staged = snapshot.staged
+
+        def write(f: BinaryIO, base: DeltaBase | None) -> Written:
+            kept = dict(zip(snapshot.names, snapshot.tensors)) if snapshot.copied else None
+            if staged is not None:  # its table was rewritten (against the base) when it was taken
+                return Written(write_staged(f, staged, snapshot.tree, self._policy), kept)
+            state = unflatten(snapshot.tree, snapshot.tensors.__getitem__, len(snapshot.tensors))
+            return Written(api.write_checkpoint(f, state, self._policy, base=base, gpu_memory=self._gpu_memory), kept)
+
+        try:
+            for event in snapshot.ready:
+                event.synchronize()
+            with contextlib.ExitStack() as stack:
+                for stream in streams:
+                    stack.enter_context(torch.cuda.stream(stream))
+                yield write
+        finally:
+            for stream in streams:
+                stream.synchronize()  # nothing may still read a buffer when it is handed out again
+            if staged is not None:
+                staged.release()  # what a failed write left
+                expected = self._expected_staging()
+                if expected is not None:  # the first snapshot reserved the raw size: keep what is used
+                    self._staging.trim(expected)
+            with self._lock:
+                for key, buf in snapshot.buffers:
+                    self._free.setdefault(key, []).append(buf)
+
+    def _worker_stream(self, device: torch.device) -> torch.cuda.Stream:
+        stream = self._worker_streams.get(device)
+        if stream is None:
+            stream = self._worker_streams[device] = torch.cuda.Stream(device)
+        return stream
+
+    def clear(self) -> None:
+        """Free the pooled buffers."""
+        with self._lock:
+            self._free.clear()
+        self._staging.clear()
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
