@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 import ckptzip
-from ckptzip.bench.pipeline import DiscardSink
+from ckptzip_bench.pipeline import DiscardSink
 
 GIB = 1 << 30
 RESULTS: list[dict[str, Any]] = []

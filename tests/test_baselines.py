@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from ckptzip.bench.baselines import (
+from ckptzip_bench.baselines import (
     BASELINES,
     CpuZstd,
     Dcp,
@@ -18,9 +18,9 @@ from ckptzip.bench.baselines import (
     TorchSave,
     get_baseline,
 )
-from ckptzip.bench.measure import assert_state_equal, flat_tensors, iter_tensors, run_baseline, tensor_nbytes
+from ckptzip_bench.measure import assert_state_equal, flat_tensors, iter_tensors, run_baseline, tensor_nbytes
 from ckptzip.errors import CheckpointWriteError, CodecUnavailableError, CorruptCheckpointError
-from ckptzip.bench.training import train
+from ckptzip.demo.training import train
 
 
 @pytest.fixture(scope="module")

@@ -16,18 +16,18 @@ import pytest
 import torch
 
 from ckptzip import cli
-from ckptzip.bench import results, run
-from ckptzip.bench.analysis import (
+from ckptzip_bench import results, run
+from ckptzip_bench.analysis import (
     CORE,
     TensorSize,
     entropy_by_group,
     group_totals,
     planes_reference,
 )
-from ckptzip.bench.baselines import TorchSave
-from ckptzip.bench.breakdown import CATEGORIES, HOST_OTHER, device_seconds, classify_device_event, classify_frame
-from ckptzip.bench.methods import CkptzipFast
-from ckptzip.bench.targets import evaluate
+from ckptzip_bench.baselines import TorchSave
+from ckptzip_bench.breakdown import CATEGORIES, HOST_OTHER, device_seconds, classify_device_event, classify_frame
+from ckptzip_bench.methods import CkptzipFast
+from ckptzip_bench.targets import evaluate
 
 METHODS = ["torch.save", "zstd-cpu", "ckptzip-auto", "ckptzip-portable", "nvcomp-zstd"]
 EXACT = METHODS[:4]

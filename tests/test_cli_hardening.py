@@ -128,7 +128,7 @@ def test_help_imports_neither_torch_nor_the_commands(args: tuple[str, ...]) -> N
     imported only when it is chosen (and these commands' help needs no torch)."""
     modules = _imported("-m", "ckptzip", *args)
     assert "ckptzip.cli" in modules
-    heavy = {m for m in modules if m.split(".")[0] in ("torch", "numpy") or m.startswith(("ckptzip.api", "ckptzip.bench"))}
+    heavy = {m for m in modules if m.split(".")[0] in ("torch", "numpy") or m.startswith(("ckptzip.api", "ckptzip.demo", "ckptzip_bench"))}
     assert not heavy, sorted(heavy)
 
 

@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from ckptzip.dcp._launch import launch
+from ckptzip_bench.launch import launch
 
 pytestmark = pytest.mark.slow
 

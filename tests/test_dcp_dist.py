@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from ckptzip.codecs import gpu_only_ids, has_codec
 from ckptzip.dcp import CompressedStorageReader, CompressedStorageWriter
 from ckptzip.dcp._convert import _load_full_state
-from ckptzip.dcp._launch import launch
+from ckptzip_bench.launch import launch
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ pytest.importorskip("deepspeed", reason="needs DeepSpeed: pip install 'ckptzip[d
 from helpers import assert_same, random_tensor  # noqa: E402
 
 import ckptzip  # noqa: E402
-from ckptzip.dcp._launch import launch  # noqa: E402
+from ckptzip_bench.launch import launch  # noqa: E402
 from ckptzip.errors import CorruptCheckpointError, UnsupportedObjectError  # noqa: E402
 from ckptzip.format.spec import MAGIC  # noqa: E402
 from ckptzip.integrations.deepspeed import OBJECT_TYPES, CkptzipCheckpointEngine  # noqa: E402

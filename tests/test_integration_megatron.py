@@ -23,7 +23,7 @@ with warnings.catch_warnings():  # Megatron warns at import that Transformer Eng
 from helpers import assert_same, random_tensor  # noqa: E402
 
 from ckptzip.dcp import CompressedStorageReader  # noqa: E402
-from ckptzip.dcp._launch import launch  # noqa: E402
+from ckptzip_bench.launch import launch  # noqa: E402
 from ckptzip.format.spec import MAGIC  # noqa: E402
 from ckptzip.integrations.megatron import BACKEND, CkptzipLoadShardedStrategy  # noqa: E402
 

@@ -24,7 +24,7 @@ from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer  
 from torchtitan.components.optimizer.optimizer import default_adamw  # noqa: E402
 from torchtitan.models.llama3 import model_registry  # noqa: E402
 
-from ckptzip.dcp._launch import launch  # noqa: E402
+from ckptzip_bench.launch import launch  # noqa: E402
 from ckptzip.integrations.torchtitan import CompressedCheckpointManager  # noqa: E402
 
 pytestmark = pytest.mark.slow

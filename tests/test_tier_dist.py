@@ -27,7 +27,7 @@ import torch.distributed as dist
 from helpers import assert_same
 
 import ckptzip
-from ckptzip.dcp._launch import free_port
+from ckptzip_bench.launch import free_port
 from ckptzip.manager import CheckpointManager, MemoryTier
 
 pytestmark = pytest.mark.slow

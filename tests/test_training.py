@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 import torch
 
-from ckptzip.bench.measure import assert_state_equal, iter_tensors
-from ckptzip.bench.training import (
+from ckptzip_bench.measure import assert_state_equal, iter_tensors
+from ckptzip.demo.training import (
     PRESETS,
     TENSOR_CLASSES,
     ModelConfig,

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ckptzip.bench.measure import iter_tensors
+from .measure import iter_tensors
 from ckptzip.codecs import get_codec, has_codec
 from ckptzip.engine.estimate import entropy_of_counts
 from ckptzip.engine.policy import SMALL_TENSOR_BYTES

@@ -3,7 +3,7 @@
 Every baseline has a ``name``, ``available() -> (ok, reason)``, ``save(state, directory) ->
 SaveResult`` (wall time including ``fsync`` of every file and the directory), ``load(directory,
 device) -> (state, seconds)`` and ``expected(state)``: what a correct ``load`` returns, which
-:func:`ckptzip.bench.measure.assert_state_equal` checks bit for bit.
+:func:`ckptzip.demo.compare.assert_state_equal` checks bit for bit.
 
 Raw-bytes baselines (CPU zstd, nvCOMP, ZipNN) share one layout: ``blobs.bin`` holds each tensor's
 encoded bytes back to back, ``index.pt`` the state with every tensor replaced by a meta tensor
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.dlpack import from_dlpack
 
-from ckptzip.bench.measure import flat_tensors, iter_tensors, tensor_nbytes
+from .measure import flat_tensors, iter_tensors, tensor_nbytes
 from ckptzip.errors import CheckpointWriteError, CodecUnavailableError, CorruptCheckpointError
 from ckptzip.tree import map_tree
 

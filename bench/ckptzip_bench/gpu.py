@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine.decode import Runs, decode_batch
-from ..engine.encode import EncodedBatch, encode_batch
-from ..engine.policy import Policy
-from ..engine.reader import plan_batches as read_batches
-from ..engine.sources import LoadPlan
-from ..engine.writer import plan_batches as write_batches
-from ..format import ContainerReader, TensorEntry
-from ..tree import flatten
+from ckptzip.engine.decode import Runs, decode_batch
+from ckptzip.engine.encode import EncodedBatch, encode_batch
+from ckptzip.engine.policy import Policy
+from ckptzip.engine.reader import plan_batches as read_batches
+from ckptzip.engine.sources import LoadPlan
+from ckptzip.engine.writer import plan_batches as write_batches
+from ckptzip.format import ContainerReader, TensorEntry
+from ckptzip.tree import flatten
 from .baselines import CodecThroughput
 
 

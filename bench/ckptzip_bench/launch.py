@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import spawn
 
-from ..errors import DeviceUnavailableError
+from ckptzip.errors import DeviceUnavailableError
 
 
 def free_port() -> int:

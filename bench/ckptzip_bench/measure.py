@@ -1,19 +1,21 @@
-"""Helpers shared by the benchmark, the demo and the tests: walk a state, compare it bit for bit, time a baseline."""
+"""Helpers shared by the benchmark and the tests: walk a state, time a baseline and compare what it
+restored bit for bit (:func:`ckptzip.demo.compare.assert_state_equal`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ckptzip.tree import iter_leaves, join_path
+from ckptzip.demo.compare import assert_state_equal
+from ckptzip.tree import iter_leaves
 
 if TYPE_CHECKING:
-    from ckptzip.bench.baselines import Baseline
+    from .baselines import Baseline
 
 __all__ = [
     "BaselineRun",
@@ -49,57 +51,6 @@ def flat_tensors(state: Any) -> dict[str, torch.Tensor]:
 def tensor_nbytes(state: Any) -> int:
     """Total bytes of all tensors in ``state``."""
     return sum(t.numel() * t.element_size() for _, t in iter_tensors(state))
-
-
-def _raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def _same_scalar(a: object, b: object) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return bool(a == b)
-
-
-def assert_state_equal(expected: Any, actual: Any, path: str = "") -> None:
-    """Raise ``AssertionError`` naming the first path where ``actual`` differs from ``expected``.
-
-    Tensors must match in dtype, shape and every byte (``torch.equal`` on ``uint8`` views; the
-    device may differ). Mappings must have the same keys (any ``Mapping`` subclass; key order is
-    not compared); lists and tuples the same type and length; other leaves the same type and value
-    (NaN equals NaN).
-    """
-    where = path or "<root>"
-    if isinstance(expected, torch.Tensor):
-        if not isinstance(actual, torch.Tensor):
-            raise AssertionError(f"{where}: expected a tensor, found {type(actual).__name__}")
-        if expected.dtype != actual.dtype or expected.shape != actual.shape:
-            raise AssertionError(
-                f"{where}: expected {expected.dtype} {tuple(expected.shape)}, "
-                f"found {actual.dtype} {tuple(actual.shape)}"
-            )
-        if not torch.equal(_raw_bytes(expected), _raw_bytes(actual).to(expected.device)):
-            raise AssertionError(f"{where}: tensor bytes differ")
-    elif isinstance(expected, Mapping):
-        if not isinstance(actual, Mapping):
-            raise AssertionError(f"{where}: expected a mapping, found {type(actual).__name__}")
-        missing = [k for k in expected if k not in actual]
-        extra = [k for k in actual if k not in expected]
-        if missing or extra:
-            raise AssertionError(f"{where}: keys differ; missing {missing!r}, unexpected {extra!r}")
-        for key, value in expected.items():
-            assert_state_equal(value, actual[key], join_path(path, key))
-    elif isinstance(expected, (list, tuple)):
-        if type(actual) is not type(expected) or len(actual) != len(expected):
-            raise AssertionError(
-                f"{where}: expected {type(expected).__name__} of length {len(expected)}, found "
-                f"{type(actual).__name__}"
-                + (f" of length {len(actual)}" if isinstance(actual, (list, tuple)) else "")
-            )
-        for index, (a, b) in enumerate(zip(expected, actual, strict=True)):
-            assert_state_equal(a, b, join_path(path, index))
-    elif type(actual) is not type(expected) or not _same_scalar(expected, actual):
-        raise AssertionError(f"{where}: expected {expected!r}, found {actual!r}")
 
 
 @dataclass(frozen=True)

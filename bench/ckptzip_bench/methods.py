@@ -1,7 +1,7 @@
 """Every method ``ckptzip bench`` compares, and how one is measured: save, restore, bit-exact check.
 
-The methods are the baselines of :mod:`ckptzip.bench.baselines` plus ckptzip's three presets
-behind the same :class:`~ckptzip.bench.baselines.Baseline` interface. :func:`measure_method`
+The methods are the baselines of :mod:`ckptzip_bench.baselines` plus ckptzip's three presets
+behind the same :class:`~ckptzip_bench.baselines.Baseline` interface. :func:`measure_method`
 turns one method into one JSON-able record; a method that is unavailable, fails or does not
 round-trip bit for bit is recorded as such and never stops the benchmark.
 """
@@ -22,11 +22,11 @@ from typing import Any, ClassVar
 import torch
 
 from ckptzip import api
-from ckptzip.bench.analysis import TensorSize, dtype_name, group_totals
-from ckptzip.bench.baselines import BASELINES, Baseline, CodecThroughput, StreamIO
-from ckptzip.bench.measure import assert_state_equal, iter_tensors, tensor_nbytes
-from ckptzip.bench.pipeline import measure_pipeline
-from ckptzip.bench.system import PageCache, release_memory
+from .analysis import TensorSize, dtype_name, group_totals
+from .baselines import BASELINES, Baseline, CodecThroughput, StreamIO
+from .measure import assert_state_equal, iter_tensors, tensor_nbytes
+from .pipeline import measure_pipeline
+from .system import PageCache, release_memory
 from ckptzip.report import classify
 from ckptzip.report import tensor_class
 
@@ -157,7 +157,7 @@ def _device_speed(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def _resident(method: CkptzipPreset, state: Any, checkpoint: Path, reps: int) -> dict[str, Any]:
-    from ckptzip.bench.gpu import measure_resident
+    from .gpu import measure_resident
 
     resident = measure_resident(state, checkpoint, method.preset, reps=max(3, reps))
     return {
@@ -165,7 +165,7 @@ def _resident(method: CkptzipPreset, state: Any, checkpoint: Path, reps: int) ->
         "decode_gbps": resident.decode_gbps,
         "ratio": resident.ratio,
         "exact": None,
-        "how": "ckptzip.bench.gpu.measure_resident, median; the restore through the same decoder is checked",
+        "how": "ckptzip_bench.gpu.measure_resident, median; the restore through the same decoder is checked",
     }
 
 

@@ -2,7 +2,7 @@
 is given, load from bytes already in host memory.
 
 A method takes part when it can save to a file object and load from one
-(:meth:`~ckptzip.bench.baselines.Baseline.stream_io`): ckptzip's presets and torch.save. Each is
+(:meth:`~ckptzip_bench.baselines.Baseline.stream_io`): ckptzip's presets and torch.save. Each is
 timed ``reps`` times after a first call reported apart; the first load is checked bit for bit.
 :func:`profile_pipeline` breaks one save and one load down by where the time goes.
 """
@@ -17,9 +17,9 @@ from typing import Any, BinaryIO, cast
 
 import torch
 
-from ckptzip.bench.baselines import Baseline, StreamIO
-from ckptzip.bench.breakdown import profile_call
-from ckptzip.bench.measure import assert_state_equal, tensor_nbytes
+from .baselines import Baseline, StreamIO
+from .breakdown import profile_call
+from .measure import assert_state_equal, tensor_nbytes
 
 __all__ = ["DiscardSink", "first_call", "measure_pipeline", "profile_pipeline", "timed"]
 
@@ -106,7 +106,7 @@ def measure_pipeline(method: Baseline, state: Any, device: torch.device, reps: i
 
 def profile_pipeline(method: Baseline, state: Any, device: torch.device) -> dict[str, Any]:
     """Where the time goes in one save to a :class:`DiscardSink` and one load from host memory
-    (:func:`ckptzip.bench.breakdown.profile_call`), after one untimed round of each."""
+    (:func:`ckptzip_bench.breakdown.profile_call`), after one untimed round of each."""
     save, load = _stream(method)
     blob = _in_memory(save, state)
     load(io.BytesIO(blob), device)

@@ -27,21 +27,21 @@ from typing import Any
 
 import torch
 
-from ckptzip.bench.analysis import (
+from .analysis import (
     CPU_REFERENCE,
     GPU_REFERENCE,
     entropy_by_group,
     planes_reference,
 )
-from ckptzip.bench.measure import iter_tensors, tensor_nbytes
-from ckptzip.bench.methods import (
+from .measure import iter_tensors, tensor_nbytes
+from .methods import (
     RunContext,
     first_line,
     get_method,
     measure_method,
     method_names,
 )
-from ckptzip.bench.results import (
+from .results import (
     SCHEMA,
     BenchResultsError,
     methods_table,
@@ -50,14 +50,14 @@ from ckptzip.bench.results import (
     render_markdown,
     write_plot,
 )
-from ckptzip.bench.pipeline import profile_pipeline
-from ckptzip.bench.system import PageCache, disk_bandwidth, hardware, release_memory
-from ckptzip.bench.targets import evaluate, format_targets
+from .pipeline import profile_pipeline
+from .system import PageCache, disk_bandwidth, hardware, release_memory
+from .targets import evaluate, format_targets
 from ckptzip.codecs import has_codec
 from ckptzip.errors import CkptzipError
 from ckptzip.storage import atomic_file
 from ckptzip.tree import map_tree
-from ckptzip.bench.training import count_parameters, get_preset, state_nbytes, train
+from ckptzip.demo.training import count_parameters, get_preset, state_nbytes, train
 
 __all__ = ["configure", "run"]
 
@@ -202,7 +202,7 @@ def _guarded(what: str, fn: Callable[[], Any]) -> Any:
 def _ceilings(device: str, directory: str) -> dict[str, Any]:
     if device != "cuda":
         return {"skipped": "device-copy, pinned-transfer and disk ceilings are measured on CUDA runs only"}
-    from ckptzip.bench.gpu import ceilings
+    from .gpu import ceilings
 
     return dict(ceilings(directory=directory))
 
@@ -346,7 +346,7 @@ def _report(doc: dict[str, Any], args: argparse.Namespace) -> None:
             print("\n\n".join([f"\n== {state['label']} ({state['preset']})", methods_table(state),
                                 pipeline_table(state), *extra, format_targets(state["targets"])]))
     plot_ref = None
-    later = "render it later from the JSON: python -m ckptzip.bench.results"
+    later = "render it later from the JSON: python -m ckptzip_bench.results"
     if args.plot:
         try:
             write_plot(doc, args.plot)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckptzip._version import __version__
+from ckptzip import __version__
 
 __all__ = ["PageCache", "disk_bandwidth", "filesystem", "hardware", "release_memory"]
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ckptzip.bench.analysis import CORE
+from .analysis import CORE
 
 __all__ = ["DEFAULT", "PORTABLE", "evaluate", "format_targets"]
 

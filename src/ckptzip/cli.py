@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ._version import __version__
-from .errors import CkptzipError
+from .errors import CkptzipError, UsageError
 
 if TYPE_CHECKING:
     from .format import TensorEntry
@@ -263,7 +263,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .bench.demo import run_demo
+    from .demo import run_demo
 
     return run_demo(preset=args.preset, steps=args.steps, device=args.device)
 
@@ -299,6 +299,27 @@ def _plugin(module: str) -> Configure:
     return configure
 
 
+# Where a source checkout keeps the benchmark harness (the ckptzip_bench package), outside the wheel.
+CHECKOUT_BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _bench(p: argparse.ArgumentParser) -> None:
+    """``ckptzip bench``: the harness is the ckptzip_bench package, installed or in the checkout's bench/."""
+    checkout = CHECKOUT_BENCH
+    try:
+        harness = importlib.import_module("ckptzip_bench.run")
+    except ModuleNotFoundError as e:
+        if e.name != "ckptzip_bench" or not (checkout / "ckptzip_bench").is_dir():
+            raise UsageError(
+                "`ckptzip bench` needs the benchmark harness, which is not installed: it is not part of the "
+                "ckptzip wheel; from a ckptzip checkout, `pip install -e bench` (or run ckptzip from the checkout)"
+            ) from None
+        sys.path.append(str(checkout))
+        harness = importlib.import_module("ckptzip_bench.run")
+    harness.configure(p)
+    p.set_defaults(func=harness.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckptzip")
     parser.add_argument("--version", action="version", version=f"ckptzip {__version__}")
@@ -320,15 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_command("dcp-convert", "DCP checkpoint directory <-> single .ckz file (direction from SRC)", _plugin(".dcp"))
     sub.add_command(
         "bench", "compare ckptzip with torch.save, safetensors, DCP, zstd, ZipNN and nvCOMP on real state",
-        _plugin(".bench.run"),
+        _bench,
     )
     parser.description = "Lossless compression of deep-learning checkpoints. Commands: " + ", ".join(sub.choices)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except CkptzipError as exc:
         emit(f"ckptzip: error: {exc}", sys.stderr)

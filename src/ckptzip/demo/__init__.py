@@ -1,5 +1,9 @@
 """``ckptzip demo``: train a small model, checkpoint it with ckptzip and torch.save, restore it
-bit-exactly, and print sizes, ratios, times and the per-class ratio table. No downloads."""
+bit-exactly, and print sizes, ratios, times and the per-class ratio table. No downloads.
+
+:mod:`.training` holds the models (also the benchmark's, bench/ckptzip_bench), :mod:`.compare` the
+bit-for-bit check of a restored state.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +16,11 @@ from typing import Any, TypeVar
 
 import torch
 
-from ckptzip import api
-from ckptzip.bench.measure import assert_state_equal
-from ckptzip.bench.training import PRESETS, train
-from ckptzip.errors import DeviceUnavailableError, UsageError
-from ckptzip.report import class_table, human_bytes, tensor_table
+from .. import api
+from ..errors import DeviceUnavailableError, UsageError
+from ..report import class_table, human_bytes, tensor_table
+from .compare import assert_state_equal
+from .training import PRESETS, train
 
 T = TypeVar("T")
 TOP = 12  # tensors in the demo's table

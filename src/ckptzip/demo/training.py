@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ckptzip.errors import CkptzipError
-from ckptzip.report import TENSOR_CLASSES, tensor_class
+from ..errors import CkptzipError
+from ..report import TENSOR_CLASSES, tensor_class
 
 __all__ = [
     "PRESETS",
