@@ -23,7 +23,8 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 import ckptzip
-from ckptzip.dcp import CompressedStorageReader, CompressedStorageWriter, ckz_to_dcp, configure, dcp_to_ckz, run
+from ckptzip.cli.dcp import configure, run
+from ckptzip.dcp import CompressedStorageReader, CompressedStorageWriter, ckz_to_dcp, dcp_to_ckz
 from ckptzip.dcp._metadata import METADATA_FILE, decode_metadata, encode_metadata
 from ckptzip.errors import (
     CheckpointNotFoundError,

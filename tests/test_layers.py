@@ -27,14 +27,7 @@ FLOORS = {
     "__init__": 9,
 }
 HARNESS = {"cli", "cost", "demo", "__main__"}
-# Modules that sit on another floor than their package: the command line of a subsystem.
-OVERRIDES = {"dcp/_cli.py": "cli"}
-
-
 def _top(module: Path) -> str:
-    relative = str(module.relative_to(SRC))
-    if relative in OVERRIDES:
-        return OVERRIDES[relative]
     return module.relative_to(SRC).with_suffix("").parts[0]
 
 

@@ -1,4 +1,4 @@
-"""The ckptzip command line (``ckptzip --help`` lists its commands).
+"""The ckptzip command line (``ckptzip --help`` lists its commands); :mod:`.dcp` is ``dcp-convert``.
 
 Building the parser imports nothing heavy: each command's arguments are added when that command
 is chosen, and its handler imports torch and the rest of ckptzip, so ``ckptzip --help`` is fast.
@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ._version import __version__
-from .errors import CkptzipError, UsageError
+from .._version import __version__
+from ..errors import CkptzipError, UsageError
 
 if TYPE_CHECKING:
-    from .format import TensorEntry
+    from ..format import TensorEntry
 
     _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 else:
@@ -63,8 +63,8 @@ def check_destination(src: str, dst: str, *, force: bool, exists: Callable[[str]
 
 
 def _codec_arg(parser: argparse.ArgumentParser) -> None:
-    from .codecs import codec_ids
-    from .engine.policy import PRESETS
+    from ..codecs import codec_ids
+    from ..engine.policy import PRESETS
 
     parser.add_argument(
         "--codec", default="auto",
@@ -104,9 +104,9 @@ def _compress_options(p: argparse.ArgumentParser) -> None:
 
 
 def _compress(args: argparse.Namespace) -> None:
-    from . import api
-    from .convert import read_foreign
-    from .plain import storable
+    from .. import api
+    from ..convert import read_foreign
+    from ..plain import storable
 
     if args.trust_pickle:
         emit(f"ckptzip: warning: --trust-pickle loads {args.src} with torch.load(weights_only=False), which runs "
@@ -119,9 +119,9 @@ def _compress(args: argparse.Namespace) -> None:
 
 
 def _decompress(args: argparse.Namespace) -> None:
-    from . import api
-    from .convert import is_safetensors, write_foreign
-    from .plain import weights_only_loadable
+    from .. import api
+    from ..convert import is_safetensors, write_foreign
+    from ..plain import weights_only_loadable
 
     state = api.load(args.src, map_location="cpu", progress=_progress(args))
     if not is_safetensors(args.dst):
@@ -136,7 +136,7 @@ def _decompress(args: argparse.Namespace) -> None:
 
 
 def _convert(args: argparse.Namespace) -> None:
-    from .convert import convert
+    from ..convert import convert
 
     convert(args.src, args.dst, codec=args.codec, progress=_progress(args))
 
@@ -190,7 +190,7 @@ def _add_file_command(
         p.set_defaults(func=run)
 
     def run(args: argparse.Namespace) -> int:
-        from .report import human_bytes
+        from ..report import human_bytes
 
         check_destination(args.src, args.dst, force=args.force)
         start = time.perf_counter()
@@ -215,7 +215,7 @@ def _refuse_directory(path: str, command: str) -> None:
 
 
 def _entry_json(entry: TensorEntry, entries: list[TensorEntry]) -> dict[str, object]:
-    from .report import classify, pipeline_label
+    from ..report import classify, pipeline_label
 
     return {
         "name": entry.name, "dtype": entry.dtype, "shape": list(entry.shape), "bytes": entry.nbytes,
@@ -224,8 +224,8 @@ def _entry_json(entry: TensorEntry, entries: list[TensorEntry]) -> dict[str, obj
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from . import api
-    from .report import class_table, human_bytes, portability_note, sources_note, tensor_table
+    from .. import api
+    from ..report import class_table, human_bytes, portability_note, sources_note, tensor_table
 
     _refuse_directory(args.path, "inspect")
     with api.open(args.path) as reader:
@@ -249,8 +249,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     """Decode every tensor of a .ckz file and check every checksum; nothing is written."""
-    from . import api
-    from .report import human_bytes
+    from .. import api
+    from ..report import human_bytes
 
     _refuse_directory(args.path, "verify")
     start = time.perf_counter()
@@ -263,7 +263,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ..demo import run_demo
 
     return run_demo(preset=args.preset, steps=args.steps, device=args.device)
 
@@ -300,7 +300,7 @@ def _plugin(module: str) -> Configure:
 
 
 # Where a source checkout keeps the benchmark harness (the ckptzip_bench package), outside the wheel.
-CHECKOUT_BENCH = Path(__file__).resolve().parents[2] / "bench"
+CHECKOUT_BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 
 def _bench(p: argparse.ArgumentParser) -> None:
@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_command("demo", "train a small model, checkpoint it, restore it bit-exactly", _configure_demo)
     sub.add_command(
         "cost", "estimate idle-GPU and storage cost of checkpoint writes, with and without compression",
-        _plugin(".cost"),
+        _plugin("..cost"),
     )
     sub.add_command("dcp-convert", "DCP checkpoint directory <-> single .ckz file (direction from SRC)", _plugin(".dcp"))
     sub.add_command(

@@ -31,10 +31,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ckptzip dcp-convert``."""
-    from ..cli import check_destination, emit
+    from . import check_destination, emit
     from ..storage import local_path, open_directory
-    from ._convert import ckz_to_dcp, dcp_to_ckz, is_dcp_checkpoint, is_plain_dcp_checkpoint
-    from ._metadata import METADATA_FILE
+    from ..dcp._convert import ckz_to_dcp, dcp_to_ckz, is_dcp_checkpoint, is_plain_dcp_checkpoint
+    from ..dcp._metadata import METADATA_FILE
 
     check_destination(local_path(args.src), local_path(args.dst), force=args.force, exists=_exists)
     start = time.perf_counter()
