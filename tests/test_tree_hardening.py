@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 import ckptzip
 from ckptzip import CorruptCheckpointError, UnsupportedObjectError
 from ckptzip.manager import CheckpointManager
-from ckptzip.tree import _TORCH_DTYPES, MAX_DIMS, flatten, unflatten
+from ckptzip.format import TORCH_DTYPES
+from ckptzip.tree import MAX_DIMS, flatten, unflatten
 
 
 def _unflatten(tree: object, tensors: list[torch.Tensor] | None = None) -> object:
@@ -132,12 +133,12 @@ def test_decoding_a_dtype_tag_never_imports_a_module() -> None:
 
 # --- what save accepts, load accepts -------------------------------------------------------------
 
-_UNSUPPORTED = sorted(n for n, d in _TORCH_DTYPES.items() if d not in DTYPES)
+_UNSUPPORTED = sorted(n for n, d in TORCH_DTYPES.items() if d not in DTYPES)
 
 
 @pytest.mark.parametrize("name", _UNSUPPORTED)
 def test_dtypes_outside_the_format_are_refused_at_save(name: str) -> None:
-    t = torch.zeros(4, dtype=torch.uint8).view(_TORCH_DTYPES[name])
+    t = torch.zeros(4, dtype=torch.uint8).view(TORCH_DTYPES[name])
     with pytest.raises(UnsupportedObjectError, match=r"tensor at 'w\.0'") as info:
         save_bytes({"w": [t]})
     assert "quantized" in str(info.value) or f"has dtype torch.{name}, which the ckptzip format cannot store" in str(
@@ -184,7 +185,7 @@ def test_manager_refuses_unstorable_state_at_the_call_and_commits_nothing(tmp_pa
 
 # --- property: save accepts => load round-trips; else UnsupportedObjectError --------------------
 
-_ALL_DTYPES = list(_TORCH_DTYPES.values())
+_ALL_DTYPES = list(TORCH_DTYPES.values())
 
 
 @st.composite
