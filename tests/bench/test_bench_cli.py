@@ -68,6 +68,7 @@ def _methods(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {m["name"]: m for m in state["methods"]}
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 def test_bench_exits_zero_and_writes_the_json_schema(tiny_run: dict[str, Any]) -> None:
     doc = tiny_run["doc"]
     assert tiny_run["status"] == 0
@@ -87,6 +88,7 @@ def test_bench_exits_zero_and_writes_the_json_schema(tiny_run: dict[str, Any]) -
     assert {m["state"] for m in doc["methods"]} == {"dense"}
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 @pytest.mark.parametrize("label", ["dense", "moe"])
 def test_every_method_that_ran_is_bit_exact_with_consistent_numbers(tiny_run: dict[str, Any], label: str) -> None:
     state = next(s for s in tiny_run["doc"]["states"] if s["label"] == label)
@@ -110,6 +112,7 @@ def test_every_method_that_ran_is_bit_exact_with_consistent_numbers(tiny_run: di
         assert "nvcomp" in skipped["reason"].lower()
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 @pytest.mark.parametrize("label", ["dense", "moe"])
 def test_the_pipeline_section_times_save_to_a_discarding_sink_and_load_from_memory(
     tiny_run: dict[str, Any], label: str
@@ -129,6 +132,7 @@ def test_the_pipeline_section_times_save_to_a_discarding_sink_and_load_from_memo
     assert methods["zstd-cpu"]["pipeline"] is None  # it writes a directory, not one file object
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 @pytest.mark.parametrize("label", ["dense", "moe"])
 def test_the_profile_breaks_one_auto_save_and_load_down_by_category(tiny_run: dict[str, Any], label: str) -> None:
     profile = next(s for s in tiny_run["doc"]["states"] if s["label"] == label)["profile"]
@@ -144,6 +148,7 @@ def test_the_profile_breaks_one_auto_save_and_load_down_by_category(tiny_run: di
     assert work & {"codecs (host calls)", "byte planes (host)", "checksums"}, work
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 def test_each_class_has_an_entropy_bound_and_a_codec_on_planes_reference(tiny_run: dict[str, Any]) -> None:
     state = tiny_run["doc"]["states"][0]
     for group in ("weights", "exp_avg", "exp_avg_sq", "gradients", CORE):
@@ -156,6 +161,7 @@ def test_each_class_has_an_entropy_bound_and_a_codec_on_planes_reference(tiny_ru
     assert state["reference_backend"] == "cpu"
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 def test_targets_are_reported_met_or_not_measured_with_reasons(tiny_run: dict[str, Any]) -> None:
     targets = {t["id"]: t for t in tiny_run["doc"]["states"][0]["targets"]}
     assert {"default-ratio", "default-vs-nvcomp-zstd", "class-weights", "gpu-compress", "gpu-decompress",
@@ -174,6 +180,7 @@ def test_targets_are_reported_met_or_not_measured_with_reasons(tiny_run: dict[st
         assert "nvcomp-zstd is skipped" in targets["default-vs-nvcomp-zstd"]["detail"]
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 def test_results_md_has_the_tables_command_and_plot(tiny_run: dict[str, Any]) -> None:
     text = (tiny_run["dir"] / "RESULTS.md").read_text()
     doc = tiny_run["doc"]
@@ -194,6 +201,7 @@ def test_results_md_has_the_tables_command_and_plot(tiny_run: dict[str, Any]) ->
         assert "![compression ratio against throughput per method](bench.png)" in text
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 def test_results_module_renders_the_same_file_from_the_json(
     tiny_run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -218,6 +226,7 @@ def test_results_module_rejects_a_file_bench_did_not_write(
     assert "is not a ckptzip bench result: expected schema 'ckptzip-bench/1'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 def test_cost_reads_the_ratio_from_the_bench_json(tiny_run: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     source = str(tiny_run["dir"] / "bench.json")
     for method in ("ckptzip-auto", "zstd-cpu"):
@@ -233,6 +242,7 @@ def _small_run(tmp_path: Path, methods: str, *extra: str) -> tuple[int, dict[str
     return status, json.loads((tmp_path / "b.json").read_text())
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 def test_a_failing_method_is_reported_and_the_run_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(self: object, state: object, directory: Path) -> None:
         raise OSError(28, "No space left on device")
@@ -253,6 +263,7 @@ def test_a_failing_method_is_reported_and_the_run_goes_on(tmp_path: Path, monkey
     assert _methods(doc["states"][0])["ckptzip-fast"]["status"] == "failed"
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 def test_a_restore_that_is_not_bit_exact_is_reported_without_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -273,6 +284,7 @@ def test_a_restore_that_is_not_bit_exact_is_reported_without_numbers(
     assert "save_seconds" not in m
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 def test_a_load_from_memory_that_is_not_bit_exact_is_a_mismatch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,6 +303,7 @@ def test_a_load_from_memory_that_is_not_bit_exact_is_a_mismatch(
     assert m["reason"] == "load from host memory: model.blocks.0.attn.qkv.weight: tensor bytes differ"
 
 
+@pytest.mark.slow  # runs `ckptzip bench` (the module's fixture, or its own run)
 def test_no_pipeline_reps_leave_the_section_out(tmp_path: Path) -> None:
     status, doc = _small_run(tmp_path, "torch.save", "--pipeline-reps", "0", "--results-md", str(tmp_path / "R.md"))
     assert status == 0 and "--pipeline-reps 0" in doc["command"]

@@ -65,7 +65,7 @@ def test_inspect_prints_the_ratio_table_and_class_totals(tmp_path: Path, capsys:
 
 
 def test_inspect_says_when_a_file_needs_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
-    golden = Path(__file__).parent / "golden" / "gpu_ans_v1_0.ckz"
+    golden = Path(__file__).parents[1] / "golden" / "gpu_ans_v1_0.ckz"
     assert main(["inspect", str(golden)]) == 0
     assert "GPU-only codecs: ans; loading needs an NVIDIA GPU with nvCOMP" in capsys.readouterr().out
 

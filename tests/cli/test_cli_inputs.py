@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import ckptzip
 from ckptzip.cli import main
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 STATE = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.ones(3)}
 
 

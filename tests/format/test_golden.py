@@ -13,7 +13,7 @@ from ckptzip.codecs import has_codec
 from golden_state import golden_state
 from helpers import assert_same
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 PORTABLE = ["cpu_zstd_v1_0.ckz", "gpu_zstd_v1_0.ckz", "cpu_zstd_v2_0.ckz"]
 
 

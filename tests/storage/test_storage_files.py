@@ -31,7 +31,7 @@ from ckptzip.manager import CheckpointManager, IgnoredFileWarning
 from ckptzip.storage import LOCK_NAME, open_directory, open_storage
 
 STATE = {"w": torch.arange(6, dtype=torch.float32), "step": 1}
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def _child(code: str) -> subprocess.Popen[str]:
