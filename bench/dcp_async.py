@@ -1,7 +1,9 @@
 """``dcp.async_save``'s blocking time with ckptzip's writer (its own GPU staging) against
-``FileSystemWriter`` (DCP's default stager), on one GPU, and when each save is done.
+``FileSystemWriter`` (DCP's default stager), on one GPU, and when each save is done; with
+``--free``, ``dcp.save``, ``dcp.async_save`` and ``dcp.load`` through ckptzip with the GPU filled
+so that only that many GiB stay free beside the state (and beside the tensors a load fills).
 
-    python bench/dcp_async.py --gib 7.3 --saves 3 --dir /tmp/ckpt
+    python bench/dcp_async.py --gib 7.3 --saves 3 --free 1 --dir /tmp/ckpt
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
 from ckptzip.dcp import CompressedStorageReader, CompressedStorageWriter
+from training_job import fill_gpu
 
 
 def flat_state(gib: float) -> dict[str, torch.Tensor]:
@@ -31,11 +34,47 @@ def flat_state(gib: float) -> dict[str, torch.Tensor]:
     return state
 
 
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[k].view(torch.int32), b[k].view(torch.int32)) for k in b)
+
+
+def filled(state: dict[str, torch.Tensor], leave_gib: float, root: str) -> dict[str, object]:
+    """Save (sync and async) and load through ckptzip with ``leave_gib`` GiB free."""
+    target = {k: torch.empty_like(v) for k, v in state.items()}  # what the load fills, allocated first
+    filler = fill_gpu(int(leave_gib * (1 << 30)))
+    row: dict[str, object] = {"writer": "ckptzip", "free_gib": leave_gib}
+    try:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        dcp.save(state, storage_writer=CompressedStorageWriter(f"{root}/sync"), no_dist=True)
+        row["save_s"] = round(time.perf_counter() - t, 3)
+        t = time.perf_counter()
+        future = dcp.async_save(state, storage_writer=CompressedStorageWriter(f"{root}/async"), no_dist=True)
+        row["async_block_s"] = round(time.perf_counter() - t, 3)
+        future.result()
+        for name in ("sync", "async"):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            dcp.load(target, storage_reader=CompressedStorageReader(f"{root}/{name}"), no_dist=True)
+            torch.cuda.synchronize()
+            row[f"load_{name}_s"] = round(time.perf_counter() - t, 3)
+            row[f"bit_exact_{name}"] = same(target, state)
+            for v in target.values():
+                v.zero_()
+    except Exception as exc:  # a failure is a result too
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    row["reserved_mib"] = torch.cuda.memory_reserved() >> 20
+    del filler, target
+    torch.cuda.empty_cache()
+    return row
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--gib", type=float, default=7.3)
     p.add_argument("--saves", type=int, default=3)
     p.add_argument("--dir", default=None)
+    p.add_argument("--free", default="", help="GiB left free for the filled runs, comma-separated")
     args = p.parse_args()
     state = flat_state(args.gib)
     size = sum(t.nbytes for t in state.values())
@@ -58,6 +97,10 @@ def main() -> None:
             exact = None
         print(json.dumps({"writer": name, "state_gb": round(size / 1e9, 2), "blocks_s": blocks, "done_s": totals,
                           "bit_exact": exact}), flush=True)
+        shutil.rmtree(root, ignore_errors=True)
+        root = tempfile.mkdtemp(dir=args.dir)
+    for leave in [float(x) for x in args.free.split(",") if x]:
+        print(json.dumps(filled(state, leave, root) | {"state_gb": round(size / 1e9, 2)}), flush=True)
         shutil.rmtree(root, ignore_errors=True)
         root = tempfile.mkdtemp(dir=args.dir)
     shutil.rmtree(root, ignore_errors=True)

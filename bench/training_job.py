@@ -8,6 +8,10 @@ Parts (``--parts``, comma-separated):
 - ``repeat``: many saves and loads of one state in one process, ``memory_reserved()`` after each.
 - ``manager``: ``CheckpointManager(snapshot="auto")`` with the GPU filled as training fills it:
   what it chose and why, how long ``save()`` blocked, reserved memory after each save.
+- ``host``: host snapshots of a large state (``--host-gib``) with ``--host-free`` GiB free, to
+  a store that discards checkpoint bytes (storage is measured separately): how long each
+  ``save()`` blocked, with ``manager.prepare(state)`` called when the job starts and without it,
+  the pinned staging held and the process's host RSS against the compressed size.
 - ``fresh``: new processes with an empty Triton cache: first save and first load, with and
   without ``ckptzip.warmup()`` started when the job starts, against a warm process.
 
@@ -31,10 +35,13 @@ import tempfile
 import time
 from typing import Any
 
+import fsspec
 import numpy as np
 import torch
+from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 import ckptzip
+from ckptzip.engine import memory
 from ckptzip_bench.pipeline import DiscardSink
 
 GIB = 1 << 30
@@ -64,6 +71,52 @@ class Memory(io.RawIOBase):
 
     def data(self) -> memoryview:
         return memoryview(self.buffer)[: self.n]
+
+
+class _Counted(MemoryFile):
+    """A checkpoint file whose bytes are counted, not kept."""
+
+    def __init__(self, fs: Any, path: str) -> None:
+        super().__init__(fs, path)
+        self.written = 0
+
+    def write(self, b: Any) -> int:
+        n = memoryview(b).nbytes
+        self.written += n
+        return n
+
+    def tell(self) -> int:
+        return self.written
+
+
+class DiscardFileSystem(MemoryFileSystem):
+    """``discard://``: an in-memory store (the manager's markers and lock) that keeps no
+    checkpoint bytes, so a manager's pipeline is timed without the disk."""
+
+    protocol = "discard"
+    store: dict[str, Any] = {}
+    pseudo_dirs = [""]
+
+    def _open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
+        if mode == "wb" and path.endswith(".ckz"):
+            f = _Counted(self, self._strip_protocol(path))
+            f.commit()
+            return f
+        return super()._open(path, mode, *args, **kwargs)
+
+
+fsspec.register_implementation("discard", DiscardFileSystem, clobber=True)
+
+
+def host_rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+
+
+def written(run: str) -> int:
+    """Checkpoint bytes written so far under ``discard://run``, the newest file."""
+    files = [f for p, f in DiscardFileSystem.store.items() if f"{run}/" in p and isinstance(f, _Counted)]
+    return files[-1].written if files else 0
 
 
 def llama_like_state(gib: float, device: str = "cuda") -> dict[str, torch.Tensor]:
@@ -152,7 +205,11 @@ def part_filled(args: argparse.Namespace) -> None:
         row: dict[str, Any] = {"part": "filled", "free_gib": leave}
         retries.count = 0
         try:
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            budget = memory.available(torch.device("cuda", 0))
             seconds = [timed(lambda: ckptzip.save(state, DiscardSink()))[0] for _ in range(3)]
+            row.update(budget_mib=mib(budget), peak_beside_state_mib=mib(torch.cuda.max_memory_allocated() - before))
             row.update(save_s=[round(s, 3) for s in seconds],
                        save_gbs=round(size / 1e9 / statistics.median(seconds), 1),
                        of_unconstrained=round(statistics.median(base_save) / statistics.median(seconds), 3))
@@ -207,36 +264,91 @@ def part_repeat(args: argparse.Namespace) -> None:
            allocated_end_mib=mib(torch.cuda.memory_allocated()))
 
 
+def clone_seconds(state: dict[str, torch.Tensor]) -> float:
+    """A device-to-device copy of the state into one buffer (what a device snapshot must at least
+    do), median of 5."""
+    flat = torch.empty(nbytes(state), dtype=torch.uint8, device="cuda")
+
+    def copy() -> None:
+        offset = 0
+        for t in state.values():
+            n = t.numel() * t.element_size()
+            flat[offset : offset + n].copy_(t.reshape(-1).view(torch.uint8))
+            offset += n
+
+    return statistics.median(timed(copy)[0] for _ in range(5))
+
+
 def part_manager(args: argparse.Namespace) -> None:
     state = llama_like_state(args.manager_gib)
     size = nbytes(state)
+    clone = clone_seconds(state)
+    torch.cuda.empty_cache()
     for leave in args.manager_free:
         filler = fill_gpu(int(leave * GIB))
-        with tempfile.TemporaryDirectory(dir=args.dir) as run:
-            manager = ckptzip.CheckpointManager(run, keep_last=1, async_save=True)
-            blocks, reserved, modes = [], [], []
-            for step in range(args.manager_saves):
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                manager.save(step, state)
-                torch.cuda.synchronize()
-                blocks.append(round(time.perf_counter() - t, 3))
-                modes.append(manager.last_snapshot)
-                manager.wait()
-                reserved.append(mib(torch.cuda.memory_reserved()))
-            reason = manager.last_snapshot_reason
-            restored = manager.restore(map_location="cpu") if leave >= 8 else None
-            manager.close()
-        report(part="manager", free_gib=leave, state_gb=round(size / 1e9, 2), blocks_s=blocks, modes=modes,
-               reason=reason, reserved_mib=reserved,
-               bit_exact=None if restored is None else same({k: v.cuda() for k, v in restored.items()}, state))
-        del filler
+        run = f"manager-{leave}"  # in host memory: the manager's pipeline, not the disk
+        manager = ckptzip.CheckpointManager(f"memory://{run}", keep_last=1, async_save=True)
+        blocks, reserved, modes = [], [], []
+        for step in range(args.manager_saves):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            manager.save(step, state)
+            torch.cuda.synchronize()
+            blocks.append(round(time.perf_counter() - t, 4))
+            modes.append(manager.last_snapshot)
+            manager.wait()
+            reserved.append(mib(torch.cuda.memory_reserved()))
+        reason = manager.last_snapshot_reason
+        restored = manager.restore(map_location="cpu")
+        manager.close()
+        later = statistics.median(blocks[1:]) if len(blocks) > 1 else blocks[0]
+        report(part="manager", free_gib=leave, state_gb=round(size / 1e9, 2), saves=len(blocks),
+               first_block_s=blocks[0], median_block_s=round(later, 4), last_block_s=blocks[-1],
+               d2d_clone_s=round(clone, 4), median_of_clone=round(later / clone, 2),
+               modes=sorted(set(modes)), reason=reason, reserved_first_mib=reserved[0],
+               reserved_last_mib=reserved[-1], blocks_s=blocks if len(blocks) <= 10 else None,
+               bit_exact=same({k: v.cuda() for k, v in restored.items()}, state))
+        del restored, filler
+        fsspec.filesystem("memory").rm(f"/{run}", recursive=True)
+
+
+def part_host(args: argparse.Namespace) -> None:
+    state = llama_like_state(args.host_gib)
+    size = nbytes(state)
+    for prepared in (True, False):
+        filler = fill_gpu(int(args.host_free * GIB))
+        rss0 = host_rss()
+        run = f"host-{prepared}"
+        manager = ckptzip.CheckpointManager(f"discard://{run}", keep_last=1, async_save=True, snapshot="host")
+        if prepared:
+            manager.prepare(state)
+            time.sleep(args.job_start_s)  # the job's first steps, while the staging is reserved
+        blocks, stored, staging, rss = [], [], [], []
+        for step in range(args.host_saves):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            manager.save(step, state)
+            torch.cuda.synchronize()
+            blocks.append(round(time.perf_counter() - t, 3))
+            manager.wait()
+            stored.append(written(run))
+            staging.append(manager._snapshots._staging.reserved)  # the bench looks inside
+            rss.append(host_rss() - rss0)
+        manager.close()
+        report(part="host", prepared=prepared, free_gib=args.host_free, state_gb=round(size / 1e9, 2),
+               blocks_s=blocks, stored_gb=round(stored[-1] / 1e9, 2), ratio=round(size / max(1, stored[-1]), 4),
+               staging_gb=[round(b / 1e9, 2) for b in staging],
+               staging_of_stored=round(staging[-1] / max(1, stored[-1]), 3),
+               rss_growth_gb=[round(b / 1e9, 2) for b in rss], rss_of_stored=round(rss[-1] / max(1, stored[-1]), 3))
+        del manager, filler
+        torch.cuda.empty_cache()
 
 
 _FRESH = r"""
 import io, json, os, sys, time, torch
 t0 = time.perf_counter(); torch.zeros(1, device="cuda"); torch.cuda.synchronize(); init = time.perf_counter() - t0
 import ckptzip
+from ckptzip.engine import memory
 warm = sys.argv[1] == "warmup"
 if warm:
     ckptzip.warmup()
@@ -261,6 +373,7 @@ _FRESH_LOAD = r"""
 import json, sys, time, torch
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 import ckptzip
+from ckptzip.engine import memory
 data = open(sys.argv[1], "rb").read()
 if sys.argv[2] == "warmup":
     ckptzip.warmup(wait=True)  # as the manager does while the job starts; timed separately below
@@ -299,11 +412,14 @@ def main() -> None:
     p.add_argument("--free", default="3,2,1", help="GiB left free beside the state (the first also runs a load)")
     p.add_argument("--repeat-gib", type=float, default=4)
     p.add_argument("--repeats", type=int, default=100)
-    p.add_argument("--manager-gib", type=float, default=8, help="size of the manager's state (it writes to disk)")
+    p.add_argument("--manager-gib", type=float, default=8, help="size of the manager's state (stored in memory)")
     p.add_argument("--manager-free", default="40,3,1", help="GiB left free beside the state for the manager")
     p.add_argument("--manager-saves", type=int, default=5)
-    p.add_argument("--job-start-s", type=float, default=20, help="seconds between warmup() and the first save")
-    p.add_argument("--dir", default=None, help="where the manager writes (default: a temporary directory)")
+    p.add_argument("--host-gib", type=float, default=40, help="size of the state of host snapshots")
+    p.add_argument("--host-free", type=float, default=3, help="GiB left free beside it")
+    p.add_argument("--host-saves", type=int, default=3)
+    p.add_argument("--job-start-s", type=float, default=20,
+                   help="seconds between warmup() (or prepare()) and the first save")
     p.add_argument("--json", default=None)
     p.add_argument("--watchdog-s", type=float, default=0, help="dump every thread's stack and exit after this")
     args = p.parse_args()

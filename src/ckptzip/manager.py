@@ -62,6 +62,8 @@ SnapshotMode = Literal["auto", "device", "host"]
 DEVICE_HEADROOM = 2 << 30
 # GPU batch of a host snapshot: its encoding needs a few of these beside the state.
 HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
+# Host snapshots' pinned staging is kept at this much above the last snapshot's stored bytes.
+STAGING_MARGIN = 1.05
 _GIB = 1 << 30
 _LOG = logging.getLogger("ckptzip")
 
@@ -188,6 +190,7 @@ class _SnapshotPool:
         self.last_reason: str | None = None
         self._free: dict[_BufferKey, list[torch.Tensor]] = {}
         self._staging = PinnedPool(count=sys.maxsize)
+        self._staged_bytes: int | None = None  # stored bytes of the last host snapshot
         self._lock = threading.Lock()
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}  # caller thread only
         self._worker_streams: dict[torch.device, torch.cuda.Stream] = {}  # worker thread only
@@ -229,7 +232,7 @@ class _SnapshotPool:
         bytes of ``sources`` on a background thread (a save's staging waits for it)."""
         if self._where == "device" or (self._where == "auto" and self._device_room(sources) is None):
             return None
-        nbytes = sum(t.nbytes for t in sources if t.is_cuda)
+        nbytes = self._expected_staging() or sum(t.nbytes for t in sources if t.is_cuda)
         if not nbytes:
             return None
         thread = threading.Thread(target=self._staging.reserve, args=(nbytes,), name="ckptzip-reserve", daemon=True)
@@ -272,13 +275,19 @@ class _SnapshotPool:
         if encoded:  # the caller's stream is ordered after the copies: the table reads them
             snapshot = [sources[i] if i in encoded and coded[i] else copies[i] for i in range(len(sources))]
             staged = stage_state(names, snapshot, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base,
-                                 self._gpu_memory)
+                                 self._gpu_memory, self._expected_staging())
+            self._staged_bytes = staged.nbytes
         if host and self._where == "auto" and self.last_mode != "host":
             _LOG.warning("ckptzip: taking host snapshots (compressed on the GPU in small batches, stored in pinned "
                          "host memory) instead of device copies: %s", reason)
         self.last_mode = "host" if host else "device"
         self.last_reason = reason or "a device copy of the state fits beside the headroom left for training"
         return _Snapshot(flat.tree, names, copies, buffers, ready, staged, len(copied) == len(sources))
+
+    def _expected_staging(self) -> int | None:
+        """Pinned staging the next host snapshot needs: the last one's stored bytes and a margin
+        (None before the first)."""
+        return None if self._staged_bytes is None else int(self._staged_bytes * STAGING_MARGIN)
 
     def _copy(self, sources: list[torch.Tensor], copies: list[torch.Tensor]) -> list[torch.cuda.Event]:
         by_device: dict[torch.device, list[int]] = collections.defaultdict(list)
@@ -329,6 +338,9 @@ class _SnapshotPool:
                 stream.synchronize()  # nothing may still read a buffer when it is handed out again
             if staged is not None:
                 staged.release()  # what a failed write left
+                expected = self._expected_staging()
+                if expected is not None:  # the first snapshot reserved the raw size: keep what is used
+                    self._staging.trim(expected)
             with self._lock:
                 for key, buf in snapshot.buffers:
                     self._free.setdefault(key, []).append(buf)

@@ -295,6 +295,27 @@ def test_a_reserved_slab_gives_pinned_buffers_that_copy_asynchronously_and_are_r
     assert {pool.acquire().data_ptr() for _ in range(5)} == {b.data_ptr() for b in buffers}
 
 
+@pytest.mark.gpu
+def test_a_pool_reserves_in_slabs_and_trims_only_whole_free_slabs(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from ckptzip.engine import staging
+    monkeypatch.setattr(staging, "SLAB_BYTES", 2 << 20)
+    pool = staging.PinnedPool(buffer_bytes=1 << 20, count=1 << 30)
+    pool.reserve(5 << 20)  # slabs of 2, 2 and 1 buffers
+    assert pool.reserved == 5 << 20
+    held = pool.acquire()  # a buffer of the first slab
+    pool.trim(0)
+    assert pool.reserved == 2 << 20  # the first slab stays while its buffer is in use
+    pool.release(held)
+    pool.trim(1 << 20)
+    assert pool.reserved == 2 << 20  # dropping it would leave less than asked to keep
+    pool.trim(0)
+    assert pool.reserved == 0
+    pool.reserve(1 << 20)
+    assert pool.acquire().is_pinned()
+
+
 def test_the_numpy_split_and_merge_agree_across_their_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(planes_module, "COMPILED", None)  # the NumPy kernels, also where compiled ones exist
     monkeypatch.setattr(planes_module, "_CPU_BLOCK", 1000)

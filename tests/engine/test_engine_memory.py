@@ -147,7 +147,7 @@ def test_below_the_minimum_a_save_raises_and_leaves_the_previous_file(tmp_path: 
 @gpu
 @needs_cuda
 def test_a_small_cap_codes_large_tensors_in_ranges_on_the_gpu_and_stays_bit_exact() -> None:
-    state = _state(n=3, elements=1 << 26)  # 256 MiB tensors, over a fifth of a 256 MiB budget
+    state = _state(n=3, elements=1 << 26)  # 256 MiB tensors, over a sixth of a 256 MiB budget
     buf = io.BytesIO()
     ckptzip.save(state, buf, gpu_memory=256 * MIB)
     with ckptzip.open(buf.getvalue()) as reader:
@@ -181,6 +181,36 @@ def test_a_batch_that_runs_out_of_memory_is_encoded_in_halves(monkeypatch: pytes
     buf = io.BytesIO()
     ckptzip.save(state, buf)
     assert max(sizes) > 2 and sizes[-1] <= 2
+    assert_same(ckptzip.load(buf.getvalue()), state)
+
+
+@gpu
+@needs_cuda
+def test_a_lone_tensor_that_runs_out_of_memory_is_coded_in_ranges_and_later_batches_are_split_first(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    real = engine_writer.encode_batch
+    tried: list[int] = []
+
+    def scarce(tensors: list[torch.Tensor], policy: object, backend: str) -> object:
+        nbytes = sum(t.nbytes for t in tensors)
+        tried.append(nbytes)
+        if backend == "cuda" and nbytes >= 64 * MIB:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 192.00 MiB")
+        return real(tensors, policy, backend)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_writer, "encode_batch", scarce)
+    state = _state(n=4, elements=1 << 24)  # four 64 MiB fp32 tensors, each too large here
+    buf = io.BytesIO()
+    with caplog.at_level(logging.INFO, logger="ckptzip"):
+        ckptzip.save(state, buf, gpu_memory=768 * MIB)  # batches of 128 MiB: two tensors
+    # the first batch fails, then its first tensor alone; everything after is split before it is tried
+    assert [n for n in tried if n >= 64 * MIB] == [128 * MIB, 64 * MIB]
+    failures = [r for r in caplog.records if "ran out of memory" in r.getMessage()]
+    assert len(failures) == 2
+    with ckptzip.open(buf.getvalue()) as reader:
+        for entry in reader.entries():
+            if entry.name.startswith("w"):
+                assert "ans" in {s.codec["id"] for s in entry.streams}  # coded on the GPU, not the host
     assert_same(ckptzip.load(buf.getvalue()), state)
 
 

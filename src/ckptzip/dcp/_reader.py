@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from ..codecs._threads import cpu_threads
+from ..engine import memory
 from ..engine.reader import read_tensors
 from ..errors import CheckpointNotFoundError, CkptzipError, CorruptCheckpointError
 from ..format import ContainerReader
@@ -26,6 +27,25 @@ from ._items import check_safe_object, check_shape, decode_blob, describe, pipel
 from ._metadata import StoredItem, decode_metadata, metadata_file
 
 _DCP_METADATA_FILE = ".metadata"
+
+
+def _groups(nbytes: list[int], devices: list[torch.device]) -> list[list[int]]:
+    """Items decoded together: all at once, unless the GPU tensors would not fit beside the
+    targets they are copied into (a GPU that training fills); then in groups of GPU bytes up to
+    half of what can be had, so a load needs the targets plus about that much."""
+    limits = {d: memory.available(d) // 2 for d in {d for d in devices if d.type == "cuda"}}
+    if sum(n for n, d in zip(nbytes, devices) if d.type == "cuda") <= min(limits.values(), default=0):
+        return [list(range(len(nbytes)))]
+    groups: list[list[int]] = [[]]
+    used: dict[torch.device, int] = dict.fromkeys(limits, 0)
+    for i, (n, d) in enumerate(zip(nbytes, devices)):
+        if d.type == "cuda":
+            if groups[-1] and used[d] + n > limits[d]:
+                groups.append([])
+                used = dict.fromkeys(limits, 0)
+            used[d] += n
+        groups[-1].append(i)
+    return groups
 
 
 class CompressedStorageReader(StorageReader):
@@ -178,15 +198,18 @@ class CompressedStorageReader(StorageReader):
             tensors = [planner.resolve_tensor(req).detach() for req in reqs]
             devices.append(tensors[0].device)
             targets.append(tensors)
-        try:
-            values = read_tensors(container, positions, devices, lambda _: None)
-        except CkptzipError as exc:
-            raise type(exc)(f"data file {where}: {exc}") from exc
-        for (stored, index, reqs), value, tensors in zip(items, values, targets):
-            if reqs[0].type == LoadItemType.BYTE_IO:
-                self._deliver(index, reqs, tensors, self._bytes_of(value, f"{describe(index)} in {where}"), planner)
-            else:
+        for group in _groups([container.tensors[p].nbytes for p in positions], devices):
+            try:
+                values = read_tensors(container, [positions[i] for i in group], [devices[i] for i in group],
+                                      lambda _: None)
+            except CkptzipError as exc:
+                raise type(exc)(f"data file {where}: {exc}") from exc
+            for i, value in zip(group, values):
+                (stored, index, reqs), tensors = items[i], targets[i]
+                if reqs[0].type == LoadItemType.BYTE_IO:
+                    value = self._bytes_of(value, f"{describe(index)} in {where}")
                 self._deliver(index, reqs, tensors, value, planner)
+            del values  # the group's decoded tensors, copied into their targets
 
     def _position(self, container: ContainerReader, stored: StoredItem, index: MetadataIndex, where: str) -> int:
         """The container's tensor of an item; raise unless it is the one the metadata recorded."""

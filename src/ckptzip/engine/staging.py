@@ -3,7 +3,9 @@ loads, and a copy stream per device.
 
 Host memory is bounded by the pool (``CKPTZIP_PINNED_MB`` in all, default 1024 MiB in 64 MiB
 buffers, created on first use), never by the size of the state: when every buffer waits for the
-disk, the GPU side waits too (back-pressure).
+disk, the GPU side waits too (back-pressure). Pools that grow with the state (snapshot staging)
+reserve their buffers in slabs of at most :data:`SLAB_BYTES`, so they can shrink again by whole
+slabs (:meth:`PinnedPool.trim`) once a smaller state, or a better ratio, needs less.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 import torch
 
 BUFFER_BYTES = 64 << 20
+SLAB_BYTES = 1 << 30
 
 
 def _pool_buffers() -> int:
@@ -28,12 +31,17 @@ class _Slab:
     about 40 GB/s). Unregistered when dropped, so nothing may use its memory after that."""
 
     def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
         self.memory = torch.empty(nbytes, dtype=torch.uint8)
         self.memory.fill_(0)  # fault every page in, on several threads
         self._cudart = torch.cuda.cudart()
         error = self._cudart.cudaHostRegister(self.memory.data_ptr(), nbytes, 0)
         if int(error) != 0:
             raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {int(error)}")
+
+    def holds(self, buffer: torch.Tensor) -> bool:
+        start = self.memory.data_ptr()
+        return start <= buffer.data_ptr() < start + self.nbytes
 
     def __del__(self) -> None:
         self._cudart.cudaHostUnregister(self.memory.data_ptr())
@@ -62,17 +70,43 @@ class PinnedPool:
                 return torch.empty(self.buffer_bytes, dtype=torch.uint8, pin_memory=True)
         return self._free.get()
 
+    @property
+    def reserved(self) -> int:
+        """Bytes of pinned buffers the pool holds (free or in use)."""
+        return self._created * self.buffer_bytes
+
     def reserve(self, nbytes: int) -> None:
-        """Make sure about ``nbytes`` of buffers are free, creating the missing ones in one slab."""
+        """Make sure about ``nbytes`` of buffers are free, creating the missing ones in slabs."""
         with self._lock:
             missing = min(-(-nbytes // self.buffer_bytes) - self._free.qsize(), self.count - self._created)
-            if missing <= 0:
-                return
-            slab = _Slab(missing * self.buffer_bytes)
-            self._slabs.append(slab)
-            self._created += missing
-            for i in range(missing):
-                self._free.put(slab.memory[i * self.buffer_bytes : (i + 1) * self.buffer_bytes])
+            per_slab = max(1, SLAB_BYTES // self.buffer_bytes)
+            while missing > 0:
+                n = min(missing, per_slab)
+                slab = _Slab(n * self.buffer_bytes)
+                self._slabs.append(slab)
+                self._created += n
+                missing -= n
+                for i in range(n):
+                    self._free.put(slab.memory[i * self.buffer_bytes : (i + 1) * self.buffer_bytes])
+
+    def trim(self, keep: int) -> None:
+        """Give back whole slabs whose buffers are all free while the pool still holds ``keep``
+        bytes without them (the newest slabs first)."""
+        with self._lock:
+            free = []
+            while not self._free.empty():
+                free.append(self._free.get_nowait())
+            for slab in reversed(list(self._slabs)):
+                if self.reserved - slab.nbytes < keep:
+                    break
+                inside = [b for b in free if slab.holds(b)]
+                if len(inside) * self.buffer_bytes != slab.nbytes:
+                    continue  # a buffer of it is in use
+                free = [b for b in free if not slab.holds(b)]
+                self._slabs.remove(slab)
+                self._created -= len(inside)
+            for buffer in free:
+                self._free.put(buffer)
 
     def release(self, buffer: torch.Tensor) -> None:
         """Take back a buffer of this pool (other tensors are ignored)."""

@@ -17,7 +17,7 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Generic, TypeVar
 
@@ -37,10 +37,9 @@ from .staging import PinnedPool, copy_stream, pinned_pool
 
 BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
 # A GPU batch's peak is about three times its bytes (planes, codec outputs, the stored chunks),
-# and the pipeline holds up to three batches' stored bytes besides: budget / 6 per batch. A
-# tensor over a fifth of the budget is coded in element ranges (.parts).
+# and the pipeline holds up to two more batches' stored bytes besides: budget / 6 per batch. A
+# tensor over budget / 6 is coded in element ranges of a batch's size (.parts).
 SAVE_WORKING_SETS = 6
-LARGEST_TENSOR_SHARE = 5
 WRITEBACK_BYTES = 64 << 20
 T = TypeVar("T")
 _MASK64 = (1 << 64) - 1
@@ -82,7 +81,7 @@ class GpuLimits:
         devices = {key.device for key in (_key(t, policy) for t in tensors) if key.backend == "cuda"}
         budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
         return cls({b.device: b.batch_bytes(SAVE_WORKING_SETS, batch_cap) for b in budgets},
-                   {b.device: b.nbytes // LARGEST_TENSOR_SHARE for b in budgets},
+                   {b.device: b.nbytes // SAVE_WORKING_SETS for b in budgets},
                    {b.device: b.nbytes for b in budgets})
 
     def fits(self, device: torch.device, tensor: torch.Tensor) -> bool:
@@ -120,19 +119,16 @@ def plan_batches(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits 
         yield key, members
 
 
-def _part_tasks(key: BatchKey, idx: list[int], tensor: torch.Tensor, policy: Policy, limits: GpuLimits
-                ) -> Iterator[Task[tuple[BatchKey, list[int]], list[tuple[list[int], EncodedBatch]]]]:
-    """One inline task per element range of a tensor coded in parts, in file order."""
-    streams = plane_count(tensor, policy)
+def _in_ranges(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes: int
+               ) -> Iterator[tuple[list[int], EncodedBatch]]:
+    """A lone tensor coded on its GPU in element ranges of about ``range_bytes`` (:mod:`.parts`),
+    one range at a time, in file order."""
     with _on(key.device):
+        streams = plane_count(tensor, policy)
         configs = stream_codecs(tensor_bytes(tensor), tensor, streams, policy, key.backend)
-    parts = ranges(tensor, streams, limits.batch[key.device])
-    for n, (j, a, b) in enumerate(parts):
-        def run(j: int = j, a: int = a, b: int = b, last: bool = n == len(parts) - 1
-                ) -> list[tuple[list[int], EncodedBatch]]:
-            with _on(key.device):
-                return [([0], encode_part(tensor, streams, j, a, b, configs[j], key.backend, last))]
-        yield Task((key, idx), run, inline=True)
+        parts = ranges(tensor, streams, range_bytes)
+        for n, (j, a, b) in enumerate(parts):
+            yield [0], encode_part(tensor, streams, j, a, b, configs[j], key.backend, n == len(parts) - 1)
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -140,12 +136,26 @@ def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int
-            ) -> list[tuple[list[int], EncodedBatch]]:
-    """Encode one batch: ``[(positions in the batch, encoded)]``, one part unless a GPU ran out
-    of memory, when the batch is encoded in halves (a lone tensor on the host). A CPU batch's
-    codecs use ``share`` threads (:func:`batch_share`)."""
-    if key.backend == "cuda":
+@dataclass
+class _Ceiling:
+    """The smallest GPU batch of one save that ran out of memory: later batches that large are
+    coded smaller before they are tried, so a filled GPU costs a save one failed attempt, not one
+    per batch."""
+
+    nbytes: int = sys.maxsize
+
+
+_Encoded = Iterable[tuple[list[int], EncodedBatch]]
+
+
+def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int, ceiling: _Ceiling) -> _Encoded:
+    """Encode one batch: ``[(positions in the batch, encoded)]``, one part unless a GPU ran out of
+    memory (:func:`_smaller`). A CPU batch's codecs use ``share`` threads (:func:`batch_share`)."""
+    if key.backend != "cuda":
+        with codec_threads(share):
+            return [(list(range(len(tensors))), encode_batch([t.to("cpu") for t in tensors], policy, "cpu"))]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    if nbytes < ceiling.nbytes:
         try:
             with _on(key.device):
                 return [(list(range(len(tensors))), encode_batch([t.to(key.device) for t in tensors], policy, "cuda"))]
@@ -153,16 +163,26 @@ def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: i
             if not memory.is_out_of_memory(exc):
                 raise
         # out of the except block: the failed attempt's memory is freed with its frames
-        _LOG.info("ckptzip: a GPU batch of %d tensors (%d MiB) ran out of memory on %s; encoding it %s",
-                  len(tensors), sum(t.nbytes for t in tensors) >> 20, key.device,
-                  "on the host" if len(tensors) == 1 else "in halves")
-        if len(tensors) == 1:
-            return _encode(tensors, BatchKey("cpu", torch.device("cpu")), policy, share)
+        ceiling.nbytes = nbytes
+        _LOG.info("ckptzip: a GPU batch of %d tensors (%d MiB) ran out of memory on %s; coding batches that "
+                  "large smaller from now on", len(tensors), nbytes >> 20, key.device)
+    return _smaller(tensors, key, policy, share, ceiling)
+
+
+def _smaller(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int, ceiling: _Ceiling
+             ) -> Iterator[tuple[list[int], EncodedBatch]]:
+    """A GPU batch too large for the memory at hand, coded smaller, lazily (each piece leaves the
+    GPU before the next is coded): in halves; a lone tensor in element ranges a quarter of the
+    size that failed, or on the host when it is too small for ranges."""
+    if len(tensors) > 1:
         half = len(tensors) // 2
-        return [*_encode(tensors[:half], key, policy, share),
-                *[([half + p for p in pos], b) for pos, b in _encode(tensors[half:], key, policy, share)]]
-    with codec_threads(share):
-        return [(list(range(len(tensors))), encode_batch([t.to("cpu") for t in tensors], policy, "cpu"))]
+        yield from _encode(tensors[:half], key, policy, share, ceiling)
+        for positions, batch in _encode(tensors[half:], key, policy, share, ceiling):
+            yield [half + p for p in positions], batch
+    elif tensors[0].is_cuda and worth_parts(tensors[0]):
+        yield from _in_ranges(tensors[0], key, policy, ceiling.nbytes // 4)
+    else:
+        yield from _encode(tensors, BatchKey("cpu", torch.device("cpu")), policy, share, ceiling)
 
 
 @dataclass(frozen=True)
@@ -409,12 +429,13 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     plan = [(key, [chosen[i] for i in idx])
             for key, idx in plan_batches([tensors[i] for i in chosen], policy, limits)]
     workers, share = cpu_workers(sum(key.backend == "cpu" for key, _ in plan))
+    ceiling = _Ceiling()
     tasks = (
-        task
+        Task((key, idx), functools.partial(_in_ranges, tensors[idx[0]], key, policy, limits.batch[key.device])
+             if key.parts and limits else
+             functools.partial(_encode, [tensors[i] for i in idx], key, policy, share, ceiling),
+             inline=key.backend == "cuda")
         for key, idx in plan
-        for task in (_part_tasks(key, idx, tensors[idx[0]], policy, limits) if key.parts and limits else
-                     [Task((key, idx), functools.partial(_encode, [tensors[i] for i in idx], key, policy, share),
-                           inline=key.backend == "cuda")])
     )
     # GPU work runs on the caller's current stream: after what the caller queued, before what it
     # queues next (so it may change the tensors at once), in the blocks the caller's stream caches
@@ -499,6 +520,11 @@ class StagedState:
     table: Table
     rest: list[int]  # positions in ``table.tensors`` not staged (host tensors)
 
+    @property
+    def nbytes(self) -> int:
+        """Stored bytes staged in the pool's buffers."""
+        return sum(job.piece[1] for job in self.jobs)
+
     def release(self) -> None:
         """Return the buffers to the pool (a write does this as it goes)."""
         for job in self.jobs:
@@ -509,19 +535,22 @@ class StagedState:
 
 
 def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
-                gpu_batch_bytes: int, base: DeltaBase | None = None, gpu_memory: int | None = None) -> StagedState:
+                gpu_batch_bytes: int, base: DeltaBase | None = None, gpu_memory: int | None = None,
+                expected: int | None = None) -> StagedState:
     """Rewrite the state's table as :func:`write_state` does, encode its CUDA tensors in batches
     of about ``gpu_batch_bytes`` (so the GPU needs little memory beyond the state and the XOR
     residues) and start copying their stored bytes into ``pool``'s buffers, which must not run
-    out (a growing pool). Returns once the work is queued: the caller's current streams wait for
-    it, so its later kernels may change the tensors without a host sync. The host tensors of
-    ``tensors`` are encoded by :func:`write_staged`: they must not change until then."""
+    out (a growing pool, first made to hold ``expected`` bytes, by default the raw size).
+    Returns once the work is queued: the caller's current streams wait for it, so its later
+    kernels may change the tensors without a host sync. The host tensors of ``tensors`` are
+    encoded by :func:`write_staged`: they must not change until then."""
     limits = GpuLimits.of(tensors, policy, gpu_memory, gpu_batch_bytes)
     table = rewrite_table(names, tensors, base)
     cuda = [i for i, (t, on_gpu) in enumerate(zip(table.tensors, gpu_coded(table.tensors, policy, limits)))
             if t.is_cuda and on_gpu]
-    # stored bytes are at most about the raw size: one slab for them is quicker than many buffers
-    pool.reserve(sum(table.tensors[i].numel() * table.tensors[i].element_size() for i in cuda))
+    # stored bytes are at most about the raw size: slabs for them are quicker than many buffers
+    pool.reserve(sum(table.tensors[i].numel() * table.tensors[i].element_size() for i in cuda)
+                 if expected is None else expected)
     jobs: list[_Job] = []
     with _out_of_memory_named("snapshot", limits):
         _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
