@@ -23,6 +23,10 @@ from ckptzip.engine import policy
 # save has the same conflict: docs/INTEGRATIONS.md.)
 with contextlib.suppress(ImportError):
     import triton  # noqa: F401
+# ZipNN (a baseline of the harness, tests/bench/) segfaults in its first compress when its C core is
+# imported after TensorFlow, which test_integration_tf.py imports at collection: it goes first too.
+with contextlib.suppress(ImportError):
+    import zipnn  # noqa: F401
 
 SMALL_CHUNK_BYTES = 1000
 
