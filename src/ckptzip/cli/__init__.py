@@ -305,16 +305,17 @@ CHECKOUT_BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 def _bench(p: argparse.ArgumentParser) -> None:
     """``ckptzip bench``: the harness is the ckptzip_bench package, installed or in the checkout's bench/."""
-    checkout = CHECKOUT_BENCH
     try:
         harness = importlib.import_module("ckptzip_bench.run")
     except ModuleNotFoundError as e:
-        if e.name != "ckptzip_bench" or not (checkout / "ckptzip_bench").is_dir():
+        if e.name != "ckptzip_bench":  # the harness is there; something it imports is not
+            raise
+        if not (CHECKOUT_BENCH / "ckptzip_bench").is_dir():
             raise UsageError(
                 "`ckptzip bench` needs the benchmark harness, which is not installed: it is not part of the "
                 "ckptzip wheel; from a ckptzip checkout, `pip install -e bench` (or run ckptzip from the checkout)"
             ) from None
-        sys.path.append(str(checkout))
+        sys.path.append(str(CHECKOUT_BENCH))
         harness = importlib.import_module("ckptzip_bench.run")
     harness.configure(p)
     p.set_defaults(func=harness.run)

@@ -308,7 +308,7 @@ class _FsspecLock(WriterLock):
                 "deleted or taken by another writer); stop writing to this location",
                 errno.EBUSY,
             )
-        self._directory.put(LOCK_NAME, self._record())
+        self._directory.overwrite(LOCK_NAME, self._record())
 
     def release(self) -> None:
         """Delete the marker if it is still ours; best effort (an unreachable store leaves it, and

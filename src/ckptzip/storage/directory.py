@@ -259,8 +259,16 @@ class FsspecDirectory(Directory):
             self.put(name, data)
 
     def put(self, name: str, data: bytes) -> None:
-        """One PUT of file ``name`` (a failure is :class:`StoreFailure`, and what is there stays)."""
+        """One PUT of file ``name`` (``pipe_file``); a failure is :class:`StoreFailure`, and what is there stays."""
         self.call(lambda: self.fs.pipe_file(self.path(name), data))
+
+    def overwrite(self, name: str, data: bytes) -> None:
+        """Replace file ``name`` through a file of the store (``open(..., "wb")``); failures as :meth:`put`."""
+        self.call(lambda: self._overwrite(self.path(name), data))
+
+    def _overwrite(self, path: str, data: bytes) -> None:
+        with self.fs.open(path, "wb") as f:
+            f.write(data)
 
     def create_exclusive(self, name: str, data: bytes) -> bool:
         """Write file ``name`` unless it exists; whether it was written. Mode ``xb``, which s3fs sends
@@ -276,7 +284,7 @@ class FsspecDirectory(Directory):
         except (TypeError, NotImplementedError, ValueError):  # a file system without exclusive create
             if self.fs.exists(path):
                 return False
-            self.fs.pipe_file(path, data)
+            self._overwrite(path, data)
         except OSError:  # a failed precondition some stores report as a plain OSError
             if self.fs.exists(path):
                 return False
