@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import io
 import logging
+import types
 from collections.abc import Iterator
 
 import pytest
@@ -306,3 +307,16 @@ def test_prepare_reserves_host_staging_before_the_first_save(tmp_path: object) -
         manager.save(1, state)
         manager.wait()
         assert_same(manager.restore(), state)
+
+
+def test_tensors_decoded_on_a_gpu_for_the_host_are_read_in_rounds_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptzip.engine import reader as engine_reader
+
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.setattr(engine_reader, "decode_backend", lambda entry, device: "cuda")  # GPU-only codecs
+    monkeypatch.setattr(engine_reader, "_work_device", lambda backend, device: gpu)
+    monkeypatch.setattr(memory, "budget", lambda device, cap, what: memory.Budget(device, 1000))
+    entries = [types.SimpleNamespace(nbytes=n) for n in (300, 300, 50, 400, 100)]
+    devices = [cpu, cpu, gpu, cpu, cpu]
+    assert engine_reader._rounds(entries, devices, None) == [[2, 0], [1], [3, 4]]  # type: ignore[arg-type]
+    assert engine_reader._rounds(entries[:1], [gpu], None) == [[0]]  # type: ignore[arg-type]

@@ -206,9 +206,9 @@ class CompressedStorageReader(StorageReader):
                 raise type(exc)(f"data file {where}: {exc}") from exc
             for i, value in zip(group, values):
                 (stored, index, reqs), tensors = items[i], targets[i]
-                if reqs[0].type == LoadItemType.BYTE_IO:
-                    value = self._bytes_of(value, f"{describe(index)} in {where}")
-                self._deliver(index, reqs, tensors, value, planner)
+                delivered = (self._bytes_of(value, f"{describe(index)} in {where}")
+                             if reqs[0].type == LoadItemType.BYTE_IO else value)
+                self._deliver(index, reqs, tensors, delivered, planner)
             del values  # the group's decoded tensors, copied into their targets
 
     def _position(self, container: ContainerReader, stored: StoredItem, index: MetadataIndex, where: str) -> int:

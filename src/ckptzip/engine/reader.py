@@ -333,8 +333,44 @@ def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torc
     return plan.finish(decoded, indices)
 
 
+def _rounds(entries: list[TensorEntry], devices: list[torch.device], gpu_memory: int | None) -> list[list[int]]:
+    """Entries read together. Tensors decoded on a GPU for the host (GPU-only codecs, loaded to
+    the CPU) have their outputs on the GPU until the read ends: where they would not fit in half
+    the GPU's budget, they are read in rounds that do, each copied to the host before the next."""
+    works = [_work_device(decode_backend(e, d), d) for e, d in zip(entries, devices)]
+    through = [i for i, (w, d) in enumerate(zip(works, devices)) if w.type == "cuda" and d.type != "cuda"]
+    if not through:
+        return [list(range(len(entries)))]
+    limits = {w: memory.budget(w, gpu_memory, "load").nbytes // 2 for w in {works[i] for i in through}}
+    rest = set(range(len(entries))) - set(through)
+    rounds: list[list[int]] = [sorted(rest)]
+    used = dict.fromkeys(limits, 0)
+    for i in through:
+        if rounds[-1] and used[works[i]] + entries[i].nbytes > limits[works[i]]:
+            rounds.append([])
+            used = dict.fromkeys(limits, 0)
+        used[works[i]] += entries[i].nbytes
+        rounds[-1].append(i)
+    return rounds
+
+
 def _read_within_memory(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
                         on_progress: Callable[[int], object], gpu_memory: int | None) -> list[torch.Tensor]:
+    """:func:`_read_retrying` in :func:`_rounds`."""
+    rounds = _rounds(entries, devices, gpu_memory)
+    if len(rounds) == 1:
+        return _read_retrying(reader, entries, devices, on_progress, gpu_memory)
+    out: list[torch.Tensor | None] = [None] * len(entries)
+    for members in rounds:
+        values = _read_retrying(reader, [entries[i] for i in members], [devices[i] for i in members], on_progress,
+                                gpu_memory)
+        for i, value in zip(members, values):
+            out[i] = value
+    return [t for t in out if t is not None]
+
+
+def _read_retrying(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
+                   on_progress: Callable[[int], object], gpu_memory: int | None) -> list[torch.Tensor]:
     """:func:`_read_stored`; where a GPU runs out of memory anyway (other allocations than the
     budget saw), again in batches a quarter and a sixteenth the size, then ``GpuMemoryError``."""
     failure = ""
