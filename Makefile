@@ -24,7 +24,7 @@ demo: $(BIN)/python
 
 test: install
 	$(BIN)/ruff check src tests bench
-	$(BIN)/mypy  # strict on src/ckptzip ([tool.mypy] in pyproject.toml)
+	$(BIN)/mypy  # strict on src/ckptzip and bench/ckptzip_bench ([tool.mypy] in pyproject.toml)
 	$(BIN)/python -m pytest -q
 	# the engine again, its Triton kernels run by Triton's interpreter on the CPU
-	$(if $(wildcard $(VENV)/lib/python*/site-packages/triton),TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_engine.py)
+	$(if $(wildcard $(VENV)/lib/python*/site-packages/triton),TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/engine/test_engine.py)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ckptzip.dcp._launch import launch
+from ckptzip_bench.launch import launch
 from ckptzip.tree import iter_leaves
 
 _REPORT = "report.json"

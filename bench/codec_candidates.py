@@ -27,8 +27,8 @@ import torch
 import zstandard
 
 import ckptzip
-from ckptzip.bench.baselines import get_baseline
-from ckptzip.bench.training import train, training_state
+from ckptzip_bench.baselines import get_baseline
+from ckptzip.demo.training import train, training_state
 from ckptzip.engine.policy import codec_for
 from ckptzip.report import tensor_class
 from ckptzip.tree import flatten

@@ -1,6 +1,6 @@
 """ckptzip on the CPU against torch.save / torch.load, and its ratio against byte planes + zstd-3.
 
-Trains a model of ``ckptzip.bench.training`` on the CPU (or builds a synthetic state of fp32
+Trains a model of ``ckptzip.demo.training`` on the CPU (or builds a synthetic state of fp32
 weight- and moment-like tensors), then, pinned to 1, 2, ... cores (``os.sched_setaffinity`` in a
 child process per core count, so ckptzip's threads and torch's see only those cores), saves and
 loads it (saves into a file object that discards its input, loads from bytes in memory) with
@@ -37,10 +37,10 @@ import torch
 import zstandard
 
 import ckptzip
-from ckptzip.bench.training import tensor_class, train
+from ckptzip.demo.training import tensor_class, train
 from ckptzip.tree import flatten
-from ckptzip.bench.methods import get_method
-from ckptzip.bench.pipeline import DiscardSink
+from ckptzip_bench.methods import get_method
+from ckptzip_bench.pipeline import DiscardSink
 
 
 def planes_zstd3(t: torch.Tensor) -> int:

@@ -11,7 +11,7 @@ import io
 import torch
 
 import ckptzip
-from ckptzip.bench.training import train, training_state
+from ckptzip.demo.training import train, training_state
 from ckptzip.tree import flatten
 
 

@@ -41,8 +41,8 @@ from torch.distributed.tensor import DTensor
 
 from ckptzip.checksum import xxh3_hex
 from ckptzip.dcp import CompressedStorageReader, CompressedStorageWriter
-from ckptzip.dcp._launch import launch
-from ckptzip.bench.training import PRESETS, Transformer, get_preset, load_corpus
+from ckptzip_bench.launch import launch
+from ckptzip.demo.training import PRESETS, Transformer, get_preset, load_corpus
 
 METHODS: dict[str, tuple[Callable[[Path, argparse.Namespace], Any], Callable[[Path], Any]]] = {
     "dcp": (lambda path, args: FileSystemWriter(path), FileSystemReader),
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=1, help="ranks that train and save (one GPU each with nccl)")
     parser.add_argument("--load-nproc", type=int, default=None, help="ranks that load (default: --nproc)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo: CPU ranks; nccl: GPUs")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model size (ckptzip.bench.training)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model size (ckptzip.demo.training)")
     parser.add_argument("--steps", type=int, default=3, help="AdamW steps before saving")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--codec", default="auto", help="ckptzip preset or codec id")

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from _resume import arguments, checked, differing, run, state_bytes, write_report
-from ckptzip.bench.training import Transformer, get_preset, load_corpus
+from ckptzip.demo.training import Transformer, get_preset, load_corpus
 
 
 def _engine(args: argparse.Namespace, seed: int) -> Any:

@@ -21,11 +21,11 @@ import time
 import torch
 
 import ckptzip
-from ckptzip.bench.breakdown import profile_call
-from ckptzip.bench.gpu import decode_resident, device_regions
-from ckptzip.bench.pipeline import DiscardSink, first_call
-from ckptzip.bench.pipeline import timed as pipeline_timed
-from ckptzip.bench.results import breakdown_table
+from ckptzip_bench.breakdown import profile_call
+from ckptzip_bench.gpu import decode_resident, device_regions
+from ckptzip_bench.pipeline import DiscardSink, first_call
+from ckptzip_bench.pipeline import timed as pipeline_timed
+from ckptzip_bench.results import breakdown_table
 from ckptzip.codecs._threads import cpu_threads
 from ckptzip.engine.encode import encode_batch
 from ckptzip.engine.policy import Policy
@@ -67,7 +67,7 @@ def timed(fn, reps: int) -> tuple[float, float]:  # noqa: ANN001
 
 
 def same(a, b) -> None:  # noqa: ANN001
-    from ckptzip.bench.measure import assert_state_equal
+    from ckptzip.demo.compare import assert_state_equal
     assert_state_equal(a, b)
 
 
@@ -115,8 +115,8 @@ def profile(fn, label: str, trace_dir: str | None = None) -> None:  # noqa: ANN0
 
 _FRESH = """
 import cProfile, io, pstats, sys, time, torch, ckptzip
-from ckptzip.bench.pipeline import DiscardSink as Sink
-from ckptzip.bench.training import train
+from ckptzip_bench.pipeline import DiscardSink as Sink
+from ckptzip.demo.training import train
 state = train("tiny", 30, device="cuda", seed=0).state()
 torch.cuda.synchronize()
 cp = cProfile.Profile()
@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.preset:
-        from ckptzip.bench.training import train
+        from ckptzip.demo.training import train
         start = time.perf_counter()
         result = train(args.preset, args.steps, device="cuda", seed=0)
         state = result.state()

@@ -4,7 +4,7 @@
 #       through ckptzip's checkpoint engine and through DeepSpeed's own, load_checkpoint, resume);
 #   (b) Megatron-Core, GPTModel with the distributed optimizer: bench/megatron_gpu.py
 #       (dist_checkpointing through the "ckptzip" backend and through "torch_dist", load, resume);
-#   (c) JAX (the GPU image's own) arrays on the GPU through DLPack: tests/test_integration_jax.py.
+#   (c) JAX (the GPU image's own) arrays on the GPU through DLPack: tests/integrations/test_integration_jax.py.
 # (a) and (b) print one JSON line each and check bit-exactness; the exit status is 1 if anything failed.
 # Usage, from the repository root, with .whl/ (bench/gpu-wheels.sh) and .whl-fw/ (bench/framework-wheels.sh)
 # carried:  bash bench/frameworks_gpu.sh        (logs and JSON in $OUT)
@@ -32,5 +32,5 @@ step() {  # step NAME SECONDS COMMAND...: run it, its output to $OUT/NAME.log; p
 }
 step deepspeed 130 python3 bench/deepspeed_gpu.py --nproc "$nproc" --stage 2 --json "$OUT/deepspeed.json"
 step megatron 130 python3 bench/megatron_gpu.py --nproc "$nproc" --json "$OUT/megatron.json"
-step jax 60 python3 -m pytest -q -p no:cacheprovider tests/test_integration_jax.py
+step jax 60 python3 -m pytest -q -p no:cacheprovider tests/integrations/test_integration_jax.py
 exit $status

@@ -11,7 +11,7 @@ python3 -m pytest -q -rfE --tb=short -p no:cacheprovider --timeout=240 ${GPU_TES
 rc=$?; tail -15 "$OUT/gpu-tests.txt"
 if [ $rc -ge 128 ]; then  # the process crashed: run each file apart, to tell a crash's cause from its victims
   echo "GPU tests crashed (exit $rc); again, one process per file:"
-  for f in $(grep -l "mark.gpu" tests/test_*.py); do
+  for f in $(grep -rl --include="test_*.py" "mark.gpu" tests); do
     python3 -m pytest -q -rfE --tb=short -p no:cacheprovider --timeout=240 -m gpu "$f" >> "$OUT/gpu-tests-by-file.txt" 2>&1
     echo "  $f: exit $?"
   done

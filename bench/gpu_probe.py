@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 
 import ckptzip
-from ckptzip.bench.gpu import ceilings, measure_resident
-from ckptzip.bench.measure import assert_state_equal, tensor_nbytes
-from ckptzip.bench.gpu import encode_resident
+from ckptzip_bench.gpu import ceilings, measure_resident
+from ckptzip_bench.measure import assert_state_equal, tensor_nbytes
+from ckptzip_bench.gpu import encode_resident
 from ckptzip.report import class_table, tensor_table
-from ckptzip.bench.training import train
+from ckptzip.demo.training import train
 
 
 def _timed(fn):  # noqa: ANN001, ANN202

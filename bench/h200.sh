@@ -6,7 +6,7 @@
 # whose files come back:
 #     bash bench/h200.sh
 # Then render the results here:
-#     python -m ckptzip.bench.results bench.json bench-moe-bf16.json --results-md bench/RESULTS.md --plot bench/bench.png
+#     PYTHONPATH=bench python -m ckptzip_bench.results bench.json bench-moe-bf16.json --results-md bench/RESULTS.md --plot bench/bench.png
 #
 # Two runs, each under a soft budget (--budget-s: no method, repetition or state starts after it)
 # and a hard timeout; every run rewrites its JSON after each method, so a stopped run keeps what it

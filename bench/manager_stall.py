@@ -4,7 +4,7 @@ against none. Targets: blocking <= 2 x copy time; >= 95 % throughput at one save
 
     python3 bench/manager_stall.py --preset medium --steps 300 --every 50 --out $OUT/stall.json
 
-The model, data and state come from ckptzip.bench.training. Each step ends with ``loss.item()`` (as a
+The model, data and state come from ckptzip.demo.training. Each step ends with ``loss.item()`` (as a
 loop that logs its loss does), so the host cannot hide a stall by running ahead of the GPU.
 """
 
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import ckptzip
 from ckptzip.manager import CheckpointManager
-from ckptzip.bench.training import Transformer, get_preset, load_corpus, training_state
+from ckptzip.demo.training import Transformer, get_preset, load_corpus, training_state
 from ckptzip.tree import flatten
 
 

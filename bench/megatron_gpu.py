@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from _resume import arguments, checked, differing, run, state_bytes, write_report
-from ckptzip.bench.training import load_corpus
+from ckptzip.demo.training import load_corpus
 
 SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}  # Megatron-LM's default for this optimizer
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import ckptzip
-from ckptzip.bench.training import Transformer, get_preset, load_corpus, train, training_state
+from ckptzip.demo.training import Transformer, get_preset, load_corpus, train, training_state
 from ckptzip.engine import sources
 from ckptzip.engine.delta import xor_bytes
 from ckptzip.engine.encode import tensor_bytes

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 import zstandard
 
 import ckptzip
-from ckptzip.bench.training import Transformer, get_preset, load_corpus
-from ckptzip.dcp._launch import launch
+from ckptzip.demo.training import Transformer, get_preset, load_corpus
+from ckptzip_bench.launch import launch
 from ckptzip.manager import CheckpointManager, MemoryTier
 from ckptzip.tier.ring import Ring, pack
 

@@ -42,7 +42,7 @@ from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 import ckptzip
 from ckptzip.engine import memory
-from ckptzip.bench.pipeline import DiscardSink
+from ckptzip_bench.pipeline import DiscardSink
 
 GIB = 1 << 30
 RESULTS: list[dict[str, Any]] = []

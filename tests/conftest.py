@@ -1,5 +1,5 @@
 """Test configuration: GPU tests skip without CUDA; JAX and TensorFlow do not preallocate GPU
-memory; a fixture shrinks chunk sizes.
+memory; processes the tests start import what the tests do; a fixture shrinks chunk sizes.
 
 Markers (gpu, slow) and warning filters live in pyproject.toml; nothing here overrides them.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,10 @@ from ckptzip.engine import policy
 # save has the same conflict: docs/INTEGRATIONS.md.)
 with contextlib.suppress(ImportError):
     import triton  # noqa: F401
+# ZipNN (a baseline of the harness, tests/bench/) segfaults in its first compress when its C core is
+# imported after TensorFlow, which test_integration_tf.py imports at collection: it goes first too.
+with contextlib.suppress(ImportError):
+    import zipnn  # noqa: F401
 
 SMALL_CHUNK_BYTES = 1000
 
@@ -29,6 +34,13 @@ SMALL_CHUNK_BYTES = 1000
 # need it, not most of every GPU when they start (JAX starts at collection, for its skip marks).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+
+# Test files run as worker scripts (tests/manager/test_manager_crash.py, tests/tier/*) import the
+# helpers in tests/ and the harness in bench/, which pyproject's `pythonpath` gives only this process.
+_ROOT = Path(__file__).resolve().parent.parent
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(_ROOT / "tests"), str(_ROOT / "bench"), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

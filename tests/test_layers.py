@@ -1,6 +1,6 @@
 """The library's floors (docs/ARCHITECTURE.md): every module imports only modules of its own
-floor or below, and nothing in the library imports the harness (bench, demo, training) or the
-command line."""
+floor or below, nothing in the library imports the command line, the demo or the benchmark
+harness (bench/ckptzip_bench, outside the wheel), and the harness imports no private module."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "ckptzip"
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "ckptzip"
+BENCH = ROOT / "bench" / "ckptzip_bench"
 
 # Floor of each top-level module or package of ckptzip, bottom up.
 FLOORS = {
@@ -21,23 +23,17 @@ FLOORS = {
     "api": 5, "budget": 5,
     "convert": 6, "manager": 6, "dcp": 6, "tier": 6,
     "integrations": 7,
-    "cost": 8, "cli": 8, "bench": 8, "__main__": 8,
+    "cost": 8, "cli": 8, "demo": 8, "__main__": 8,
     "__init__": 9,
 }
-HARNESS = {"bench", "cli", "cost", "__main__"}
-# Modules that sit on another floor than their package: the command line of a subsystem.
-OVERRIDES = {"dcp/_cli.py": "cli"}
-
-
+HARNESS = {"cli", "cost", "demo", "__main__"}
 def _top(module: Path) -> str:
-    relative = str(module.relative_to(SRC))
-    if relative in OVERRIDES:
-        return OVERRIDES[relative]
     return module.relative_to(SRC).with_suffix("").parts[0]
 
 
 def _imports(path: Path) -> set[str]:
-    """Top-level ckptzip modules that ``path`` imports (absolute or relative, any depth)."""
+    """Top-level ckptzip modules that ``path`` imports (absolute or relative, any depth); the
+    harness package as ``"ckptzip_bench"``."""
     package = path.relative_to(SRC).parent.parts
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -57,6 +53,9 @@ def _imports(path: Path) -> set[str]:
                 parts = alias.name.split(".")
                 if parts[0] == "ckptzip" and len(parts) > 1:
                     found.add(parts[1])
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            found.update("ckptzip_bench" for name in names if name.split(".")[0] == "ckptzip_bench")
     return found
 
 
@@ -78,3 +77,29 @@ def test_imports_never_run_up_the_floors(path: Path) -> None:
         )
         if own not in HARNESS and own != "__init__":
             assert target not in HARNESS, f"{path.relative_to(SRC)} imports the harness ckptzip.{target}"
+
+
+def test_nothing_in_the_library_imports_the_benchmark_harness() -> None:
+    assert [str(p.relative_to(SRC)) for p in MODULES if "ckptzip_bench" in _imports(p)] == []
+
+
+def _ckptzip_imports(path: Path) -> list[str]:
+    """Every ``ckptzip...`` module ``path`` imports, and the names it imports from them, dotted."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module and node.module.startswith("ckptzip."):
+            found += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == "ckptzip":
+            found += [f"ckptzip.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.startswith("ckptzip.")]
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.glob("*.py")), ids=lambda p: p.name)
+def test_the_harness_uses_no_private_module_or_name(path: Path) -> None:
+    private = [
+        name for name in _ckptzip_imports(path)
+        if any(part.startswith("_") and not part.endswith("__") for part in name.split(".")[1:])
+    ]
+    assert private == [], f"bench/ckptzip_bench/{path.name} imports private {private}"

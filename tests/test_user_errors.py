@@ -3,6 +3,9 @@ without credentials, the demo's arguments, a device hint naming the caller's own
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +54,31 @@ def test_demo_shows_progress_and_says_its_table_is_the_largest_tensors(capsys: p
     out = capsys.readouterr().out
     assert "  step 1/2\n  step 2/2\n" in out
     assert "the 12 largest of 266 tensors:\ntensor " in out
+
+
+def test_bench_without_the_harness_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The harness is not in the wheel: an installed ckptzip without it (and no checkout) says so."""
+    from ckptzip import cli
+
+    # As where it is not installed: not on sys.path, and not imported already by earlier tests.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p) / "ckptzip_bench").is_dir()])
+    for name in [m for m in sys.modules if m.split(".")[0] == "ckptzip_bench"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(cli, "CHECKOUT_BENCH", tmp_path)
+    assert main(["bench", "--device", "cpu"]) == 1
+    assert capsys.readouterr().err.startswith(
+        "ckptzip: error: `ckptzip bench` needs the benchmark harness, which is not installed: it is not part of the "
+        "ckptzip wheel; from a ckptzip checkout, `pip install -e bench`"
+    )
+
+
+def test_bench_from_a_checkout_finds_the_harness_in_bench() -> None:
+    """Uninstalled, ``ckptzip bench`` in a source checkout imports bench/ckptzip_bench."""
+    code = "import sys; sys.argv = ['ckptzip', 'bench', '--help']; from ckptzip.cli import main; main()"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent / "src")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "--methods" in done.stdout

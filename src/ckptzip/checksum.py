@@ -15,7 +15,7 @@ import numpy.typing as npt
 import torch
 import xxhash
 
-_MASK64 = (1 << 64) - 1
+MASK64 = (1 << 64) - 1  # wsum64 values are unsigned 64-bit: a signed int64 sum & MASK64
 _BLOCK_WORDS = 1 << 12  # words per row of the blocked CPU sum
 _BLOCK_WEIGHTS = np.arange(1, 2 * _BLOCK_WORDS, 2, dtype=np.uint64)
 _TORCH_BLOCK_WORDS = 1 << 26
@@ -56,7 +56,7 @@ def wsum64_array(raw: np.ndarray) -> int:
         last = np.zeros(8, dtype=np.uint8)
         last[:tail] = raw[nwords * 8 :]
         total += int(last.view("<u8")[0]) * (2 * nwords + 1)
-    return total & _MASK64
+    return total & MASK64
 
 
 def wsum64_tensor(data: torch.Tensor) -> torch.Tensor:
@@ -87,9 +87,9 @@ def wsum64(data: torch.Tensor) -> int:
     """``wsum64`` of a 1-D uint8 tensor as an unsigned Python int."""
     if not data.is_cuda:
         return wsum64_array(data.numpy())
-    return int(wsum64_tensor(data).item()) & _MASK64
+    return int(wsum64_tensor(data).item()) & MASK64
 
 
 def format_wsum64(value: int) -> str:
     """The index form of a tensor's ``wsum64`` value."""
-    return f"wsum64:{value & _MASK64:016x}"
+    return f"wsum64:{value & MASK64:016x}"

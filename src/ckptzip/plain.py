@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .errors import UnsupportedObjectError
-from .tree import DROP, flatten, is_container, map_tree
+from .tree import DROP, is_container, is_storable, map_tree
 
 
 @dataclass
@@ -61,15 +61,6 @@ def _stand_in(obj: Any) -> tuple[Any, str] | None:
     return None
 
 
-def _stores(obj: Any) -> bool:
-    """Whether ckptzip's tree stores the leaf ``obj`` as it is."""
-    try:
-        flatten(obj)
-    except UnsupportedObjectError:
-        return False
-    return True
-
-
 def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
     """``obj`` with every leaf ckptzip cannot store replaced by a stand-in (a Namespace, dict
     subclass or namedtuple by a dict, a path by its string) or, with ``skip_unsupported``, left out
@@ -78,7 +69,7 @@ def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
     plain = Plain(None)
 
     def value(leaf: Any, path: str) -> Any:
-        if _stores(leaf):
+        if is_storable(leaf):
             return leaf
         stand_in = _stand_in(leaf)
         if stand_in is None:
@@ -89,7 +80,7 @@ def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
         return map_tree(new, value, key, path) if is_container(new) else new
 
     def key(k: Any, path: str) -> Any:
-        if _stores(k):
+        if is_storable(k):
             return k
         if isinstance(k, PurePath):
             plain.converted.append(f"{path}: {type_name(k)} -> str")

@@ -16,13 +16,7 @@ import numpy as np
 import torch
 
 from .errors import CorruptCheckpointError, UnsupportedObjectError
-from .format.spec import DTYPE_NAMES, DTYPES, MAX_DIMS
-
-# Every dtype of this torch build by name: decoding a tree looks names up here and never calls
-# getattr(torch, name), which can import submodules.
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
-}
+from .format.spec import DTYPE_NAMES, DTYPES, MAX_DIMS, TORCH_DTYPES
 
 # Each level costs up to three interpreter frames and three JSON levels (a dict is
 # {"dict": [[k, v]]}); 100 levels stay well inside Python's default recursion limit of 1000.
@@ -302,6 +296,15 @@ def _ndarray_to_tensor(a: np.ndarray, path: str) -> torch.Tensor:
     return t
 
 
+def is_storable(obj: Any) -> bool:
+    """Whether :func:`flatten` stores ``obj`` as it is (raises no ``UnsupportedObjectError``)."""
+    try:
+        flatten(obj)
+    except UnsupportedObjectError:
+        return False
+    return True
+
+
 def flatten(obj: Any) -> Flattened:
     """Encode ``obj`` as a JSON-able tree; tensors go to a table the tree refers to by position."""
     flattener = _Flattener()
@@ -443,7 +446,7 @@ def _size_list(v: Any) -> list[int]:
 
 def _torch_dtype(name: str) -> torch.dtype:
     try:
-        return _TORCH_DTYPES[name]
+        return TORCH_DTYPES[name]
     except KeyError:
         raise ValueError(f"unknown torch dtype {name!r:.40}") from None
 

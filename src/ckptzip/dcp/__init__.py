@@ -10,8 +10,8 @@ state and resharding on load::
     dcp.load(state, storage_reader=CompressedStorageReader("ckpt/step100"))
 
 See docs/DCP.md for the file layout, safety properties and supported torch versions. The
-names below are imported on first use, so ``configure`` / ``run`` (the ``ckptzip dcp-convert``
-subcommand) do not make the command line import torch.
+names below are imported on first use (``import ckptzip.dcp`` imports no torch); the
+``ckptzip dcp-convert`` command lives with the command line, in :mod:`ckptzip.cli.dcp`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_attributes
-
-from ._cli import configure, run
 
 if TYPE_CHECKING:
     from ._convert import ckz_to_dcp, dcp_to_ckz
@@ -34,9 +32,7 @@ _LAZY = {
     "dcp_to_ckz": "._convert",
 }
 
-__all__ = [
-    "CompressedStorageReader", "CompressedStorageWriter", "ckz_to_dcp", "configure", "dcp_to_ckz", "run",
-]
+__all__ = ["CompressedStorageReader", "CompressedStorageWriter", "ckz_to_dcp", "dcp_to_ckz"]
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

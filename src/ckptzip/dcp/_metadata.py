@@ -27,14 +27,12 @@ from torch.distributed.checkpoint.metadata import (
 
 from ..api import load, save
 from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
+from ..format import TORCH_DTYPES
 
 METADATA_FILE = ".metadata.ckz"
 FORMAT = "ckptzip-dcp"
 FORMAT_VERSION = 2  # 2: one container per rank's data file; 1: one container per item (still read)
 
-_DTYPES: dict[str, torch.dtype] = {
-    str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
-}
 _TOP_KEYS = {"format", "version", "dcp_version", "state_dict", "planner_data", "storage_meta", "items"}
 # Positions a list may have beyond the keys stored under it: list elements that hold nothing
 # (an empty dict) have no key of their own. Bounds what DCP allocates to rebuild lists.
@@ -253,7 +251,7 @@ def _entry_from_tree(c: _Checker, entry: Any, where: str) -> TensorStorageMetada
     if kind != "tensor":
         raise c.fail(f"{where}.type", "'tensor' or 'bytes'", kind)
     dtype_name = c.get(entry, "dtype", where)
-    if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in TORCH_DTYPES:
         raise c.fail(f"{where}.dtype", "a torch dtype name", dtype_name)
     chunks = []
     for i, chunk in enumerate(c.arr(c.get(entry, "chunks", where), f"{where}.chunks")):
@@ -266,7 +264,7 @@ def _entry_from_tree(c: _Checker, entry: Any, where: str) -> TensorStorageMetada
             )
         )
     return TensorStorageMetadata(
-        properties=TensorProperties(dtype=_DTYPES[dtype_name]),
+        properties=TensorProperties(dtype=TORCH_DTYPES[dtype_name]),
         size=c.size(c.get(entry, "size", where), f"{where}.size"),
         chunks=chunks,
     )

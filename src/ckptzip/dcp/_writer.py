@@ -16,7 +16,6 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from ..codecs._threads import cpu_threads
 from ..errors import CkptzipError, UnsupportedObjectError
 from ..engine.policy import Policy
 from ..engine import memory
@@ -102,7 +101,6 @@ class CompressedStorageWriter(StorageWriter):
         self.single_file_per_rank = single_file_per_rank
         self.sync_files = sync_files
         self.overwrite = overwrite
-        self.thread_count = thread_count or min(4, cpu_threads())
         self.per_thread_copy_ahead = per_thread_copy_ahead
         self.cache_staged_state_dict = cache_staged_state_dict
         self._storage_options = storage_options

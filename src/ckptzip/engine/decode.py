@@ -18,14 +18,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ..checksum import MASK64
 from ..errors import CkptzipError, CorruptCheckpointError
 from ..format import TensorEntry
 from ..kernels import distinct, to_device
 from ..kernels.planes import PLANE_ALIGN, merge_planes
 from ..kernels.segments import segment_sums
 from .policy import codec_for
-
-_MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ def verify_digests(entries: list[TensorEntry], streams: list[tuple[int, int]], c
         start = int(chunks.file_offset[i])
         raise CorruptCheckpointError(
             f"{_name(entries, streams, chunks, i)} (file bytes {start}..{start + int(chunks.length[i])}) is damaged: "
-            f"wsum64 {int(found[i]) & _MASK64:016x}, expected {int(chunks.digest[i]):016x}"
+            f"wsum64 {int(found[i]) & MASK64:016x}, expected {int(chunks.digest[i]):016x}"
         )
 
 

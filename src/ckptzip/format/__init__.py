@@ -2,12 +2,13 @@
 
 from .index import BaseRef, Chunk, Index, StreamEntry, TensorEntry, content_hash
 from .reader import ContainerReader
-from .spec import DTYPE_NAMES, DTYPES, VERSION
+from .spec import DTYPE_NAMES, DTYPES, TORCH_DTYPES, VERSION, is_ckz
 from .writer import ContainerWriter
 
 __all__ = [
     "DTYPES",
     "DTYPE_NAMES",
+    "TORCH_DTYPES",
     "VERSION",
     "BaseRef",
     "Chunk",
@@ -17,4 +18,5 @@ __all__ = [
     "StreamEntry",
     "TensorEntry",
     "content_hash",
+    "is_ckz",
 ]

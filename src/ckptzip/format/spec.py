@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import torch
 
@@ -25,16 +27,34 @@ FORMAT_NAME = "ckptzip"
 _PREAMBLE = struct.Struct("<8sHHI")
 _TRAILER = struct.Struct("<QQQ8s")
 
-# Name in the index -> torch dtype, for the dtypes this torch build has.
+# Every dtype of this torch build by name ("float32", "float8_e4m3fn", ...): readers of stored names
+# (trees, DCP metadata) look them up here and never call getattr(torch, name), which can import submodules.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
+}
+# Name in the index -> torch dtype, for the dtypes a tensor may have that this torch build has.
 DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name)
+    name: TORCH_DTYPES[name]
     for name in (
         "float64 float32 float16 bfloat16 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz "
         "int64 int32 int16 int8 uint64 uint32 uint16 uint8 bool complex128 complex64"
     ).split()
-    if isinstance(getattr(torch, name, None), torch.dtype)
+    if name in TORCH_DTYPES
 }
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def is_ckz(file: str | os.PathLike[str] | BinaryIO) -> bool:
+    """Whether a file (a path, or a binary file read at its position, which is kept) starts as a
+    .ckz container does; nothing else is checked."""
+    if isinstance(file, (str, os.PathLike)):
+        with open(file, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    start = file.tell()
+    try:
+        return file.read(len(MAGIC)) == MAGIC
+    finally:
+        file.seek(start)
 
 
 def preamble(version: tuple[int, int] = VERSION) -> bytes:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +28,7 @@ import torch
 
 import ckptzip
 from ckptzip.errors import CorruptCheckpointError, UnsupportedObjectError
-from ckptzip.format.spec import MAGIC
+from ckptzip.format import is_ckz
 
 try:
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
@@ -92,7 +91,7 @@ class CkptzipCheckpointEngine(CheckpointEngine):
     def load(self, path: str, map_location: Any = None) -> Any:
         """Read a file :meth:`save` wrote; ``map_location`` as ``torch.load`` takes it (including
         DeepSpeed's ``lambda storage, loc: storage``)."""
-        if not _is_ckz(path):
+        if not is_ckz(path):
             if not self.torch_fallback:
                 raise CorruptCheckpointError(
                     f"{path!r} is not a ckptzip container and torch_fallback=False; it was probably written "
@@ -113,11 +112,6 @@ class CkptzipCheckpointEngine(CheckpointEngine):
         """ckptzip stores each tensor's own bytes, never the rest of its storage, so DeepSpeed need
         not clone views before saving (it does for ``torch.save``)."""
         return False
-
-
-def _is_ckz(path: str | os.PathLike[str]) -> bool:
-    with open(path, "rb") as f:
-        return f.read(len(MAGIC)) == MAGIC
 
 
 def _mapped(map_location: Callable[..., Any], saved: str) -> str:

@@ -20,8 +20,8 @@ from typing import Any, Literal, get_args
 
 import ckptzip
 from ckptzip.errors import CorruptCheckpointError, UnsupportedObjectError
-from ckptzip.format.spec import MAGIC
-from ckptzip.tree import DROP, flatten, map_tree
+from ckptzip.format import is_ckz
+from ckptzip.tree import DROP, is_storable, map_tree
 
 try:
     from lightning.fabric.plugins import TorchCheckpointIO
@@ -95,9 +95,8 @@ class CkptzipCheckpointIO(TorchCheckpointIO):
         if not fs.exists(str(path)):
             raise ckptzip.CheckpointNotFoundError(f"no checkpoint at {str(path)!r}")
         with fs.open(str(path), "rb") as f:
-            if f.read(len(MAGIC)) != MAGIC:
+            if not is_ckz(f):
                 return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-            f.seek(0)
             checkpoint = ckptzip.load(f, map_location=map_location)
         if not isinstance(checkpoint, dict):
             raise CorruptCheckpointError(
@@ -112,7 +111,7 @@ class CkptzipCheckpointIO(TorchCheckpointIO):
         paths: list[str] = []
 
         def replace(value: Any, path: str) -> Any:
-            if _storable(value):
+            if is_storable(value):
                 return value
             paths.append(f"{path or '<root>'} ({type(value).__module__}.{type(value).__qualname__})")
             return repr(value) if self.on_unsupported == "repr" else DROP
@@ -131,14 +130,6 @@ class CkptzipCheckpointIO(TorchCheckpointIO):
 
 def _is_local(fs: Any) -> bool:
     return "file" in ((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol)
-
-
-def _storable(value: Any) -> bool:
-    try:
-        flatten(value)
-    except UnsupportedObjectError:
-        return False
-    return True
 
 
 def _register_with_other_lightning_package() -> None:

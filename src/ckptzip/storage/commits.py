@@ -278,10 +278,9 @@ class _FsspecLock(WriterLock):
 
     def __init__(self, directory: FsspecDirectory) -> None:
         self._directory = directory
-        self._path = directory.path(LOCK_NAME)
         self._owner = _owner()
         self._held = False
-        if not directory.call(lambda: _create_exclusive(directory.fs, self._path, self._record())):
+        if not directory.create_exclusive(LOCK_NAME, self._record()):
             owner = _describe_owner(directory.call(lambda: directory.read_bytes(LOCK_NAME)))
             raise write_error(
                 f"{directory.location!r} is being written by another CheckpointManager ({owner}). One manager "
@@ -309,7 +308,7 @@ class _FsspecLock(WriterLock):
                 "deleted or taken by another writer); stop writing to this location",
                 errno.EBUSY,
             )
-        self._directory.call(lambda: _put(self._directory.fs, self._path, self._record()))
+        self._directory.overwrite(LOCK_NAME, self._record())
 
     def release(self) -> None:
         """Delete the marker if it is still ours; best effort (an unreachable store leaves it, and
@@ -318,30 +317,6 @@ class _FsspecLock(WriterLock):
             if self._held and self._current_token() == self._owner["token"]:
                 self._directory.remove(LOCK_NAME)
         self._held = False
-
-
-def _create_exclusive(fs: Any, path: str, data: bytes) -> bool:
-    """Write ``path`` unless it exists; whether it was written. Mode ``xb``, which s3fs sends as
-    a conditional PUT (If-None-Match: *)."""
-    try:
-        with fs.open(path, "xb") as f:
-            f.write(data)
-    except FileExistsError:
-        return False
-    except (TypeError, NotImplementedError, ValueError):  # a filesystem without exclusive create
-        if fs.exists(path):
-            return False
-        _put(fs, path, data)
-    except OSError:  # a failed precondition some stores report as a plain OSError
-        if fs.exists(path):
-            return False
-        raise
-    return True
-
-
-def _put(fs: Any, path: str, data: bytes) -> None:
-    with fs.open(path, "wb") as f:
-        f.write(data)
 
 
 class _Digest(io.RawIOBase):
@@ -396,8 +371,7 @@ class FsspecStorage(Storage):
                 "size": digest.size,
                 "xxh3_64": digest.hexdigest(),
             }
-            path = directory.path(name + COMMIT_SUFFIX)
-            directory.call(lambda: directory.fs.pipe_file(path, json.dumps(marker).encode()))
+            directory.put(name + COMMIT_SUFFIX, json.dumps(marker).encode())
 
     def lock(self) -> WriterLock:
         return _FsspecLock(self.directory)

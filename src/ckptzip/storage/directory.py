@@ -254,9 +254,42 @@ class FsspecDirectory(Directory):
             self.call(stream.close)
 
     def write_bytes(self, name: str, data: bytes, *, sync: bool = True) -> None:
-        """One PUT."""
+        """One PUT; a failure leaves no file ``name`` and is a ``CheckpointWriteError``."""
         with self.transaction(name):
-            self.call(lambda: self.fs.pipe_file(self.path(name), data))
+            self.put(name, data)
+
+    def put(self, name: str, data: bytes) -> None:
+        """One PUT of file ``name`` (``pipe_file``); a failure is :class:`StoreFailure`, and what is there stays."""
+        self.call(lambda: self.fs.pipe_file(self.path(name), data))
+
+    def overwrite(self, name: str, data: bytes) -> None:
+        """Replace file ``name`` through a file of the store (``open(..., "wb")``); failures as :meth:`put`."""
+        self.call(lambda: self._overwrite(self.path(name), data))
+
+    def _overwrite(self, path: str, data: bytes) -> None:
+        with self.fs.open(path, "wb") as f:
+            f.write(data)
+
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        """Write file ``name`` unless it exists; whether it was written. Mode ``xb``, which s3fs sends
+        as a conditional PUT (If-None-Match: *); a failure is :class:`StoreFailure`."""
+        return self.call(lambda: self._create_exclusive(self.path(name), data))
+
+    def _create_exclusive(self, path: str, data: bytes) -> bool:
+        try:
+            with self.fs.open(path, "xb") as f:
+                f.write(data)
+        except FileExistsError:
+            return False
+        except (TypeError, NotImplementedError, ValueError):  # a file system without exclusive create
+            if self.fs.exists(path):
+                return False
+            self._overwrite(path, data)
+        except OSError:  # a failed precondition some stores report as a plain OSError
+            if self.fs.exists(path):
+                return False
+            raise
+        return True
 
     def read_bytes(self, name: str) -> bytes:
         return bytes(self.fs.cat_file(self.path(name)))

@@ -1,0 +1,107 @@
+"""Committed golden files decode on every run, so files written by earlier releases (and on the
+GPU) keep reading. tests/golden/make_golden.py wrote them; tests/golden_state.py rebuilds the
+state they hold from integer arithmetic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import ckptzip
+from ckptzip.codecs import has_codec
+from golden_state import golden_state
+from helpers import assert_same
+
+GOLDEN = Path(__file__).parents[1] / "golden"
+PORTABLE = ["cpu_zstd_v1_0.ckz", "gpu_zstd_v1_0.ckz", "cpu_zstd_v2_0.ckz"]
+
+
+@pytest.mark.parametrize("name", PORTABLE)
+def test_portable_golden_files_decode_on_the_cpu(name: str) -> None:
+    assert_same(ckptzip.load(GOLDEN / name, map_location="cpu"), golden_state())
+
+
+def test_format_2_golden_file_has_wsum64_chunk_digests() -> None:
+    with ckptzip.open(GOLDEN / "cpu_zstd_v2_0.ckz") as reader:
+        assert reader._reader.index.version == (2, 0)
+        assert reader._reader.digest_is_wsum64
+
+
+def test_gpu_zstd_golden_file_was_coded_by_nvcomp_zstd() -> None:
+    with ckptzip.open(GOLDEN / "gpu_zstd_v1_0.ckz") as reader:
+        entries = {e.name: e for e in reader.entries()}
+    assert entries["model.embed.weight"].device == "cuda:0"
+    assert entries["model.embed.weight"].codecs == ["raw", "raw", "raw", "zstd"]
+
+
+def test_gpu_only_golden_file_reports_how_to_read_it_without_a_gpu() -> None:
+    if has_codec("ans", "cuda"):
+        pytest.skip("this machine decodes ans on its GPU")
+    with pytest.raises(ckptzip.CodecUnavailableError) as info:
+        ckptzip.load(GOLDEN / "gpu_ans_v1_0.ckz", map_location="cpu")
+    message = str(info.value)
+    assert "'ans' is GPU-only" in message
+    assert "ckptzip convert SRC DST --codec portable" in message
+    assert "tensor 'model.embed.weight' stream 3" in message
+
+
+def test_gpu_only_golden_file_still_opens_lazily_without_a_gpu() -> None:
+    with ckptzip.open(GOLDEN / "gpu_ans_v1_0.ckz", map_location="cpu") as reader:
+        assert "ans" in {c for e in reader.entries() for c in e.codecs}
+        assert_same(reader["model.norm.weight"], golden_state()["model"]["norm.weight"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [*PORTABLE, "gpu_ans_v1_0.ckz"])
+@pytest.mark.parametrize("location", ["cuda", "cpu"])
+def test_golden_files_decode_on_the_gpu(name: str, location: str) -> None:
+    if not has_codec("ans", "cuda"):
+        pytest.skip("nvCOMP is not installed")
+    got = ckptzip.load(GOLDEN / name, map_location=location)
+    assert got["model"]["embed.weight"].device.type == location
+    assert_same(got, golden_state())
+
+
+def test_dcp_checkpoint_of_ckptzip_0_1_loads() -> None:
+    """tests/golden/dcp_v1 was written by ckptzip 0.1.0 (ckptzip-dcp metadata version 1: one
+    format-1 container per item, addressed by byte range)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from ckptzip.dcp import CompressedStorageReader
+
+    target = {"w": torch.zeros(40, 50), "ids": torch.zeros(11, dtype=torch.int64),
+              "bf": torch.zeros(3000, dtype=torch.bfloat16), "opt": {"step": torch.tensor(0.0), "lr": 0.0, "name": ""}}
+    dcp.load(target, storage_reader=CompressedStorageReader(GOLDEN / "dcp_v1"), no_dist=True)
+    want = {"w": torch.arange(2000, dtype=torch.float32).reshape(40, 50) / 7, "ids": torch.arange(11),
+            "bf": torch.linspace(-2, 2, 3000).bfloat16(), "opt": {"step": torch.tensor(7.0), "lr": 0.5, "name": "adamw"}}
+    assert_same(target, want)
+
+
+def test_format_2_1_golden_file_with_casts_and_a_duplicate_decodes() -> None:
+    """cpu_zstd_v2_1_refs.ckz: the bf16 embedding and the fp16 head are casts, a moment is a copy."""
+    from golden_state import golden_state_2_1
+
+    with ckptzip.open(GOLDEN / "cpu_zstd_v2_1_refs.ckz") as reader:
+        assert reader._reader.index.version == (2, 1)
+        sources = {e.name: e.source for e in reader.entries() if e.source}
+        assert_same(reader.load(), golden_state_2_1())
+    assert sources == {"model.embed.weight_bf16": {"cast": 0}, "model.head.weight": {"cast": 11},
+                       "exp_avg_copy": {"copy": 5}}
+
+
+def test_format_2_1_golden_delta_file_decodes_against_its_base() -> None:
+    """cpu_zstd_v2_1_delta.ckz stores XOR deltas against cpu_zstd_v2_1_refs.ckz."""
+    from golden_state import golden_delta_state
+
+    with ckptzip.open(GOLDEN / "cpu_zstd_v2_1_refs.ckz") as base:
+        base_hash, base_tensors = base.content_hash, base.named_tensors()
+    with ckptzip.open(GOLDEN / "cpu_zstd_v2_1_delta.ckz") as reader:
+        (ref,) = reader.bases
+        assert (ref.step, ref.name, ref.content_hash) == (100, "cpu_zstd_v2_1_refs.ckz", base_hash)
+        assert {e.name for e in reader.entries() if e.source_kind == "xor"} >= {"model.embed.weight"}
+        reader.base_tensors = [base_tensors]
+        assert_same(reader.load(), golden_delta_state())
+    with pytest.raises(ckptzip.CkptzipError, match="XOR delta against the base checkpoint step 100"):
+        ckptzip.load(GOLDEN / "cpu_zstd_v2_1_delta.ckz")
