@@ -9,6 +9,8 @@ reports how long each ``save`` held the training loop, the steps' time, the byte
 directory, and whether a fresh manager's ``load()`` restores the last step bit-exactly.
 
     python bench/torchtitan_gpu.py --flavor 1B --steps 30 --interval 10 --modes disabled,async
+
+torchtitan 0.3.0 needs a torch with ``torch.distributed.fsdp.DataParallelMeshDims`` (2.13 has it).
 """
 
 from __future__ import annotations
