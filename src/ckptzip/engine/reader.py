@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import functools
 import os
 import queue
@@ -106,7 +107,16 @@ def _host_region(reader: ContainerReader, entries: list[TensorEntry]) -> tuple[t
             reader.read_into(data[region : region + length], file, f"tensor {entries[0].name!r}")
     if not reader.digest_is_wsum64:
         _verify_xxh3(data, runs, entries)
-    return torch.from_numpy(data) if data.flags.writeable else torch.from_numpy(data.copy()), runs
+    return torch.from_numpy(data if data.flags.writeable else _writable_alias(data)), runs
+
+
+def _writable_alias(data: np.ndarray) -> np.ndarray:
+    """Read-only bytes in memory as a writable array over the same memory, no copy: torch takes
+    only writable arrays, and the decoder only reads a batch's stored bytes (a copy cost a memory
+    pass over every stored byte of a load from ``bytes``)."""
+    alias = (ctypes.c_uint8 * data.size).from_address(data.ctypes.data)
+    alias._source = data  # type: ignore[attr-defined]  # the memory lives as long as the alias
+    return np.frombuffer(alias, dtype=np.uint8)
 
 
 def _decode_cpu(reader: ContainerReader, entries: list[TensorEntry], outs: list[torch.Tensor | None], share: int
