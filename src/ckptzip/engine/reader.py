@@ -116,7 +116,7 @@ def _writable_alias(data: np.ndarray) -> np.ndarray:
     pass over every stored byte of a load from ``bytes``)."""
     alias = (ctypes.c_uint8 * data.size).from_address(data.ctypes.data)
     alias._source = data  # type: ignore[attr-defined]  # the memory lives as long as the alias
-    return np.frombuffer(alias, dtype=np.uint8)
+    return np.ctypeslib.as_array(alias)
 
 
 def _decode_cpu(reader: ContainerReader, entries: list[TensorEntry], outs: list[torch.Tensor | None], share: int
