@@ -407,13 +407,13 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
                  ) -> list[torch.Tensor]:
     """Decode and verify stored entries onto ``devices``.
 
-    Every GPU output is allocated first; the GPU's budget left beside them (:mod:`.memory`) sets
-    the batch size. Tensors larger than a batch decode in
+    Every output is allocated first, on this thread (host memory a previous load freed is reused
+    from this thread's heap instead of being paged in afresh by worker threads); the GPU's budget
+    left beside them (:mod:`.memory`) sets the batch size. Tensors larger than a batch decode in
     parts straight into their output, so decoding needs about the decoded size plus a few
     batches, not twice the largest tensor."""
     works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
-    outs_of = {i: torch.empty(entry.nbytes, dtype=torch.uint8, device=work)
-               for i, (entry, work) in enumerate(zip(entries, works)) if work.type == "cuda"}
+    outs_of = {i: torch.empty(entry.nbytes, dtype=torch.uint8, device=work) for i, (entry, work) in enumerate(zip(entries, works))}
     gpu_batch = {work: memory.budget(work, gpu_memory, "load").batch_bytes(LOAD_WORKING_SETS * shrink,
                                                                           BATCH_BYTES["cuda"])
                  for work in {w for w in works if w.type == "cuda"}}
@@ -432,7 +432,7 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
             into.append(None)
             item_entry.append(i)
             continue
-        whole[i] = outs_of[i] if i in outs_of else torch.empty(entry.nbytes, dtype=torch.uint8, device=work)
+        whole[i] = outs_of[i]
         for part, offset in parts:
             items.append(part)
             item_devices.append(device)
@@ -440,7 +440,7 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
             item_entry.append(i)
 
     def outputs(idx: list[int]) -> list[torch.Tensor | None]:
-        return [outs_of.get(item_entry[j]) if (at := into[j]) is None else whole[at[0]][at[1] : at[1] + items[j].nbytes]
+        return [outs_of[item_entry[j]] if (at := into[j]) is None else whole[at[0]][at[1] : at[1] + items[j].nbytes]
                 for j in idx]
 
     plan = plan_batches(items, item_devices, gpu_batch, cpu_batch)
