@@ -1,7 +1,8 @@
 """The compiled CPU kernels (src/ckptzip/kernels/_cpu.c) against the NumPy reference, bit for bit:
 byte-plane split (planes, sampled counts, checksums) and merge, and checksummed segment gathers,
-for item sizes 2, 4 and 8, odd lengths, unaligned addresses, rows split between threads; and the
-NumPy fallback where no compiled build exists (or ``CKPTZIP_NUMPY_KERNELS=1``)."""
+for item sizes 2, 4 and 8, odd lengths, unaligned addresses, rows split between threads; the
+NumPy fallback where no compiled build exists (or ``CKPTZIP_NUMPY_KERNELS=1``); and the CPU load
+around them (read-only sources, many small tensors, batches split by bytes)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 import ckptzip
 from ckptzip.checksum import wsum64_array
 from ckptzip.codecs._threads import codec_threads
+from ckptzip.engine import reader as engine_reader
 from ckptzip.errors import CorruptCheckpointError
 from ckptzip.kernels import COMPILED, CPU_PIECE_BYTES
 from ckptzip.kernels import planes, segments
@@ -149,3 +151,25 @@ def test_environment_variable_forces_the_numpy_kernels() -> None:
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "CKPTZIP_NUMPY_KERNELS": "1"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_many_small_odd_and_empty_tensors_load_bit_exactly_from_read_only_bytes() -> None:
+    g = torch.Generator().manual_seed(5)
+    state = {f"t{i}": torch.randn(i % 37, generator=g).to([torch.float32, torch.float16, torch.float64][i % 3])
+             for i in range(600)}
+    state["wide"] = torch.randn(2 * CPU_PIECE_BYTES + 5, generator=g)
+    blob = io.BytesIO()
+    ckptzip.save(state, blob)
+    data = blob.getvalue()
+    before = bytes(data)
+    loaded = ckptzip.load(memoryview(data))  # read-only memory: decoded where it lies, never written
+    assert data == before
+    assert all(torch.equal(loaded[k].view(torch.uint8), v.view(torch.uint8)) for k, v in state.items())
+
+
+@pytest.mark.parametrize("workers", [1, 2, 16])
+def test_cpu_batches_split_a_load_evenly_between_workers(workers: int) -> None:
+    for total in (0, 1 << 19, 20_200_000, 201_326_592, 5 << 30):
+        size = engine_reader.cpu_batch_bytes(total, workers)
+        assert engine_reader.MIN_CPU_BATCH_BYTES <= size <= engine_reader.BATCH_BYTES["cpu"]
+        assert size == engine_reader.MIN_CPU_BATCH_BYTES or -(-total // size) % workers == 0  # equal shares

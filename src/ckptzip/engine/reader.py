@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import functools
 import os
 import queue
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from ..codecs import gpu_first_ids, has_codec
-from ..codecs._threads import codec_threads
+from ..codecs._threads import codec_threads, cpu_threads
 from ..errors import CorruptCheckpointError, GpuMemoryError
 from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
 from ..format.reader import verify_xxh3
@@ -41,6 +42,7 @@ RETRY_SHRINK = (1, 4, 16)  # batch sizes (fractions of the budget's) a load trie
 # its budget allows), so a load needs about the decoded size plus a batch per worker (a part's
 # stored bytes, decode buffer, planes).
 CPU_SLICE_BYTES = BATCH_BYTES["cpu"]
+MIN_CPU_BATCH_BYTES = 1 << 20  # a smaller batch's per-batch Python would cost more than its bytes
 # Reads in flight: each copies into a pinned buffer at about 6 GB/s (one core; 4.5 GB/s each when
 # eight copy at once), so a dozen keep the host-to-device link (55 GB/s) fed from memory too.
 _READ_THREADS = max(1, min(12, os.cpu_count() or 1))
@@ -55,11 +57,22 @@ def decode_backend(entry: TensorEntry, device: torch.device) -> str:
     return "cpu"
 
 
+def cpu_batch_bytes(total: int, workers: int) -> int:
+    """Decoded bytes per CPU batch of a load with ``total`` bytes to decode on the CPU: split evenly
+    into a multiple of ``workers`` batches of at most ``BATCH_BYTES["cpu"]``, so each worker thread
+    gets the same bytes however many cores there are; at least ``MIN_CPU_BATCH_BYTES``."""
+    cap = BATCH_BYTES["cpu"]
+    batches = workers * max(1, -(-total // (workers * cap)))
+    return min(cap, max(MIN_CPU_BATCH_BYTES, -(-total // batches)))
+
+
 def plan_batches(entries: list[TensorEntry], devices: list[torch.device],
-                 gpu_batch: Mapping[torch.device, int] | None = None) -> list[tuple[str, torch.device, list[int]]]:
+                 gpu_batch: Mapping[torch.device, int] | None = None, cpu_batch: int | None = None
+                 ) -> list[tuple[str, torch.device, list[int]]]:
     """Tensors decoded alike (backend and device), in file order, about ``BATCH_BYTES`` decoded
-    each (on a GPU, ``gpu_batch`` where given); a batch's stored bytes are one range of the file
-    wherever the writer kept them so."""
+    each (on a GPU, ``gpu_batch`` where given; on the CPU, ``cpu_batch``, which a batch exceeds
+    only with a tensor larger than it); a batch's stored bytes are one range of the file wherever
+    the writer kept them so."""
     keyed = []
     for i, (entry, device) in enumerate(zip(entries, devices)):
         backend = decode_backend(entry, device)
@@ -71,10 +84,15 @@ def plan_batches(entries: list[TensorEntry], devices: list[torch.device],
     out: list[tuple[str, torch.device, list[int]]] = []
     open_batches: dict[tuple[str, torch.device], tuple[list[int], int]] = {}
     for backend, work, _, i in keyed:
+        limit = (cpu_batch or BATCH_BYTES["cpu"]) if backend == "cpu" else (gpu_batch or {}).get(work, BATCH_BYTES[backend])
         members, size = open_batches.get((backend, work), ([], 0))
+        nbytes = max(entries[i].compressed_nbytes, entries[i].nbytes)  # bounds the decode buffers too
+        if backend == "cpu" and members and size + nbytes > limit:
+            out.append((backend, work, members))
+            members, size = [], 0
         members.append(i)
-        size += max(entries[i].compressed_nbytes, entries[i].nbytes)  # bounds the decode buffers too
-        if size >= (gpu_batch or {}).get(work, BATCH_BYTES[backend]):
+        size += nbytes
+        if size >= limit:
             out.append((backend, work, members))
             open_batches.pop((backend, work), None)
         else:
@@ -106,7 +124,16 @@ def _host_region(reader: ContainerReader, entries: list[TensorEntry]) -> tuple[t
             reader.read_into(data[region : region + length], file, f"tensor {entries[0].name!r}")
     if not reader.digest_is_wsum64:
         _verify_xxh3(data, runs, entries)
-    return torch.from_numpy(data) if data.flags.writeable else torch.from_numpy(data.copy()), runs
+    return torch.from_numpy(data if data.flags.writeable else _writable_alias(data)), runs
+
+
+def _writable_alias(data: np.ndarray) -> np.ndarray:
+    """Read-only bytes in memory as a writable array over the same memory, no copy: torch takes
+    only writable arrays, and the decoder only reads a batch's stored bytes (a copy cost a memory
+    pass over every stored byte of a load from ``bytes``)."""
+    alias = (ctypes.c_uint8 * data.size).from_address(data.ctypes.data)
+    alias._source = data  # type: ignore[attr-defined]  # the memory lives as long as the alias
+    return np.ctypeslib.as_array(alias)
 
 
 def _decode_cpu(reader: ContainerReader, entries: list[TensorEntry], outs: list[torch.Tensor | None], share: int
@@ -416,13 +443,13 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
                  ) -> list[torch.Tensor]:
     """Decode and verify stored entries onto ``devices``.
 
-    Every GPU output is allocated first; the GPU's budget left beside them (:mod:`.memory`) sets
-    the batch size. Tensors larger than a batch decode in
+    Every output is allocated first, on this thread (host memory a previous load freed is reused
+    from this thread's heap instead of being paged in afresh by worker threads); the GPU's budget
+    left beside them (:mod:`.memory`) sets the batch size. Tensors larger than a batch decode in
     parts straight into their output, so decoding needs about the decoded size plus a few
     batches, not twice the largest tensor."""
     works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
-    outs_of = {i: torch.empty(entry.nbytes, dtype=torch.uint8, device=work)
-               for i, (entry, work) in enumerate(zip(entries, works)) if work.type == "cuda"}
+    outs_of = {i: torch.empty(entry.nbytes, dtype=torch.uint8, device=work) for i, (entry, work) in enumerate(zip(entries, works))}
     gpu_batch = {work: memory.budget(work, gpu_memory, "load").batch_bytes(LOAD_WORKING_SETS * shrink,
                                                                           BATCH_BYTES["cuda"])
                  for work in {w for w in works if w.type == "cuda"}}
@@ -431,15 +458,17 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     into: list[tuple[int, int] | None] = []  # (tensor, byte offset) where an item decodes into a part
     item_entry: list[int] = []
     whole: dict[int, torch.Tensor] = {}
+    cpu_batch = cpu_batch_bytes(sum(max(e.compressed_nbytes, e.nbytes) for e, w in zip(entries, works) if w.type == "cpu"),
+                                cpu_threads())
     for i, (entry, device, work) in enumerate(zip(entries, devices, works)):
-        parts = _slices(entry, gpu_batch[work] if work.type == "cuda" else CPU_SLICE_BYTES)
+        parts = _slices(entry, gpu_batch[work] if work.type == "cuda" else min(CPU_SLICE_BYTES, cpu_batch))
         if parts is None:
             items.append(entry)
             item_devices.append(device)
             into.append(None)
             item_entry.append(i)
             continue
-        whole[i] = outs_of[i] if i in outs_of else torch.empty(entry.nbytes, dtype=torch.uint8, device=work)
+        whole[i] = outs_of[i]
         for part, offset in parts:
             items.append(part)
             item_devices.append(device)
@@ -447,10 +476,10 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
             item_entry.append(i)
 
     def outputs(idx: list[int]) -> list[torch.Tensor | None]:
-        return [outs_of.get(item_entry[j]) if (at := into[j]) is None else whole[at[0]][at[1] : at[1] + items[j].nbytes]
+        return [outs_of[item_entry[j]] if (at := into[j]) is None else whole[at[0]][at[1] : at[1] + items[j].nbytes]
                 for j in idx]
 
-    plan = plan_batches(items, item_devices, gpu_batch)
+    plan = plan_batches(items, item_devices, gpu_batch, cpu_batch)
     gpu = [(work, [items[j] for j in idx]) for backend, work, idx in plan if backend == "cuda"]
     uploader = _Uploader(reader, gpu) if gpu else None
     digests = reader.digest_is_wsum64

@@ -5,13 +5,18 @@
  * Work comes as a table of rows (int64), one row per piece of a tensor or segment, with raw
  * addresses (the Triton kernels take the same kind of table); each call releases the GIL and
  * splits its rows between `threads` threads by bytes. wsum64 is linear in the words, so the
- * partial sum of each row is added to its owner's sum (mod 2**64) in any order.
+ * partial sum of each row is added to its owner's sum (mod 2**64) in any order. Split and merge
+ * go a cache-sized block at a time (the block's checksum read from cache), with SSE2 byte
+ * shuffles on x86-64 and scalar loops elsewhere.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define MAX_THREADS 256
 #define MAX_ITEMSIZE 8
@@ -44,57 +49,167 @@ static uint64_t wsum(const uint8_t *p, uint64_t bytes, uint64_t w0) {
     return total;
 }
 
-/* Split rows: source address, first element, elements, owner, K plane addresses (element 0). */
-static void split_row(const int64_t *row, int k, uint64_t *partial) {
-    const uint8_t *src = (const uint8_t *)(uintptr_t)row[0];
-    uint64_t first = (uint64_t)row[1], n = (uint64_t)row[2], e;
-    const uint8_t *s = src + first * k;
-    uint8_t *p[MAX_ITEMSIZE];
-    int j;
-    for (j = 0; j < k; j++) p[j] = (uint8_t *)(uintptr_t)row[4 + j] + first;
-    switch (k) { /* constant k per loop, so the compiler unrolls and vectorises the byte shuffles */
-    case 2:
-        for (e = 0; e < n; e++) { p[0][e] = s[2 * e]; p[1][e] = s[2 * e + 1]; }
-        break;
-    case 4:
-        for (e = 0; e < n; e++) {
-            p[0][e] = s[4 * e]; p[1][e] = s[4 * e + 1]; p[2][e] = s[4 * e + 2]; p[3][e] = s[4 * e + 3];
-        }
-        break;
-    default:
-        for (e = 0; e < n; e++) {
-            p[0][e] = s[8 * e]; p[1][e] = s[8 * e + 1]; p[2][e] = s[8 * e + 2]; p[3][e] = s[8 * e + 3];
-            p[4][e] = s[8 * e + 4]; p[5][e] = s[8 * e + 5]; p[6][e] = s[8 * e + 6]; p[7][e] = s[8 * e + 7];
-        }
-    }
-    *partial = wsum(s, n * k, first * k / 8);
-}
+/* Elements handled at once by split and merge, whose checksum is taken while they are in cache. */
+#define BLOCK_ELEMENTS 2048
 
-/* Merge rows: destination address, first element, elements, owner, K plane addresses. */
-static void merge_row(const int64_t *row, int k, uint64_t *partial) {
-    uint8_t *dst = (uint8_t *)(uintptr_t)row[0];
-    uint64_t first = (uint64_t)row[1], n = (uint64_t)row[2], e;
-    uint8_t *d = dst + first * k;
-    const uint8_t *p[MAX_ITEMSIZE];
-    int j;
-    for (j = 0; j < k; j++) p[j] = (const uint8_t *)(uintptr_t)row[4 + j] + first;
+/* Planes to elements, scalar: d[k*e + j] = p[j][e] for e in [e0, n). A constant k per loop, so
+ * the compiler unrolls the byte shuffles. */
+static void interleave_scalar(uint8_t *d, const uint8_t *const *p, int k, uint64_t e0, uint64_t n) {
+    uint64_t e;
     switch (k) {
     case 2:
-        for (e = 0; e < n; e++) { d[2 * e] = p[0][e]; d[2 * e + 1] = p[1][e]; }
+        for (e = e0; e < n; e++) { d[2 * e] = p[0][e]; d[2 * e + 1] = p[1][e]; }
         break;
     case 4:
-        for (e = 0; e < n; e++) {
+        for (e = e0; e < n; e++) {
             d[4 * e] = p[0][e]; d[4 * e + 1] = p[1][e]; d[4 * e + 2] = p[2][e]; d[4 * e + 3] = p[3][e];
         }
         break;
     default:
-        for (e = 0; e < n; e++) {
+        for (e = e0; e < n; e++) {
             d[8 * e] = p[0][e]; d[8 * e + 1] = p[1][e]; d[8 * e + 2] = p[2][e]; d[8 * e + 3] = p[3][e];
             d[8 * e + 4] = p[4][e]; d[8 * e + 5] = p[5][e]; d[8 * e + 6] = p[6][e]; d[8 * e + 7] = p[7][e];
         }
     }
-    *partial = wsum(d, n * k, first * k / 8);
 }
+
+/* Elements to planes, scalar: p[j][e] = s[k*e + j] for e in [e0, n). */
+static void deinterleave_scalar(uint8_t *const *p, const uint8_t *s, int k, uint64_t e0, uint64_t n) {
+    uint64_t e;
+    switch (k) {
+    case 2:
+        for (e = e0; e < n; e++) { p[0][e] = s[2 * e]; p[1][e] = s[2 * e + 1]; }
+        break;
+    case 4:
+        for (e = e0; e < n; e++) {
+            p[0][e] = s[4 * e]; p[1][e] = s[4 * e + 1]; p[2][e] = s[4 * e + 2]; p[3][e] = s[4 * e + 3];
+        }
+        break;
+    default:
+        for (e = e0; e < n; e++) {
+            p[0][e] = s[8 * e]; p[1][e] = s[8 * e + 1]; p[2][e] = s[8 * e + 2]; p[3][e] = s[8 * e + 3];
+            p[4][e] = s[8 * e + 4]; p[5][e] = s[8 * e + 5]; p[6][e] = s[8 * e + 6]; p[7][e] = s[8 * e + 7];
+        }
+    }
+}
+
+#if defined(__SSE2__)
+#define LD(p) _mm_loadu_si128((const __m128i *)(p))
+#define ST(p, v) _mm_storeu_si128((__m128i *)(p), (v))
+
+/* Planes to elements, 16 at a time with SSE2 byte unpacks (the tail scalar). */
+static void interleave(uint8_t *d, const uint8_t *const *p, int k, uint64_t n) {
+    uint64_t e = 0;
+    if (k == 2) {
+        for (; e + 16 <= n; e += 16) {
+            __m128i a = LD(p[0] + e), b = LD(p[1] + e);
+            ST(d + 2 * e, _mm_unpacklo_epi8(a, b));
+            ST(d + 2 * e + 16, _mm_unpackhi_epi8(a, b));
+        }
+    } else if (k == 4) {
+        for (; e + 16 <= n; e += 16) {
+            __m128i a = LD(p[0] + e), b = LD(p[1] + e), c = LD(p[2] + e), f = LD(p[3] + e);
+            __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
+            __m128i cf0 = _mm_unpacklo_epi8(c, f), cf1 = _mm_unpackhi_epi8(c, f);
+            ST(d + 4 * e, _mm_unpacklo_epi16(ab0, cf0));
+            ST(d + 4 * e + 16, _mm_unpackhi_epi16(ab0, cf0));
+            ST(d + 4 * e + 32, _mm_unpacklo_epi16(ab1, cf1));
+            ST(d + 4 * e + 48, _mm_unpackhi_epi16(ab1, cf1));
+        }
+    } else {
+        for (; e + 16 <= n; e += 16) {
+            __m128i b8[8], b16[8];
+            int j, h;
+            for (j = 0; j < 4; j++) { /* bytes 2j, 2j+1 of elements 0-7, then of elements 8-15 */
+                __m128i x = LD(p[2 * j] + e), y = LD(p[2 * j + 1] + e);
+                b8[j] = _mm_unpacklo_epi8(x, y);
+                b8[4 + j] = _mm_unpackhi_epi8(x, y);
+            }
+            for (h = 0; h < 2; h++) { /* bytes 0-3 and 4-7 of elements 8h + (0-3, 4-7) */
+                b16[4 * h] = _mm_unpacklo_epi16(b8[4 * h], b8[4 * h + 1]);
+                b16[4 * h + 1] = _mm_unpackhi_epi16(b8[4 * h], b8[4 * h + 1]);
+                b16[4 * h + 2] = _mm_unpacklo_epi16(b8[4 * h + 2], b8[4 * h + 3]);
+                b16[4 * h + 3] = _mm_unpackhi_epi16(b8[4 * h + 2], b8[4 * h + 3]);
+            }
+            for (h = 0; h < 4; h++) { /* elements 4h .. 4h+3: their bytes 0-3 and 4-7 */
+                __m128i lo = b16[(h / 2) * 4 + h % 2], hi = b16[(h / 2) * 4 + 2 + h % 2];
+                ST(d + 8 * e + 32 * h, _mm_unpacklo_epi32(lo, hi));
+                ST(d + 8 * e + 32 * h + 16, _mm_unpackhi_epi32(lo, hi));
+            }
+        }
+    }
+    interleave_scalar(d, p, k, e, n);
+}
+
+/* Elements to planes, 16 at a time with SSE2 shifts and saturating packs (the tail scalar). */
+static void deinterleave(uint8_t *const *p, const uint8_t *s, int k, uint64_t n) {
+    const __m128i low = _mm_set1_epi16(0xff);
+    uint64_t e = 0;
+    int j;
+    if (k == 2) {
+        for (; e + 16 <= n; e += 16) {
+            __m128i a = LD(s + 2 * e), b = LD(s + 2 * e + 16);
+            ST(p[0] + e, _mm_packus_epi16(_mm_and_si128(a, low), _mm_and_si128(b, low)));
+            ST(p[1] + e, _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)));
+        }
+    } else if (k == 4) {
+        const __m128i byte = _mm_set1_epi32(0xff);
+        for (; e + 16 <= n; e += 16) {
+            __m128i v0 = LD(s + 4 * e), v1 = LD(s + 4 * e + 16), v2 = LD(s + 4 * e + 32), v3 = LD(s + 4 * e + 48);
+            for (j = 0; j < 4; j++) {
+                __m128i c = _mm_cvtsi32_si128(8 * j);
+                __m128i t0 = _mm_and_si128(_mm_srl_epi32(v0, c), byte), t1 = _mm_and_si128(_mm_srl_epi32(v1, c), byte);
+                __m128i t2 = _mm_and_si128(_mm_srl_epi32(v2, c), byte), t3 = _mm_and_si128(_mm_srl_epi32(v3, c), byte);
+                ST(p[j] + e, _mm_packus_epi16(_mm_packs_epi32(t0, t1), _mm_packs_epi32(t2, t3)));
+            }
+        }
+    } else {
+        const __m128i byte = _mm_set1_epi64x(0xff);
+        for (; e + 16 <= n; e += 16) {
+            __m128i v[8];
+            int i;
+            for (i = 0; i < 8; i++) v[i] = LD(s + 8 * e + 16 * i);
+            for (j = 0; j < 8; j++) {
+                __m128i c = _mm_cvtsi32_si128(8 * j), w[4];
+                for (i = 0; i < 4; i++) { /* the byte of 4 elements as the low halves of 32-bit lanes */
+                    __m128i x = _mm_and_si128(_mm_srl_epi64(v[2 * i], c), byte);
+                    __m128i y = _mm_and_si128(_mm_srl_epi64(v[2 * i + 1], c), byte);
+                    w[i] = _mm_unpacklo_epi64(_mm_shuffle_epi32(x, _MM_SHUFFLE(3, 1, 2, 0)),
+                                              _mm_shuffle_epi32(y, _MM_SHUFFLE(3, 1, 2, 0)));
+                }
+                ST(p[j] + e, _mm_packus_epi16(_mm_packs_epi32(w[0], w[1]), _mm_packs_epi32(w[2], w[3])));
+            }
+        }
+    }
+    deinterleave_scalar(p, s, k, e, n);
+}
+#else
+static void interleave(uint8_t *d, const uint8_t *const *p, int k, uint64_t n) { interleave_scalar(d, p, k, 0, n); }
+static void deinterleave(uint8_t *const *p, const uint8_t *s, int k, uint64_t n) { deinterleave_scalar(p, s, k, 0, n); }
+#endif
+
+/* Split and merge rows: element address, first element, elements, owner, K plane addresses
+ * (element 0). A block at a time: its planes split (or merged), then its wsum64 terms while it is
+ * in cache. */
+static void planes_row(const int64_t *row, int k, uint64_t *partial, int merge) {
+    uint8_t *elements = (uint8_t *)(uintptr_t)row[0];
+    uint64_t first = (uint64_t)row[1], n = (uint64_t)row[2], a, total = 0;
+    uint8_t *p[MAX_ITEMSIZE];
+    int j;
+    for (a = 0; a < n; a += BLOCK_ELEMENTS) {
+        uint64_t m = n - a < BLOCK_ELEMENTS ? n - a : BLOCK_ELEMENTS;
+        uint8_t *block = elements + (first + a) * k;
+        for (j = 0; j < k; j++) p[j] = (uint8_t *)(uintptr_t)row[4 + j] + first + a;
+        if (merge) interleave(block, (const uint8_t *const *)p, k, m);
+        else deinterleave(p, block, k, m);
+        total += wsum(block, m * k, (first + a) * k / 8);
+    }
+    *partial = total;
+}
+
+static void split_row(const int64_t *row, int k, uint64_t *partial) { planes_row(row, k, partial, 0); }
+
+static void merge_row(const int64_t *row, int k, uint64_t *partial) { planes_row(row, k, partial, 1); }
 
 /* Segment rows: source address, destination address (0: checksum only), bytes, owner, first word. */
 static void segment_row(const int64_t *row, int unused, uint64_t *partial) {
