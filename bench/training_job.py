@@ -279,6 +279,17 @@ def clone_seconds(state: dict[str, torch.Tensor]) -> float:
     return statistics.median(timed(copy)[0] for _ in range(5))
 
 
+def blocked_save(manager: ckptzip.CheckpointManager, step: int, state: dict[str, torch.Tensor]) -> float:
+    """Seconds ``manager.save`` held the caller (its GPU work included); then waits for the write."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    manager.save(step, state)
+    torch.cuda.synchronize()
+    seconds = round(time.perf_counter() - t, 4)
+    manager.wait()
+    return seconds
+
+
 def part_manager(args: argparse.Namespace) -> None:
     state = llama_like_state(args.manager_gib)
     size = nbytes(state)
@@ -290,13 +301,8 @@ def part_manager(args: argparse.Namespace) -> None:
         manager = ckptzip.CheckpointManager(f"memory://{run}", keep_last=1, async_save=True)
         blocks, reserved, modes = [], [], []
         for step in range(args.manager_saves):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            manager.save(step, state)
-            torch.cuda.synchronize()
-            blocks.append(round(time.perf_counter() - t, 4))
+            blocks.append(blocked_save(manager, step, state))
             modes.append(manager.last_snapshot)
-            manager.wait()
             reserved.append(mib(torch.cuda.memory_reserved()))
         reason = manager.last_snapshot_reason
         restored = manager.restore(map_location="cpu")
@@ -325,12 +331,7 @@ def part_host(args: argparse.Namespace) -> None:
             time.sleep(args.job_start_s)  # the job's first steps, while the staging is reserved
         blocks, stored, staging, rss = [], [], [], []
         for step in range(args.host_saves):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            manager.save(step, state)
-            torch.cuda.synchronize()
-            blocks.append(round(time.perf_counter() - t, 3))
-            manager.wait()
+            blocks.append(blocked_save(manager, step, state))
             stored.append(written(run))
             staging.append(manager._snapshots._staging.reserved)  # the bench looks inside
             rss.append(host_rss() - rss0)

@@ -66,13 +66,13 @@ class CkptzipPreset(Baseline):
 class CkptzipAuto(CkptzipPreset):
     name = "ckptzip-auto"
     preset = "auto"
-    summary = "ckptzip default preset: byte planes, structured planes entropy-coded (GPU: nvCOMP ans)"
+    summary = "ckptzip default preset: byte planes, structured planes entropy-coded (GPU: nvCOMP gdeflate)"
 
 
 class CkptzipFast(CkptzipPreset):
     name = "ckptzip-fast"
     preset = "fast"
-    summary = "ckptzip fast preset: byte planes with the backend's fastest codec"
+    summary = "ckptzip fast preset: byte planes with the backend's fastest codec (GPU: nvCOMP ans)"
 
 
 class CkptzipPortable(CkptzipPreset):
