@@ -25,6 +25,7 @@ from ..kernels import distinct, to_device
 from ..kernels.planes import PLANE_ALIGN, merge_planes
 from ..kernels.segments import segment_sums
 from .policy import codec_for
+from .scratch import scratch
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,8 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
     sizes = np.array([entries[t].streams[j].nbytes for t, j in streams], dtype=np.int64)
     stream_slot = np.where(coded, -(-sizes // PLANE_ALIGN) * PLANE_ALIGN, 0)
     stream_at = np.where(coded, np.cumsum(stream_slot) - stream_slot, -1)
-    decoded = torch.empty(int(stream_slot.sum()), dtype=torch.uint8, device=device)
+    size = int(stream_slot.sum())
+    decoded = torch.empty(size, dtype=torch.uint8, device=device) if on_gpu else scratch("decoded", size)
     if not c_sel.size:
         return decoded, stream_at
     c_stream = chunks.stream[c_sel]

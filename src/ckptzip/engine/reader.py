@@ -31,6 +31,7 @@ from ..kernels.segments import segment_sums
 from .ahead import Task, cpu_workers, run_ahead
 from . import memory
 from .decode import Runs, decode_batch
+from .scratch import scratch
 from .sources import LoadPlan
 from .staging import copy_stream, pinned_pool
 
@@ -119,7 +120,7 @@ def _host_region(reader: ContainerReader, entries: list[TensorEntry]) -> tuple[t
     runs = Runs.of(entries)
     data = reader.source.view(int(runs.file[0]), runs.total) if len(runs.file) == 1 else None
     if data is None or data.size != runs.total:
-        data = np.empty(runs.total, dtype=np.uint8)
+        data = scratch("stored", runs.total).numpy()
         for file, region, length in zip(runs.file.tolist(), runs.region.tolist(), runs.length.tolist()):
             reader.read_into(data[region : region + length], file, f"tensor {entries[0].name!r}")
     if not reader.digest_is_wsum64:
