@@ -136,6 +136,13 @@ def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def _ranges_of(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes: int) -> _Encoded:
+    """:func:`_in_ranges`: on a GPU lazily, each range coded as the caller's thread takes it (and
+    off the GPU before the next); on the host (a pool thread's task) at once."""
+    coded = _in_ranges(tensor, key, policy, range_bytes)
+    return coded if key.backend == "cuda" else list(coded)
+
+
 @dataclass
 class _Ceiling:
     """The smallest GPU batch of one save that ran out of memory: later batches that large are
@@ -431,7 +438,7 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     workers, share = cpu_workers(sum(key.backend == "cpu" for key, _ in plan))
     ceiling = _Ceiling()
     tasks = (
-        Task((key, idx), functools.partial(_in_ranges, tensors[idx[0]], key, policy, limits.batch[key.device])
+        Task((key, idx), functools.partial(_ranges_of, tensors[idx[0]], key, policy, limits.batch[key.device])
              if key.parts and limits else
              functools.partial(_encode, [tensors[i] for i in idx], key, policy, share, ceiling),
              inline=key.backend == "cuda")
