@@ -33,19 +33,9 @@ def _groups(nbytes: list[int], devices: list[torch.device]) -> list[list[int]]:
     """Items decoded together: all at once, unless the GPU tensors would not fit beside the
     targets they are copied into (a GPU that training fills); then in groups of GPU bytes up to
     half of what can be had, so a load needs the targets plus about that much."""
-    limits = {d: memory.available(d) // 2 for d in {d for d in devices if d.type == "cuda"}}
-    if sum(n for n, d in zip(nbytes, devices) if d.type == "cuda") <= min(limits.values(), default=0):
-        return [list(range(len(nbytes)))]
-    groups: list[list[int]] = [[]]
-    used: dict[torch.device, int] = dict.fromkeys(limits, 0)
-    for i, (n, d) in enumerate(zip(nbytes, devices)):
-        if d.type == "cuda":
-            if groups[-1] and used[d] + n > limits[d]:
-                groups.append([])
-                used = dict.fromkeys(limits, 0)
-            used[d] += n
-        groups[-1].append(i)
-    return groups
+    on_gpu = [d if d.type == "cuda" else None for d in devices]
+    limits = {d: memory.available(d) // 2 for d in {d for d in on_gpu if d is not None}}
+    return memory.packed(range(len(nbytes)), nbytes, on_gpu, limits)
 
 
 class CompressedStorageReader(StorageReader):

@@ -370,16 +370,10 @@ def _rounds(entries: list[TensorEntry], devices: list[torch.device], gpu_memory:
     if not through:
         return [list(range(len(entries)))]
     limits = {w: memory.budget(w, gpu_memory, "load").nbytes // 2 for w in {works[i] for i in through}}
-    rest = set(range(len(entries))) - set(through)
-    rounds: list[list[int]] = [sorted(rest)]
-    used = dict.fromkeys(limits, 0)
-    for i in through:
-        if rounds[-1] and used[works[i]] + entries[i].nbytes > limits[works[i]]:
-            rounds.append([])
-            used = dict.fromkeys(limits, 0)
-        used[works[i]] += entries[i].nbytes
-        rounds[-1].append(i)
-    return rounds
+    chosen = set(through)
+    rest = [i for i in range(len(entries)) if i not in chosen]  # read in the first round
+    return memory.packed(rest + through, [e.nbytes for e in entries],
+                         [works[i] if i in chosen else None for i in range(len(entries))], limits)
 
 
 def _read_within_memory(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
