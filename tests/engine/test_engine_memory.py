@@ -275,6 +275,30 @@ def test_a_load_that_runs_out_of_gpu_memory_tries_smaller_batches_then_says_so(
         ckptzip.load(buf.getvalue())
 
 
+def test_a_load_retry_reuses_the_outputs_of_the_attempt_that_ran_out_of_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Allocated afresh per attempt, a retry's outputs met the failed attempt's still held (on the
+    H200 a 1 GiB-free load failed its retries allocating a 500 MiB output)."""
+    from ckptzip.engine import reader as engine_reader
+
+    state = {"w": torch.randn(1000), "b": torch.arange(7, dtype=torch.int64)}
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)
+    real = engine_reader._read_stored
+    outputs: list[list[int]] = []
+
+    def scarce(reader: object, entries: object, devices: object, works: object, outs: list[torch.Tensor],
+               *args: object, shrink: int = 1, **kwargs: object) -> object:
+        outputs.append([o.data_ptr() for o in outs])
+        if shrink < 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(reader, entries, devices, works, outs, *args, shrink=shrink, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_reader, "_read_stored", scarce)
+    assert_same(ckptzip.load(buf.getvalue()), state)
+    assert len(outputs) == 3 and outputs[0] == outputs[1] == outputs[2]
+
+
 def test_a_save_that_runs_out_of_gpu_memory_outside_its_batches_raises_gpu_memory_error(
         tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     import pathlib
@@ -320,3 +344,33 @@ def test_tensors_decoded_on_a_gpu_for_the_host_are_read_in_rounds_that_fit(monke
     devices = [cpu, cpu, gpu, cpu, cpu]
     assert engine_reader._rounds(entries, devices, None) == [[2, 0], [1], [3, 4]]  # type: ignore[arg-type]
     assert engine_reader._rounds(entries[:1], [gpu], None) == [[0]]  # type: ignore[arg-type]
+
+
+@gpu
+@needs_cuda
+def test_a_gpu_load_that_fails_midway_gives_every_pinned_buffer_back_and_its_retry_completes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads in flight when a load attempt failed kept their pinned buffers: after a few failed
+    attempts the pool was empty and the retry waited for a buffer forever (the H200's 1 GiB-free
+    loads, through ckptzip.load and DCP, hung there)."""
+    from ckptzip.engine import reader as engine_reader
+    from ckptzip.engine.staging import pinned_pool
+
+    state = {f"w{i}": torch.randn(1 << 20, device="cuda") for i in range(96)}
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)
+    data = buf.getvalue()
+    real = engine_reader.decode_batch
+    calls = {"n": 0}
+
+    def failing(*args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        if calls["n"] in (2, 5):  # once in each of the first two attempts
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 500.00 MiB")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_reader, "decode_batch", failing)
+    monkeypatch.setattr(engine_reader, "BATCH_BYTES", {"cuda": 8 << 20, "cpu": 8 << 20})
+    assert_same(ckptzip.load(data, gpu_memory=1 << 30), state)
+    pool = pinned_pool()
+    assert pool._free.qsize() == pool._created

@@ -12,10 +12,12 @@ import collections
 import contextlib
 import ctypes
 import functools
+import gc
 import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -193,11 +195,16 @@ class _Uploader:
         handed = 0  # batches put on the queue, in order (a batch without bytes as soon as it is next)
         for b, offset, n, buffer in self._pieces(plans, spans, chunks, pending):
             if self._stop:
+                self._pool.release(buffer)
                 return
             device, _, runs = plans[b]
             stream = copy_stream(device)
-            with torch.cuda.device(device):
-                region = regions[b][0] if b in regions else self._region(device, runs.total, stream)
+            try:
+                with torch.cuda.device(device):
+                    region = regions[b][0] if b in regions else self._region(device, runs.total, stream)
+            except BaseException:
+                self._pool.release(buffer)  # nothing was queued from it
+                raise
             with torch.cuda.device(device), torch.cuda.stream(stream):
                 at = int(runs.locate(np.array([offset]))[0])
                 region[at : at + n].copy_(buffer[:n], non_blocking=True)
@@ -254,27 +261,36 @@ class _Uploader:
         never wait for a batch to be handed over."""
         size = self._pool.buffer_bytes
         flat = [(b, offset, n) for b, batch in enumerate(spans) for offset, n in batch]
-        reads: collections.deque[tuple[int, int, int, Any]] = collections.deque()
+        reads: collections.deque[tuple[int, int, int, torch.Tensor, Any]] = collections.deque()
         in_flight = max(1, min(_READ_THREADS, self._pool.count - 4))  # a few buffers wait for their copy
-        for b, offset, n in flat:
-            while len(reads) >= in_flight:
+        try:
+            for b, offset, n in flat:
+                while len(reads) >= in_flight:
+                    yield self._finish(reads.popleft(), chunks)
+                while pending and (pending[0][0].query() or len(pending) >= self._pool.count - in_flight):
+                    done, buffer = pending.popleft()
+                    done.synchronize()
+                    self._pool.release(buffer)
+                buffer = self._pool.acquire() if n <= size else torch.empty(n, dtype=torch.uint8)
+                reads.append((b, offset, n, buffer, self._reads.submit(self._read, buffer, offset, n, plans[b][1])))
+            while reads:
                 yield self._finish(reads.popleft(), chunks)
-            while pending and (pending[0][0].query() or len(pending) >= self._pool.count - in_flight):
-                done, buffer = pending.popleft()
-                done.synchronize()
+        finally:  # an upload that stopped or failed: the reads in flight give their buffers back
+            for *_, buffer, future in reads:
+                futures.wait([future])
                 self._pool.release(buffer)
-            buffer = self._pool.acquire() if n <= size else torch.empty(n, dtype=torch.uint8)
-            reads.append((b, offset, n, self._reads.submit(self._read, buffer, offset, n, plans[b][1])))
-        while reads:
-            yield self._finish(reads.popleft(), chunks)
 
-    def _finish(self, read: tuple[int, int, int, Any], chunks: list[list[tuple[TensorEntry, int, int, Any]]] | None
+    def _finish(self, read: tuple[int, int, int, torch.Tensor, Any], chunks: list[list[tuple[TensorEntry, int, int, Any]]] | None
                 ) -> tuple[int, int, int, torch.Tensor]:
         """The filled buffer of a read; format-1 chunks in it are checked against their XXH3."""
-        b, offset, n, future = read
-        buffer = future.result()
-        if chunks is not None:
-            verify_xxh3(buffer.numpy()[:n], offset, [c for c in chunks[b] if offset <= c[3].offset < offset + n])
+        b, offset, n, buffer, future = read
+        try:
+            future.result()
+            if chunks is not None:
+                verify_xxh3(buffer.numpy()[:n], offset, [c for c in chunks[b] if offset <= c[3].offset < offset + n])
+        except BaseException:
+            self._pool.release(buffer)
+            raise
         return b, offset, n, buffer
 
     def get(self) -> tuple[torch.Tensor, Runs, torch.cuda.Event]:
@@ -395,15 +411,21 @@ def _read_retrying(reader: ContainerReader, entries: list[TensorEntry], devices:
                    on_progress: Callable[[int], object], gpu_memory: int | None) -> list[torch.Tensor]:
     """:func:`_read_stored`; where a GPU runs out of memory anyway (other allocations than the
     budget saw), again in batches a quarter and a sixteenth the size, then ``GpuMemoryError``."""
-    failure = ""
+    works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
+    # outputs first, on this thread (host memory a previous load freed is reused from this thread's
+    # heap instead of being paged in afresh by worker threads), and once: a retry reuses them
+    outs = [torch.empty(entry.nbytes, dtype=torch.uint8, device=work) for entry, work in zip(entries, works)]
+    failures: list[str] = []
     for shrink in RETRY_SHRINK:
         try:
-            return _read_stored(reader, entries, devices, on_progress, gpu_memory, shrink=shrink)
+            return _read_stored(reader, entries, devices, works, outs, on_progress, gpu_memory, shrink=shrink)
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not memory.is_out_of_memory(exc):
                 raise
-            failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            failures.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         # out of the except block: the failed attempt's buffers are freed with its frames
+        gc.collect()  # and with any cycle that holds them (a worker's future, the uploader's queue)
+    failure = failures[0] + (f"; at last: {failures[-1]}" if failures[-1] != failures[0] else "")
     cuda = sorted({d for d in devices if d.type == "cuda"}, key=str)
     have = ", ".join(f"{memory.available(d) >> 20} MiB on {d}" for d in cuda) or "none"
     raise GpuMemoryError(
@@ -434,17 +456,14 @@ def _work_device(backend: str, device: torch.device) -> torch.device:
 
 
 def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
-                 on_progress: Callable[[int], object], gpu_memory: int | None = None, shrink: int = 1
-                 ) -> list[torch.Tensor]:
-    """Decode and verify stored entries onto ``devices``.
+                 works: list[torch.device], outs_of: list[torch.Tensor], on_progress: Callable[[int], object],
+                 gpu_memory: int | None = None, shrink: int = 1) -> list[torch.Tensor]:
+    """Decode and verify stored entries onto ``devices``, through their outputs ``outs_of``
+    (uint8, on ``works``, where each is decoded).
 
-    Every output is allocated first, on this thread (host memory a previous load freed is reused
-    from this thread's heap instead of being paged in afresh by worker threads); the GPU's budget
-    left beside them (:mod:`.memory`) sets the batch size. Tensors larger than a batch decode in
-    parts straight into their output, so decoding needs about the decoded size plus a few
-    batches, not twice the largest tensor."""
-    works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
-    outs_of = {i: torch.empty(entry.nbytes, dtype=torch.uint8, device=work) for i, (entry, work) in enumerate(zip(entries, works))}
+    The GPU's budget left beside the outputs (:mod:`.memory`) sets the batch size. Tensors larger
+    than a batch decode in parts straight into their output, so decoding needs about the decoded
+    size plus a few batches, not twice the largest tensor."""
     gpu_batch = {work: memory.budget(work, gpu_memory, "load").batch_bytes(LOAD_WORKING_SETS * shrink,
                                                                           BATCH_BYTES["cuda"])
                  for work in {w for w in works if w.type == "cuda"}}
