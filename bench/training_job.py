@@ -42,6 +42,7 @@ from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 import ckptzip
 from ckptzip.engine import memory
+from ckptzip_bench.oomtrace import recording, summary
 from ckptzip_bench.pipeline import DiscardSink
 
 GIB = 1 << 30
@@ -159,6 +160,14 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
         torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(-1).view(torch.uint8)) for k in a)
 
 
+def same_on_host(restored: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> bool:
+    """``same`` for tensors restored to the host: each state tensor is copied to the host in turn
+    (the GPU has no room for the restored copy)."""
+    return restored.keys() == state.keys() and all(
+        torch.equal(restored[k].reshape(-1).view(torch.uint8), state[k].reshape(-1).view(torch.uint8).cpu())
+        for k in state)
+
+
 def mib(n: int) -> float:
     return round(n / (1 << 20), 1)
 
@@ -200,7 +209,7 @@ def part_filled(args: argparse.Namespace) -> None:
     report(part="filled", free_gib=None, state_gb=round(size / 1e9, 2), ratio=round(size / sink.n, 4),
            save_s=[round(s, 3) for s in base_save], save_gbs=round(size / 1e9 / statistics.median(base_save), 1),
            load_s=[round(s, 3) for s in base_load], load_gbs=round(size / 1e9 / statistics.median(base_load), 1))
-    for leave in args.free:
+    for leave in [] if args.loads_only else args.free:
         filler = fill_gpu(int(leave * GIB))
         row: dict[str, Any] = {"part": "filled", "free_gib": leave}
         retries.count = 0
@@ -224,11 +233,14 @@ def part_filled(args: argparse.Namespace) -> None:
         filler = fill_gpu(size + int(leave * GIB))
         row = {"part": "filled-load", "free_gib": leave}
         try:
-            seconds, out = timed(lambda: ckptzip.load(data))
+            with recording(args.trace_oom):
+                seconds, out = timed(lambda: ckptzip.load(data))
             row.update(load_s=round(seconds, 3), load_gbs=round(size / 1e9 / seconds, 1))
         except Exception as exc:
             out = None
-            row.update(load_error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            row.update(load_error=f"{type(exc).__name__}: {str(exc)[:600]}")
+            if args.trace_oom:
+                row["oom_trace"] = summary()
         row["reserved_after_load_mib"] = mib(torch.cuda.memory_reserved())
         del filler
         if out is not None:
@@ -298,14 +310,27 @@ def part_manager(args: argparse.Namespace) -> None:
     for leave in args.manager_free:
         filler = fill_gpu(int(leave * GIB))
         run = f"manager-{leave}"  # in host memory: the manager's pipeline, not the disk
-        manager = ckptzip.CheckpointManager(f"memory://{run}", keep_last=1, async_save=True)
+        # many saves go to a store that discards them (an in-memory store grows by copying), and
+        # are not restored
+        many = args.manager_saves > 10
+        manager = ckptzip.CheckpointManager(f"{'discard' if many else 'memory'}://{run}", keep_last=1,
+                                            async_save=True)
         blocks, reserved, modes = [], [], []
         for step in range(args.manager_saves):
+            if step % 20 == 19:
+                print(json.dumps({"progress": "manager", "free_gib": leave, "saves": step,
+                                  "median_block_s": statistics.median(blocks)}), flush=True)
             blocks.append(blocked_save(manager, step, state))
             modes.append(manager.last_snapshot)
             reserved.append(mib(torch.cuda.memory_reserved()))
         reason = manager.last_snapshot_reason
-        restored = manager.restore(map_location="cpu")
+        restored, error, trace = None, None, None
+        try:
+            with recording(args.trace_oom and not many):
+                restored = None if many else manager.restore(map_location="cpu")
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {str(exc)[:600]}"
+            trace = summary() if args.trace_oom else None
         manager.close()
         later = statistics.median(blocks[1:]) if len(blocks) > 1 else blocks[0]
         report(part="manager", free_gib=leave, state_gb=round(size / 1e9, 2), saves=len(blocks),
@@ -313,9 +338,11 @@ def part_manager(args: argparse.Namespace) -> None:
                d2d_clone_s=round(clone, 4), median_of_clone=round(later / clone, 2),
                modes=sorted(set(modes)), reason=reason, reserved_first_mib=reserved[0],
                reserved_last_mib=reserved[-1], blocks_s=blocks if len(blocks) <= 10 else None,
-               bit_exact=same({k: v.cuda() for k, v in restored.items()}, state))
+               reserved_every_10_mib=reserved[::10], restore_error=error, oom_trace=trace,
+               bit_exact=None if restored is None else same_on_host(restored, state))
         del restored, filler
-        fsspec.filesystem("memory").rm(f"/{run}", recursive=True)
+        if not many:
+            fsspec.filesystem("memory").rm(f"/{run}", recursive=True)
 
 
 def part_host(args: argparse.Namespace) -> None:
@@ -422,6 +449,9 @@ def main() -> None:
     p.add_argument("--job-start-s", type=float, default=20,
                    help="seconds between warmup() (or prepare()) and the first save")
     p.add_argument("--json", default=None)
+    p.add_argument("--loads-only", action="store_true", help="filled: skip the saves with the GPU filled")
+    p.add_argument("--trace-oom", action="store_true",
+                   help="record torch's allocator history around loads and restores; summarise it on failure")
     p.add_argument("--watchdog-s", type=float, default=0, help="dump every thread's stack and exit after this")
     args = p.parse_args()
     if args.watchdog_s:

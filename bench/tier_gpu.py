@@ -1,0 +1,218 @@
+"""Issue 26's GPU figures: the memory tier and deltas where training barely moves, on one GPU.
+
+Parts (``--parts``, comma-separated):
+- ``tier``: a state of 7B-like shapes (``--gib``; fp32 weights, both AdamW moments, bf16
+  gradients) saved by a ``CheckpointManager`` with a memory tier in shared memory: how long
+  ``save()`` blocked against a device-to-device copy of the state, how long until the tier held
+  it, and the tier's bytes against the state's (how many more checkpoints the same RAM holds).
+  The trainer then exits without closing (as a crashed one would), leaving the tier behind.
+- ``restore``: fresh processes restore the newest checkpoint from that tier onto the GPU:
+  seconds and GB/s of the state's bytes (the interpreter's and CUDA's start excluded),
+  bit-exact against the state rebuilt from its seed.
+- ``delta``: bf16 weights of a stack of linear layers (``--delta-gib``) trained in bf16 with
+  AdamW, one step apart, saved by an incremental manager: share of bit-identical elements,
+  ratio of each step's XOR delta file, and GB/s of the save (blocked plus background encode),
+  at an RL-like learning rate (1e-6) and at a pre-training one (1e-4, against whole files).
+
+    python3 bench/tier_gpu.py --gib 40 --delta-gib 4 --json tier-gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import fsspec
+import torch
+
+import ckptzip
+from ckptzip.manager import CheckpointManager
+from training_job import RESULTS, blocked_save, report, same
+
+
+def _tier_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+_SAVE = r"""
+import json, os, sys, time, torch
+sys.path.insert(0, sys.argv[4])
+from training_job import blocked_save, clone_seconds, llama_like_state, nbytes
+from ckptzip.manager import CheckpointManager, MemoryTier
+state = llama_like_state(float(sys.argv[3]))
+clone = clone_seconds(state)
+torch.cuda.empty_cache()
+manager = CheckpointManager(sys.argv[1], keep_last=1, codec=sys.argv[5],
+                            memory_tier=MemoryTier(keep=1, persist_every=1000, path=sys.argv[2]))
+t = time.perf_counter()
+blocked = blocked_save(manager, 1, state)  # then waits for the tier's copy
+ready = time.perf_counter() - t
+print(json.dumps({"blocked_s": blocked, "tier_ready_s": round(ready, 2), "d2d_clone_s": round(clone, 4),
+                  "snapshot": manager.last_snapshot,                  "state_bytes": nbytes(state)}), flush=True)
+os._exit(0)  # no close(): the trainer is gone, its tier stays
+"""
+
+_RESTORE = r"""
+import json, os, sys, time, torch
+sys.path.insert(0, sys.argv[4])
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+from training_job import llama_like_state, same
+from ckptzip.manager import CheckpointManager, MemoryTier
+manager = CheckpointManager(sys.argv[1], memory_tier=MemoryTier(keep=1, persist_every=1000, path=sys.argv[2]))
+torch.cuda.synchronize(); t = time.perf_counter()
+state = manager.restore()
+torch.cuda.synchronize(); seconds = time.perf_counter() - t
+device = sorted({str(v.device) for v in state.values()})
+exact = same(state, llama_like_state(float(sys.argv[3])))
+del state
+files = [p for p in __import__("pathlib").Path(sys.argv[2]).rglob("*.ckz")]
+buf = bytearray(max(p.stat().st_size for p in files))
+t = time.perf_counter()
+with open(files[0], "rb", buffering=0) as f:
+    n = f.readinto(buf)
+read = time.perf_counter() - t
+print(json.dumps({"restore_s": round(seconds, 3), "from": manager.restored_from, "devices": device,
+                  "bit_exact": exact, "file_read_gbs": round(n / 1e9 / read, 1)}), flush=True)
+os._exit(0)
+"""
+
+
+def part_tier(args: argparse.Namespace, root: Path) -> None:
+    here = str(Path(__file__).parent)
+    run, shm = root / "run", Path(args.shm) / f"ckptzip-tier-gpu-{os.getpid()}"
+    args.run, args.shm_dir = run, shm
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _SAVE, str(run), str(shm), str(args.gib), here, args.codec],
+                         capture_output=True, text=True, timeout=args.part_timeout_s)
+    total = time.perf_counter() - t
+    if out.returncode != 0:
+        report(part="tier", error=out.stderr[-800:])
+        return
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    held = _tier_bytes(shm)
+    args.state_bytes = row["state_bytes"]
+    report(part="tier", codec=args.codec, state_gb=round(row["state_bytes"] / 1e9, 2), snapshot=row["snapshot"],
+           blocked_s=row["blocked_s"], tier_ready_s=row["tier_ready_s"], d2d_clone_s=row["d2d_clone_s"],
+           blocked_of_clone=round(row["blocked_s"] / row["d2d_clone_s"], 2), tier_gb=round(held / 1e9, 2),
+           checkpoints_per_raw=round(row["state_bytes"] / max(1, held), 4), process_s=round(total, 1))
+
+
+def part_restore(args: argparse.Namespace, root: Path) -> None:
+    here = str(Path(__file__).parent)
+    rows = []
+    for _ in range(args.restores):
+        out = subprocess.run([sys.executable, "-c", _RESTORE, str(args.run), str(args.shm_dir), str(args.gib), here],
+                             capture_output=True, text=True, timeout=args.part_timeout_s)
+        if out.returncode != 0:
+            report(part="restore", error=out.stderr[-800:])
+            return
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    size = args.state_bytes
+    seconds = [r["restore_s"] for r in rows]
+    report(part="restore", codec=args.codec, state_gb=round(size / 1e9, 2), restore_s=seconds,
+           from_=rows[0]["from"], file_read_gbs=[r["file_read_gbs"] for r in rows],
+           gbs_median=round(size / 1e9 / statistics.median(seconds), 1), devices=rows[0]["devices"],
+           bit_exact=all(r["bit_exact"] for r in rows))
+
+
+def _stored(run: str, step: int) -> int:
+    fs = fsspec.filesystem("memory")
+    return int(fs.size(f"/{run}/step_{step:08d}.ckz"))
+
+
+def _layers(gib: float) -> torch.nn.Module:
+    width = 8192
+    count = max(1, int(gib * (1 << 30) // (width * width * 2)))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(count)]).cuda().bfloat16()
+    for layer in model:  # activations keep their scale through the stack, so every layer's gradient is far above eps
+        torch.nn.init.normal_(layer.weight, std=width**-0.5)
+    return model
+
+
+def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, g: torch.Generator) -> None:
+    x = torch.randn(64, 8192, generator=g, device="cuda", dtype=torch.bfloat16)
+    loss = model(x).float().pow(2).sum()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
+def part_delta(args: argparse.Namespace, root: Path) -> None:
+    model = _layers(args.delta_gib)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):  # weights that are not at their initialisation
+        _train_step(model, warm, g)
+    del warm
+    for lr in (1e-6, 1e-4):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        run = f"tier-gpu-delta-{lr:g}"  # in host memory: the pipeline's speed, not the disk's
+        rows = []
+        with CheckpointManager(f"memory://{run}", keep_last=None, incremental=args.delta_steps + 1) as manager:
+            previous = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            manager.save(0, previous)
+            manager.wait()
+            for i in range(1, args.delta_steps + 1):
+                _train_step(model, optimizer, g)
+                weights = model.state_dict()
+                raw = sum(t.nbytes for t in weights.values())
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                blocked = blocked_save(manager, i, weights)  # waits for the file after timing the block
+                total = time.perf_counter() - t
+                identical = sum(int((weights[k].view(torch.int16) == previous[k].view(torch.int16)).sum())
+                                for k in weights) / sum(v.numel() for v in weights.values())
+                stored = _stored(run, i)
+                rows.append({"identical": round(identical, 5), "xor_ratio": round(raw / stored, 1),
+                             "blocked_s": blocked, "save_gbs": round(raw / 1e9 / total, 1)})
+                previous = {k: v.detach().clone() for k, v in weights.items()}
+            whole = _stored(run, 0)
+            restored = manager.restore(args.delta_steps)
+        exact = same(dict(restored), {k: v for k, v in model.state_dict().items()})
+        report(part="delta", lr=lr, weights_gb=round(raw / 1e9, 2), whole_ratio=round(raw / whole, 3),
+               steps=rows, median_xor_ratio=statistics.median(r["xor_ratio"] for r in rows),
+               median_save_gbs=statistics.median(r["save_gbs"] for r in rows), bit_exact=exact)
+        del optimizer
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", default="tier,restore,delta")
+    p.add_argument("--gib", type=float, default=40, help="size of the tier's 7B-like state")
+    p.add_argument("--restores", type=int, default=2)
+    p.add_argument("--codec", default="auto", help="the manager's codec for the tier parts")
+    p.add_argument("--shm", default="/dev/shm", help="where the memory tier lives")
+    p.add_argument("--delta-gib", type=float, default=4, help="bf16 weights of the delta part")
+    p.add_argument("--delta-steps", type=int, default=4)
+    p.add_argument("--part-timeout-s", type=float, default=240)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                      "ckptzip": ckptzip.__version__}), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        try:
+            for name in args.parts.split(","):
+                try:
+                    globals()[f"part_{name}"](args, root)
+                except Exception as exc:  # one part's failure is a result too
+                    report(part=name, error=f"{type(exc).__name__}: {str(exc)[:500]}")
+                torch.cuda.empty_cache()
+        finally:
+            shm = getattr(args, "shm_dir", None)
+            if shm is not None:
+                subprocess.run(["rm", "-rf", str(shm)], check=False)
+    if args.json:
+        Path(args.json).write_text(json.dumps(RESULTS, indent=1))
+
+
+if __name__ == "__main__":
+    main()
