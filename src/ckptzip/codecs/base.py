@@ -43,7 +43,8 @@ class Codec(abc.ABC):
     def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
                         dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
         """Decompress chunk ``i`` of ``src`` into ``dst[dst_offsets[i]:]``, exactly ``raw_lengths[i]``
-        bytes; ``CorruptCheckpointError`` naming the chunk (its position ``i``) otherwise."""
+        bytes; ``CorruptCheckpointError`` otherwise, a ``CorruptChunkError`` where the codec knows the
+        chunk (its position ``i``)."""
         chunks = [src[o : o + n] for o, n in zip(src_offsets.tolist(), src_lengths.tolist())]
         for d, o, n in zip(self.decode(chunks, raw_lengths.tolist()), dst_offsets.tolist(), raw_lengths.tolist()):
             dst[o : o + n].copy_(d)

@@ -7,7 +7,7 @@ encoding takes chunks of at most 64 KiB (the CPU compressor's limit) at libdefla
 
 Untrusted input: every chunk decodes into exactly its declared raw size (the decoder's writes
 stay within it) and must fill it; a stream nvCOMP rejects, or one that decodes to another size,
-raises ``CorruptCheckpointError`` naming the chunk. Decoding is linear in the stored and raw
+raises ``CorruptChunkError`` naming the chunk. Decoding is linear in the stored and raw
 bytes. Empty chunks never reach the library (its compressor divides by the chunk size).
 
 The library loads on first use (:mod:`._gdeflate_lib`); where it cannot, the codec is
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CodecUnavailableError, CorruptCheckpointError
+from ..errors import CodecUnavailableError, CorruptChunkError
 from . import _gdeflate_lib
 from ._threads import codec_thread_count, parallel_map
 from .base import Codec
@@ -57,10 +57,8 @@ def _check_bounds(what: str, tensor: torch.Tensor, offsets: np.ndarray, lengths:
         raise ValueError(f"gdeflate (cpu): a {what} chunk lies outside its buffer")
 
 
-def _corrupt(index: int, what: str) -> CorruptCheckpointError:
-    error = CorruptCheckpointError(f"gdeflate chunk {index} {what}")
-    error.chunk = index
-    return error
+def _corrupt(index: int, what: str) -> CorruptChunkError:
+    return CorruptChunkError(f"gdeflate chunk {index} {what}", index)
 
 
 class GdeflateCpuCodec(Codec):
@@ -149,7 +147,7 @@ class GdeflateCpuCodec(Codec):
     def _decode_group(self, group: np.ndarray, in_ptrs: np.ndarray, in_bytes: np.ndarray, out_ptrs: np.ndarray,
                       raw: np.ndarray) -> None:
         """Decode chunks ``group`` in one library call (``LibraryError`` where nvCOMP rejects one);
-        a chunk that decodes to another size than ``raw`` declares is a ``CorruptCheckpointError``."""
+        a chunk that decodes to another size than ``raw`` declares is a ``CorruptChunkError``."""
         got = self._lib.decompress(in_ptrs[group], in_bytes[group], out_ptrs[group], raw[group])
         short = got != raw[group].astype(np.uint64)
         if short.any():

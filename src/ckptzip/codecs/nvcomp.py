@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..errors import CodecUnavailableError, CorruptCheckpointError
+from ..errors import CodecUnavailableError, CorruptCheckpointError, CorruptChunkError
 from .base import Codec
 from .registry import declare, mark_unavailable, register
 
@@ -412,7 +412,7 @@ class _NvcompCodec(Codec):
                         run: Callable[[], tuple[Any, list[int]]]) -> Any:
         """``run()`` a batched decode returning (value, decoded sizes); return the value. A batch
         nvCOMP rejects is decoded chunk by chunk to name the bad chunk; a chunk that decodes to
-        another size than ``raw_sizes`` says is named too (``CorruptCheckpointError.chunk``)."""
+        another size than ``raw_sizes`` says is named too (``CorruptChunkError``)."""
         try:
             value, decoded = run()
         except torch.OutOfMemoryError:
@@ -424,11 +424,9 @@ class _NvcompCodec(Codec):
             raise culprit from exc
         for index, (got, expected) in enumerate(zip(decoded, raw_sizes)):
             if got != expected:
-                error = CorruptCheckpointError(
-                    f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {expected}"
+                raise CorruptChunkError(
+                    f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {expected}", index
                 )
-                error.chunk = index
-                raise error
         return value
 
     def _check_aligned(self, base: torch.Tensor, offsets: np.ndarray) -> None:
@@ -464,7 +462,7 @@ class _NvcompCodec(Codec):
 
     def _find_corrupt(
         self, device: torch.device, chunks: list[torch.Tensor], raw_sizes: list[int]
-    ) -> CorruptCheckpointError | None:
+    ) -> CorruptChunkError | None:
         """After a failed batch, decode chunk by chunk to name the bad one (None: none fails alone)."""
         for index, (chunk, raw_size) in enumerate(zip(chunks, raw_sizes)):
             try:
@@ -472,15 +470,11 @@ class _NvcompCodec(Codec):
             except torch.OutOfMemoryError:
                 raise
             except (RuntimeError, ValueError) as exc:
-                error = CorruptCheckpointError(f"{self.codec_id} chunk {index} does not decode on the GPU: {exc}")
-            else:
-                if got == raw_size:
-                    continue
-                error = CorruptCheckpointError(
-                    f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {raw_size}"
+                return CorruptChunkError(f"{self.codec_id} chunk {index} does not decode on the GPU: {exc}", index)
+            if got != raw_size:
+                return CorruptChunkError(
+                    f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {raw_size}", index
                 )
-            error.chunk = index
-            return error
         return None
 
     def _require_nvcomp(self) -> None:

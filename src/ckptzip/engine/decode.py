@@ -19,7 +19,7 @@ import numpy.typing as npt
 import torch
 
 from ..checksum import MASK64
-from ..errors import CkptzipError, CorruptCheckpointError
+from ..errors import CkptzipError, CorruptCheckpointError, CorruptChunkError
 from ..format import TensorEntry
 from ..kernels import distinct, to_device
 from ..kernels.planes import PLANE_ALIGN, merge_planes
@@ -196,8 +196,7 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
                                           np.zeros(1, np.int64), raw[i : i + 1])
                     decoded[int(dst[i]) : int(dst[i]) + int(raw[i])].copy_(tmp)
         except CorruptCheckpointError as exc:
-            index = getattr(exc, "chunk", None)
-            what = (_name(entries, streams, chunks, int(c_sel[m[index]])) if index is not None
+            what = (_name(entries, streams, chunks, int(c_sel[m[exc.chunk]])) if isinstance(exc, CorruptChunkError)
                     else f"tensors {sorted({entries[t].name for t, _ in streams})}")
             raise CorruptCheckpointError(f"{what}: {exc}") from exc
     return decoded, stream_at
