@@ -246,7 +246,7 @@ def test_the_library_is_found_in_the_environment_variable(monkeypatch: pytest.Mo
 def test_a_gpu_auto_file_codes_planes_with_huffman_only_gdeflate_in_chunks_a_cpu_decodes() -> None:
     assert policy._PRESET_CODECS[("auto", "cuda")] == {"id": "gdeflate", "algorithm_type": 0}
     assert policy._PRESET_CODECS[("fast", "cuda")]["id"] == "ans"
-    assert policy.chunk_bytes("gdeflate", "cpu") <= gdeflate_cpu.MAX_ENCODE_CHUNK
+    assert policy.chunk_bytes("gdeflate", "cpu") <= gdeflate_cpu.GdeflateCpuCodec.max_chunk_bytes
     assert policy.chunk_bytes("gdeflate", "cuda") <= gdeflate_cpu.MAX_DECODE_CHUNK
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import sys
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -20,6 +21,10 @@ class Codec(abc.ABC):
 
     codec_id: ClassVar[str]
     backend: ClassVar[str]
+    # The largest raw chunk it encodes (nvCOMP's formats have limits; most CPU codecs none of their own).
+    max_chunk_bytes: ClassVar[int] = sys.maxsize
+    # Address alignment of every chunk it reads and writes (nvCOMP's need for in-place batches).
+    alignment: ClassVar[int] = 1
 
     @abc.abstractmethod
     def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -28,7 +28,6 @@ from ._threads import codec_thread_count, parallel_map
 from .base import Codec
 from .registry import declare, mark_unavailable, register
 
-MAX_ENCODE_CHUNK = 1 << 16  # nvcompGdeflateCPUCompressionMaxAllowedChunkSize
 MAX_DECODE_CHUNK = 1 << 31  # the largest chunk nvCOMP's GPU encoder writes
 LEVEL = 1  # fastest level that codes (0 stores); on exponent planes within 10 % of level 12's ratio at 20x its speed
 ALGORITHM_TYPES = range(6)
@@ -66,6 +65,7 @@ class GdeflateCpuCodec(Codec):
 
     codec_id = "gdeflate"
     backend = "cpu"
+    max_chunk_bytes = 1 << 16  # nvcompGdeflateCPUCompressionMaxAllowedChunkSize (decoding: MAX_DECODE_CHUNK)
 
     def __init__(self, algorithm_type: int = 1) -> None:
         if type(algorithm_type) is not int or algorithm_type not in ALGORITHM_TYPES:
@@ -104,9 +104,9 @@ class GdeflateCpuCodec(Codec):
         _check_bounds("source", base, offsets, lengths)
         if not lengths.size:
             return torch.empty(0, dtype=torch.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        if (lengths <= 0).any() or (lengths > MAX_ENCODE_CHUNK).any():
-            index = int(np.argmax((lengths <= 0) | (lengths > MAX_ENCODE_CHUNK)))
-            raise ValueError(f"gdeflate (cpu) encodes chunks of 1 to {MAX_ENCODE_CHUNK} bytes; "
+        if (lengths <= 0).any() or (lengths > self.max_chunk_bytes).any():
+            index = int(np.argmax((lengths <= 0) | (lengths > self.max_chunk_bytes)))
+            raise ValueError(f"gdeflate (cpu) encodes chunks of 1 to {self.max_chunk_bytes} bytes; "
                              f"chunk {index} has {int(lengths[index])}")
         largest = int(lengths.max())
         slot = self._lib.max_output(largest)

@@ -42,20 +42,6 @@ from .registry import declare, mark_unavailable, register
 _MIN_NVCOMP_MAJOR = 6
 _INSTALL_HINT = "pip install {}ckptzip[gpu], or ckptzip[gpu-cu13] for CUDA 13"
 
-# Largest chunk each format accepts (nvCOMP 6.0 headers, nvcomp<Format>CompressionMaxAllowedChunkSize).
-# zstd allows 2 GiB - 1; ckptzip caps it at 1 GiB so the chunk size it configures is a power of two.
-MAX_CHUNK_BYTES: dict[str, int] = {
-    "zstd": 1 << 30,
-    "deflate": 1 << 31,
-    "gdeflate": 1 << 31,
-    "lz4": 1 << 24,
-    "ans": 1 << 24,
-    "bitcomp": 1 << 24,
-    "cascaded": 1 << 24,
-}
-# Address alignment nvCOMP needs for every input and output chunk: the larger of the format's
-# compression and decompression requirements (nvcomp<Format>Required*Alignment, nvCOMP 6.0).
-_ALIGNMENT = {"zstd": 8, "deflate": 8, "gdeflate": 8, "lz4": 4, "ans": 16, "bitcomp": 8, "cascaded": 8}
 _ITEMSIZE = {"|u1": 1, "<u2": 2, "<u4": 4, "<f2": 2, "<f4": 4}
 _MIN_CHUNK_CAPACITY = 1 << 16
 _SLOT_ALIGN = 256  # output slots of encode_segments start at multiples of this  # nvCOMP's default uncomp_chunk_size
@@ -275,8 +261,10 @@ class _NvcompCodec(Codec):
 
     backend: ClassVar[str] = "cuda"
     algorithm: ClassVar[str]  # nvCOMP's algorithm name
-    max_chunk_bytes: ClassVar[int]
-    alignment: ClassVar[int]
+    # Each format declares its own (nvCOMP 6.0 headers): max_chunk_bytes, the largest chunk it
+    # accepts (nvcomp<Format>CompressionMaxAllowedChunkSize); alignment, the larger of its
+    # compression and decompression alignment for every input and output chunk
+    # (nvcomp<Format>Required*Alignment).
     option_names: ClassVar[tuple[str, ...]] = ()
     # Whether each chunk's stream declares its decoded size (zstd frames do): then decode checks it.
     sizes_in_stream: ClassVar[bool] = False
@@ -284,11 +272,6 @@ class _NvcompCodec(Codec):
     cpu_encoder_options: ClassVar[frozenset[str]] = frozenset()
 
     _options: dict[str, Any]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.max_chunk_bytes = MAX_CHUNK_BYTES[cls.codec_id]
-        cls.alignment = _ALIGNMENT[cls.codec_id]
 
     def __init__(self) -> None:
         self._options = {}
@@ -523,6 +506,8 @@ class NvcompZstdCodec(_NvcompCodec):
 
     codec_id = "zstd"
     algorithm = "Zstd"
+    max_chunk_bytes = 1 << 30  # 2 GiB - 1 allowed; capped so the chunk capacity configured is a power of two
+    alignment = 8
     sizes_in_stream = True
     cpu_encoder_options = frozenset({"level", "long_matches_only"})
 
@@ -535,6 +520,8 @@ class NvcompDeflateCodec(_NvcompCodec):
 
     codec_id = "deflate"
     algorithm = "Deflate"
+    max_chunk_bytes = 1 << 31
+    alignment = 8
     option_names = ("algorithm_type",)
     cpu_encoder_options = frozenset({"level"})
 
@@ -547,6 +534,8 @@ class NvcompLz4Codec(_NvcompCodec):
 
     codec_id = "lz4"
     algorithm = "LZ4"
+    max_chunk_bytes = 1 << 24
+    alignment = 4
 
 
 class NvcompAnsCodec(_NvcompCodec):
@@ -557,6 +546,8 @@ class NvcompAnsCodec(_NvcompCodec):
 
     codec_id = "ans"
     algorithm = "ANS"
+    max_chunk_bytes = 1 << 24
+    alignment = 16
     option_names = ("data_type",)
 
     def __init__(self, data_type: str = "|u1") -> None:
@@ -571,6 +562,8 @@ class NvcompBitcompCodec(_NvcompCodec):
 
     codec_id = "bitcomp"
     algorithm = "Bitcomp"
+    max_chunk_bytes = 1 << 24
+    alignment = 8
     option_names = ("algorithm_type", "data_type")
 
     def __init__(self, algorithm_type: int = 0, data_type: str = "|u1") -> None:
@@ -588,6 +581,8 @@ class NvcompGdeflateCodec(_NvcompCodec):
 
     codec_id = "gdeflate"
     algorithm = "GDeflate"
+    max_chunk_bytes = 1 << 31
+    alignment = 8
     option_names = ("algorithm_type",)
 
     def __init__(self, algorithm_type: int = 1) -> None:
@@ -602,6 +597,8 @@ class NvcompCascadedCodec(_NvcompCodec):
 
     codec_id = "cascaded"
     algorithm = "Cascaded"
+    max_chunk_bytes = 1 << 24
+    alignment = 8
     option_names = ("data_type",)
 
     def __init__(self, data_type: str = "|u1") -> None:

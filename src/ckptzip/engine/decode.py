@@ -185,7 +185,7 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
             codec = codec_for(codecs[s], backend)
         except CkptzipError as exc:
             raise type(exc)(f"tensor {entries[t].name!r} stream {j}: {exc}") from exc
-        aligned = (decoded.data_ptr() + dst[m]) % getattr(codec, "alignment", 1) == 0
+        aligned = (decoded.data_ptr() + dst[m]) % codec.alignment == 0
         try:
             if aligned.all():
                 codec.decode_segments(src, src_offsets[m], chunks.length[c_sel][m], decoded, dst[m], raw[m])
