@@ -14,6 +14,7 @@ import ckptzip
 from ckptzip import CodecUnavailableError
 from ckptzip.codecs import _gdeflate_lib, get_codec, gpu_first_ids, gpu_only_ids, has_codec, registry
 from ckptzip.codecs import gdeflate_cpu
+from ckptzip.codecs.nvcomp import NvcompGdeflateCodec
 from ckptzip.engine import policy
 from ckptzip.errors import CorruptChunkError
 from golden_state import golden_state
@@ -246,8 +247,9 @@ def test_the_library_is_found_in_the_environment_variable(monkeypatch: pytest.Mo
 def test_a_gpu_auto_file_codes_planes_with_huffman_only_gdeflate_in_chunks_a_cpu_decodes() -> None:
     assert policy._PRESET_CODECS[("auto", "cuda")] == {"id": "gdeflate", "algorithm_type": 0}
     assert policy._PRESET_CODECS[("fast", "cuda")]["id"] == "ans"
-    assert policy.chunk_bytes("gdeflate", "cpu") <= gdeflate_cpu.GdeflateCpuCodec.max_chunk_bytes
-    assert policy.chunk_bytes("gdeflate", "cuda") <= gdeflate_cpu.MAX_DECODE_CHUNK
+    assert gdeflate_cpu.GdeflateCpuCodec.chunk_bytes <= gdeflate_cpu.GdeflateCpuCodec.max_chunk_bytes
+    auto = policy.Policy.parse("auto")
+    assert auto.chunk_bytes_for(NvcompGdeflateCodec(algorithm_type=0)) <= gdeflate_cpu.MAX_DECODE_CHUNK
 
 
 @needs_library

@@ -21,6 +21,9 @@ class Codec(abc.ABC):
 
     codec_id: ClassVar[str]
     backend: ClassVar[str]
+    # The stored chunk size it is used with unless a Policy sets one (a multiple of 256): large
+    # enough for the entropy coders' tables and a GPU's parallelism, small enough for the decoders.
+    chunk_bytes: ClassVar[int] = 256 << 10
     # The largest raw chunk it encodes (nvCOMP's formats have limits; most CPU codecs none of their own).
     max_chunk_bytes: ClassVar[int] = sys.maxsize
     # Address alignment of every chunk it reads and writes (nvCOMP's need for in-place batches).

@@ -118,6 +118,7 @@ class RawCodec(Codec):
 
     codec_id = "raw"
     backend = "cpu"
+    chunk_bytes = 16 << 20
 
     def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return list(chunks)
@@ -162,6 +163,7 @@ class ZstdCodec(_CpuCodec):
     """Zstandard frames via python-zstandard; interchangeable with nvCOMP zstd (raw bitstream)."""
 
     codec_id = "zstd"
+    chunk_bytes = 1 << 20
 
     def __init__(self, level: int = 3, long_matches_only: bool = False) -> None:
         if not isinstance(level, int) or not -7 <= level <= 22:

@@ -66,6 +66,7 @@ class GdeflateCpuCodec(Codec):
     codec_id = "gdeflate"
     backend = "cpu"
     max_chunk_bytes = 1 << 16  # nvcompGdeflateCPUCompressionMaxAllowedChunkSize (decoding: MAX_DECODE_CHUNK)
+    chunk_bytes = max_chunk_bytes
 
     def __init__(self, algorithm_type: int = 1) -> None:
         if type(algorithm_type) is not int or algorithm_type not in ALGORITHM_TYPES:

@@ -506,6 +506,7 @@ class NvcompZstdCodec(_NvcompCodec):
 
     codec_id = "zstd"
     algorithm = "Zstd"
+    chunk_bytes = 256 << 10  # larger chunks slow nvCOMP's zstd decoder
     max_chunk_bytes = 1 << 30  # 2 GiB - 1 allowed; capped so the chunk capacity configured is a power of two
     alignment = 8
     sizes_in_stream = True
@@ -546,6 +547,7 @@ class NvcompAnsCodec(_NvcompCodec):
 
     codec_id = "ans"
     algorithm = "ANS"
+    chunk_bytes = 1 << 20
     max_chunk_bytes = 1 << 24
     alignment = 16
     option_names = ("data_type",)
@@ -562,6 +564,7 @@ class NvcompBitcompCodec(_NvcompCodec):
 
     codec_id = "bitcomp"
     algorithm = "Bitcomp"
+    chunk_bytes = 1 << 20
     max_chunk_bytes = 1 << 24
     alignment = 8
     option_names = ("algorithm_type", "data_type")
@@ -581,6 +584,9 @@ class NvcompGdeflateCodec(_NvcompCodec):
 
     codec_id = "gdeflate"
     algorithm = "GDeflate"
+    # On an H200 (exponent-like plane, Huffman only): 256 KiB chunks encode at 118 GB/s against 93
+    # at 64 KiB and 73 at 1 MiB, at the best ratio of the three. CPU gdeflate decodes any size.
+    chunk_bytes = 256 << 10
     max_chunk_bytes = 1 << 31
     alignment = 8
     option_names = ("algorithm_type",)

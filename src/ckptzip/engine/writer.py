@@ -128,7 +128,7 @@ def _in_ranges(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes:
         configs = stream_codecs(tensor_bytes(tensor), tensor, streams, policy, key.backend)
         parts = ranges(tensor, streams, range_bytes)
         for n, (j, a, b) in enumerate(parts):
-            yield [0], encode_part(tensor, streams, j, a, b, configs[j], key.backend, n == len(parts) - 1)
+            yield [0], encode_part(tensor, streams, j, a, b, configs[j], policy, key.backend, n == len(parts) - 1)
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
