@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 import numpy as np
 import torch
 
+from ..checksum import format_wsum64
 from ..codecs._threads import codec_threads
 from ..errors import GpuMemoryError
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
@@ -42,7 +43,6 @@ BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
 SAVE_WORKING_SETS = 6
 WRITEBACK_BYTES = 64 << 20
 T = TypeVar("T")
-_MASK64 = (1 << 64) - 1
 _LOG = logging.getLogger("ckptzip")
 
 
@@ -362,7 +362,7 @@ class _Sink(_InOrder[_Job]):
                 dtype=DTYPE_NAMES[tensor.dtype],
                 shape=tensor.shape,
                 nbytes=tensor.nbytes,
-                checksum=f"wsum64:{int(checksums[t]) & _MASK64:016x}",
+                checksum=format_wsum64(int(checksums[t])),
                 transforms=batch.transforms[t],
                 streams=streams,
                 device=tensor.device,
