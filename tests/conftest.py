@@ -1,5 +1,5 @@
 """Test configuration: GPU tests skip without CUDA; JAX and TensorFlow do not preallocate GPU
-memory; processes the tests start import what the tests do; a fixture shrinks chunk sizes.
+memory; processes the tests start import what the tests do.
 
 Markers (gpu, slow) and warning filters live in pyproject.toml; nothing here overrides them.
 """
@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckptzip.engine import policy
-
 # One process runs Triton (the engine's GPU kernels, the interpreter tests, torch's own imports of
 # it through transformers) and TensorFlow, whose LLVM command-line options clash with Triton's
 # when TensorFlow's are registered first ("LLVM ERROR: inconsistency in registered CommandLine
@@ -27,8 +25,6 @@ with contextlib.suppress(ImportError):
 # imported after TensorFlow, which test_integration_tf.py imports at collection: it goes first too.
 with contextlib.suppress(ImportError):
     import zipnn  # noqa: F401
-
-SMALL_CHUNK_BYTES = 1000
 
 # JAX and TensorFlow share the test process's GPUs with torch: they take device memory as they
 # need it, not most of every GPU when they start (JAX starts at collection, for its skip marks).
@@ -50,11 +46,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-@pytest.fixture
-def small_chunks(monkeypatch: pytest.MonkeyPatch) -> int:
-    """Make every codec use chunks of SMALL_CHUNK_BYTES, so small tensors span many chunks."""
-    monkeypatch.setattr(policy, "CHUNK_BYTES", dict.fromkeys(policy.CHUNK_BYTES, SMALL_CHUNK_BYTES))
-    monkeypatch.setattr(policy, "DEFAULT_CHUNK_BYTES", SMALL_CHUNK_BYTES)
-    return SMALL_CHUNK_BYTES

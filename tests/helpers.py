@@ -20,6 +20,7 @@ import torch
 import xxhash
 
 import ckptzip
+from ckptzip.engine.policy import Policy
 
 PREAMBLE = struct.Struct("<8sHHI")  # magic, major, minor, flags
 TRAILER = struct.Struct("<QQQ8s")  # index_offset, index_length, index_hash, end magic
@@ -212,6 +213,14 @@ def _assert_same_dict(got: Any, want: dict, where: str, *, key_order: bool, dict
 
 
 # --- saving and loading ----------------------------------------------------------------------
+
+
+SMALL_CHUNK_BYTES = 1000
+
+
+def small_chunks(codec: str = "auto") -> Policy:
+    """``codec`` with stored chunks of SMALL_CHUNK_BYTES, so small tensors span many chunks."""
+    return Policy(codec, chunk_bytes=SMALL_CHUNK_BYTES)
 
 
 def save_bytes(obj: Any, **kwargs: Any) -> bytes:

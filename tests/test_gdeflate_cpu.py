@@ -11,10 +11,12 @@ import pytest
 import torch
 
 import ckptzip
-from ckptzip import CodecUnavailableError, CorruptCheckpointError
+from ckptzip import CodecUnavailableError
 from ckptzip.codecs import _gdeflate_lib, get_codec, gpu_first_ids, gpu_only_ids, has_codec, registry
 from ckptzip.codecs import gdeflate_cpu
+from ckptzip.codecs.nvcomp import NvcompGdeflateCodec
 from ckptzip.engine import policy
+from ckptzip.errors import CorruptChunkError
 from golden_state import golden_state
 from helpers import assert_same
 
@@ -109,7 +111,7 @@ def test_a_damaged_chunk_is_named() -> None:
     chunks = [_data(n, "bf16") for n in (4096, 65536, 4096)]
     coded = [c.clone() for c in codec.encode(chunks)]
     coded[1][40:400] = 0xFF
-    with pytest.raises(CorruptCheckpointError, match="gdeflate chunk 1 does not decode on the CPU") as info:
+    with pytest.raises(CorruptChunkError, match="gdeflate chunk 1 does not decode on the CPU") as info:
         codec.decode(coded, [4096, 65536, 4096])
     assert info.value.chunk == 1
 
@@ -128,7 +130,7 @@ def test_a_chunk_of_another_size_is_named(raw: int, match: str) -> None:
     lengths = np.array([c.numel() for c in coded])
     raw_lengths = np.array([4096, 4096, raw])
     dst = torch.empty(int(raw_lengths.sum()), dtype=torch.uint8)
-    with pytest.raises(CorruptCheckpointError, match=match) as info:
+    with pytest.raises(CorruptChunkError, match=match) as info:
         codec.decode_segments(src, np.cumsum(lengths) - lengths, lengths, dst, np.cumsum(raw_lengths) - raw_lengths,
                               raw_lengths)
     assert info.value.chunk == 2
@@ -138,7 +140,7 @@ def test_a_chunk_of_another_size_is_named(raw: int, match: str) -> None:
 def test_an_empty_stored_chunk_is_named() -> None:
     codec = _codec()
     coded = codec.encode([_data(100, "bf16")])
-    with pytest.raises(CorruptCheckpointError, match="gdeflate chunk 1 is empty") as info:
+    with pytest.raises(CorruptChunkError, match="gdeflate chunk 1 is empty") as info:
         codec.decode([coded[0], torch.empty(0, dtype=torch.uint8)], [100, 100])
     assert info.value.chunk == 1
 
@@ -151,7 +153,7 @@ def test_garbage_never_crashes_and_is_named() -> None:
         junk = torch.from_numpy(rng.integers(0, 256, int(rng.integers(1, 2000)), dtype=np.uint8))
         try:
             (got,) = codec.decode([junk], [65536])
-        except CorruptCheckpointError as exc:
+        except CorruptChunkError as exc:
             assert exc.chunk == 0
         else:
             assert got.numel() == 65536
@@ -245,8 +247,9 @@ def test_the_library_is_found_in_the_environment_variable(monkeypatch: pytest.Mo
 def test_a_gpu_auto_file_codes_planes_with_huffman_only_gdeflate_in_chunks_a_cpu_decodes() -> None:
     assert policy._PRESET_CODECS[("auto", "cuda")] == {"id": "gdeflate", "algorithm_type": 0}
     assert policy._PRESET_CODECS[("fast", "cuda")]["id"] == "ans"
-    assert policy.chunk_bytes("gdeflate", "cpu") <= gdeflate_cpu.MAX_ENCODE_CHUNK
-    assert policy.chunk_bytes("gdeflate", "cuda") <= gdeflate_cpu.MAX_DECODE_CHUNK
+    assert gdeflate_cpu.GdeflateCpuCodec.chunk_bytes <= gdeflate_cpu.GdeflateCpuCodec.max_chunk_bytes
+    auto = policy.Policy.parse("auto")
+    assert auto.chunk_bytes_for(NvcompGdeflateCodec(algorithm_type=0)) <= gdeflate_cpu.MAX_DECODE_CHUNK
 
 
 @needs_library

@@ -25,6 +25,8 @@ from helpers import (
     random_tensor,
     roundtrip,
     save_bytes,
+    SMALL_CHUNK_BYTES,
+    small_chunks,
     small_model,
     tensor_from_bytes,
     train_steps,
@@ -190,21 +192,21 @@ def test_parameters_and_grad_tensors_load_as_plain_tensors() -> None:
 
 
 @pytest.mark.parametrize("codec", CODECS)
-def test_tensors_spanning_many_chunks(small_chunks: int, codec: str) -> None:
+def test_tensors_spanning_many_chunks(codec: str) -> None:
     smooth = torch.linspace(-1, 1, 5000, dtype=torch.float32)  # compressible exponent plane
     obj = {
         "smooth": smooth,
         "random": random_tensor(torch.float64, (1001,), seed=5),
         "ints": torch.arange(3333, dtype=torch.int32) % 17,
-        "exact": torch.zeros(small_chunks, dtype=torch.uint8),  # exactly one chunk
-        "one_more": torch.ones(small_chunks + 1, dtype=torch.uint8),
+        "exact": torch.zeros(SMALL_CHUNK_BYTES, dtype=torch.uint8),  # exactly one chunk
+        "one_more": torch.ones(SMALL_CHUNK_BYTES + 1, dtype=torch.uint8),
     }
-    data = save_bytes(obj, codec=codec)
+    data = save_bytes(obj, codec=small_chunks(codec))
     with ckptzip.open(io.BytesIO(data)) as reader:
         entries = {e.name: e for e in reader.entries()}
     for entry in entries.values():
         for stream in entry.streams:
-            assert all(c.raw_length <= small_chunks for c in stream.chunks)
+            assert all(c.raw_length <= SMALL_CHUNK_BYTES for c in stream.chunks)
             assert sum(c.raw_length for c in stream.chunks) == stream.nbytes
     assert len(entries["random"].streams[0].chunks) > 1
     assert len(entries["exact"].streams[0].chunks) == 1

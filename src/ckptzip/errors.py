@@ -14,8 +14,14 @@ class CkptzipError(Exception):
 class CorruptCheckpointError(CkptzipError, ValueError):
     """A file or buffer is damaged: bad magic, bad checksum, bad structure, truncation."""
 
-    #: Where a codec knows it: the position of the damaged chunk among those of one decode call.
-    chunk: int | None = None
+
+class CorruptChunkError(CorruptCheckpointError):
+    """A codec's chunk does not decode; ``chunk`` is its position among those of one decode call
+    (the engine names the tensor, stream and chunk from it)."""
+
+    def __init__(self, message: str, chunk: int) -> None:
+        super().__init__(message)
+        self.chunk = chunk
 
 
 class UnsupportedFormatError(CkptzipError, ValueError):

@@ -20,6 +20,7 @@ from ckptzip.codecs import cpu as cpu_module
 from ckptzip.codecs.cpu import ZstdCodec
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
+from ckptzip.errors import CorruptChunkError
 
 
 def _u8(data: bytes) -> torch.Tensor:
@@ -335,7 +336,7 @@ def test_a_damaged_chunk_in_a_zstd_batch_is_named(damage: str) -> None:
     else:
         raw[5] -= 1
     dst = torch.empty(int(raw.sum()), dtype=torch.uint8)
-    with pytest.raises(CorruptCheckpointError, match="zstd ") as info:
+    with pytest.raises(CorruptChunkError, match="zstd ") as info:
         codec.decode_segments(out, out_offsets, out_lengths, dst, np.cumsum(raw) - raw, raw)
     assert info.value.chunk == 5
 

@@ -12,12 +12,13 @@ import io
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, random_tensor
+from helpers import assert_same, random_tensor, small_chunks
 
 import ckptzip
 from ckptzip.checksum import wsum64_array
-from ckptzip.codecs import has_codec
+from ckptzip.codecs import get_codec, has_codec
 from ckptzip.codecs.cpu import ZstdCodec
+from ckptzip.codecs.nvcomp import NvcompLz4Codec, NvcompZstdCodec
 from ckptzip.engine import memory as engine_memory
 from ckptzip.engine import parts as engine_parts
 from ckptzip.engine import reader as engine_reader
@@ -25,6 +26,7 @@ from ckptzip.engine import writer as engine_writer
 from ckptzip.engine.decode import Runs, decode_batch
 from ckptzip.engine.encode import _trial, encode_batch
 from ckptzip.engine.policy import Policy
+from ckptzip.errors import UsageError
 from ckptzip.kernels import distinct
 from ckptzip.kernels import planes as planes_module
 from ckptzip.kernels.planes import merge_planes, plane_layout, split_planes
@@ -247,8 +249,8 @@ def test_a_decode_budget_refuses_a_small_file_declaring_much(tmp_path) -> None: 
 
 
 @pytest.mark.parametrize("device", _devices())
-def test_a_tensor_larger_than_a_slice_decodes_in_parts_into_its_output(device: str, monkeypatch: pytest.MonkeyPatch,
-                                                                        small_chunks: int) -> None:
+def test_a_tensor_larger_than_a_slice_decodes_in_parts_into_its_output(device: str, monkeypatch: pytest.MonkeyPatch
+                                                                        ) -> None:
     monkeypatch.setattr(engine_reader, "CPU_SLICE_BYTES", 16 << 10)
     monkeypatch.setattr(engine_reader, "BATCH_BYTES", {"cuda": 16 << 10, "cpu": 8 << 20})  # GPU slices: a batch
     monkeypatch.setattr(engine_memory, "_MIN_BATCH", 1 << 10)
@@ -258,7 +260,7 @@ def test_a_tensor_larger_than_a_slice_decodes_in_parts_into_its_output(device: s
     g = torch.Generator().manual_seed(4)
     state = {"big": (torch.randn(50_000, generator=g) * 0.02).to(device), "small": torch.arange(10).to(device)}
     buf = io.BytesIO()
-    ckptzip.save(state, buf)
+    ckptzip.save(state, buf, codec=small_chunks())
     assert_same(ckptzip.load(buf.getvalue(), map_location=device), state)
     assert any(p is not None and len(p) > 5 for p in parts)
     data = bytearray(buf.getvalue())
@@ -354,7 +356,8 @@ def test_the_cpu_planner_keeps_the_candidate_that_codes_a_sample_smallest(monkey
     candidates = [{"id": "zstd", "level": 1, "long_matches_only": True}, {"id": "zstd", "level": 1},
                   {"id": "zstd", "level": 3}]
     coded = _counting_zstd(monkeypatch)
-    picks, whole = _trial(np.arange(3), [base], np.zeros(3, np.int64), offsets, sizes, candidates, 1 << 15, "cpu")
+    picks, whole = _trial(np.arange(3), [base], np.zeros(3, np.int64), offsets, sizes, candidates, 1 << 15,
+                          Policy.parse("auto"), "cpu")
     assert picks == [candidates[2], candidates[0], {"id": "raw"}]
     assert whole == {}  # samples of part of a stream are not what the stream stores
     # level 3 (the slowest) coded only the sample where level 1 beat the long-matches-only coding
@@ -362,6 +365,20 @@ def test_the_cpu_planner_keeps_the_candidate_that_codes_a_sample_smallest(monkey
     for preset in ("auto", "portable"):
         assert Policy.parse(preset).plane_candidates("cpu") == candidates
     assert Policy.parse("fast").plane_candidates("cpu") == candidates[:1]
+
+
+def test_a_policy_stores_each_codec_in_chunks_of_its_own_size_unless_it_sets_one() -> None:
+    codecs = [get_codec("zstd", "cpu"), NvcompZstdCodec(), get_codec("raw", "cuda")]
+    assert [Policy.parse("auto").chunk_bytes_for(c) for c in codecs] == [1 << 20, 256 << 10, 16 << 20]
+    small = Policy("auto", chunk_bytes=1000)
+    assert [small.chunk_bytes_for(c) for c in codecs] == [1000, 1024, 1024]  # GPU: multiples of 256
+    assert Policy("lz4", chunk_bytes=1 << 28).chunk_bytes_for(NvcompLz4Codec()) == 1 << 24  # at most what it takes
+    configs = [{"id": "zstd", "level": 1}, {"id": "raw"}, {"id": "zstd", "level": 3}]
+    assert Policy.parse("auto").chunk_sizes(configs, "cpu").tolist() == [1 << 20, 16 << 20, 1 << 20]
+    assert small.chunk_sizes(configs, "cpu").tolist() == [1000] * 3
+    for bad in (0, (1 << 28) + 1, 1.5, True):
+        with pytest.raises(UsageError, match=rf"^chunk_bytes={bad!r}: stored chunks hold 1 to 268435456 bytes$"):
+            Policy("auto", chunk_bytes=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("preset", ["auto", "portable", "fast"])

@@ -26,6 +26,7 @@ from helpers import (
     rewrite_index,
     rewrite_raw_index,
     save_bytes,
+    small_chunks,
     with_preamble,
 )
 
@@ -54,11 +55,10 @@ def small_file() -> bytes:
 
 
 @pytest.fixture
-def chunked_file(small_chunks: int) -> bytes:
+def chunked_file() -> bytes:
     """Tensors over several chunks: 'w' (zstd, 12 chunks), 'noise' (raw, 2 chunks)."""
-    return save_bytes(
-        {"w": torch.zeros(3000), "noise": random_tensor(torch.uint8, (1500,), seed=4), "n": 1}, codec="zstd"
-    )
+    obj = {"w": torch.zeros(3000), "noise": random_tensor(torch.uint8, (1500,), seed=4), "n": 1}
+    return save_bytes(obj, codec=small_chunks("zstd"))
 
 
 def _chunk_at(parts: CkzParts, position: int) -> tuple[str, int, int] | None:

@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 import torch
 import zstandard
-from helpers import CkzParts, assert_same, load_bytes, random_tensor, save_bytes, with_preamble
+from helpers import CkzParts, assert_same, load_bytes, random_tensor, save_bytes, small_chunks, with_preamble
 
 from ckptzip import CkptzipError
-from ckptzip.engine import policy
 
 CASE_TIMEOUT_S = 10.0
 
@@ -63,14 +62,11 @@ def _objects() -> list[tuple[dict[str, Any], str]]:
 
 @pytest.fixture(scope="module")
 def bases() -> list[tuple[bytes, Any]]:
-    """Valid files (several codecs, chunks of 1000 bytes so tensors span chunks) and their objects."""
+    """Valid files (several codecs, chunks of SMALL_CHUNK_BYTES so tensors span chunks) and their objects."""
     out = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(policy, "CHUNK_BYTES", dict.fromkeys(policy.CHUNK_BYTES, 1000))
-        mp.setattr(policy, "DEFAULT_CHUNK_BYTES", 1000)
-        for obj, codec in _objects():
-            data = save_bytes(obj, codec=codec)
-            out.append((data, load_bytes(data)))
+    for obj, codec in _objects():
+        data = save_bytes(obj, codec=small_chunks(codec))
+        out.append((data, load_bytes(data)))
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import sys
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -20,6 +21,13 @@ class Codec(abc.ABC):
 
     codec_id: ClassVar[str]
     backend: ClassVar[str]
+    # The stored chunk size it is used with unless a Policy sets one (a multiple of 256): large
+    # enough for the entropy coders' tables and a GPU's parallelism, small enough for the decoders.
+    chunk_bytes: ClassVar[int] = 256 << 10
+    # The largest raw chunk it encodes (nvCOMP's formats have limits; most CPU codecs none of their own).
+    max_chunk_bytes: ClassVar[int] = sys.maxsize
+    # Address alignment of every chunk it reads and writes (nvCOMP's need for in-place batches).
+    alignment: ClassVar[int] = 1
 
     @abc.abstractmethod
     def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -43,7 +51,8 @@ class Codec(abc.ABC):
     def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
                         dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
         """Decompress chunk ``i`` of ``src`` into ``dst[dst_offsets[i]:]``, exactly ``raw_lengths[i]``
-        bytes; ``CorruptCheckpointError`` naming the chunk (its position ``i``) otherwise."""
+        bytes; ``CorruptCheckpointError`` otherwise, a ``CorruptChunkError`` where the codec knows the
+        chunk (its position ``i``)."""
         chunks = [src[o : o + n] for o, n in zip(src_offsets.tolist(), src_lengths.tolist())]
         for d, o, n in zip(self.decode(chunks, raw_lengths.tolist()), dst_offsets.tolist(), raw_lengths.tolist()):
             dst[o : o + n].copy_(d)

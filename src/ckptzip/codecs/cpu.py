@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import zstandard
 
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, CorruptChunkError
 from ._threads import MIN_PARALLEL_BYTES, codec_thread_count, parallel_map
 from .base import Codec
 from .registry import mark_unavailable, register
@@ -83,13 +83,12 @@ class _CpuCodec(Codec):
             o, n, d, raw = int(src_offsets[i]), int(src_lengths[i]), int(dst_offsets[i]), int(raw_lengths[i])
             try:
                 out = self._decode_one(source[o : o + n], raw)
-                if len(out) != raw:
-                    raise CorruptCheckpointError(f"{self.codec_id} data decoded to {len(out)} bytes, expected {raw}")
             except Exception as exc:  # each library has its own error type; name the chunk
-                error = exc if isinstance(exc, CorruptCheckpointError) else CorruptCheckpointError(
-                    f"{self.codec_id} data does not decode: {exc}")
-                error.chunk = i
-                raise error from exc
+                message = (str(exc) if isinstance(exc, CorruptCheckpointError)
+                           else f"{self.codec_id} data does not decode: {exc}")
+                raise CorruptChunkError(message, i) from exc
+            if len(out) != raw:
+                raise CorruptChunkError(f"{self.codec_id} data decoded to {len(out)} bytes, expected {raw}", i)
             target[d : d + raw] = np.frombuffer(out, dtype=np.uint8)
 
         parallel_map(run, range(len(raw_lengths)), int(raw_lengths.sum()))
@@ -119,6 +118,7 @@ class RawCodec(Codec):
 
     codec_id = "raw"
     backend = "cpu"
+    chunk_bytes = 16 << 20
 
     def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return list(chunks)
@@ -163,6 +163,7 @@ class ZstdCodec(_CpuCodec):
     """Zstandard frames via python-zstandard; interchangeable with nvCOMP zstd (raw bitstream)."""
 
     codec_id = "zstd"
+    chunk_bytes = 1 << 20
 
     def __init__(self, level: int = 3, long_matches_only: bool = False) -> None:
         if not isinstance(level, int) or not -7 <= level <= 22:

@@ -7,7 +7,7 @@ encoding takes chunks of at most 64 KiB (the CPU compressor's limit) at libdefla
 
 Untrusted input: every chunk decodes into exactly its declared raw size (the decoder's writes
 stay within it) and must fill it; a stream nvCOMP rejects, or one that decodes to another size,
-raises ``CorruptCheckpointError`` naming the chunk. Decoding is linear in the stored and raw
+raises ``CorruptChunkError`` naming the chunk. Decoding is linear in the stored and raw
 bytes. Empty chunks never reach the library (its compressor divides by the chunk size).
 
 The library loads on first use (:mod:`._gdeflate_lib`); where it cannot, the codec is
@@ -22,13 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CodecUnavailableError, CorruptCheckpointError
+from ..errors import CodecUnavailableError, CorruptChunkError
 from . import _gdeflate_lib
 from ._threads import codec_thread_count, parallel_map
 from .base import Codec
 from .registry import declare, mark_unavailable, register
 
-MAX_ENCODE_CHUNK = 1 << 16  # nvcompGdeflateCPUCompressionMaxAllowedChunkSize
 MAX_DECODE_CHUNK = 1 << 31  # the largest chunk nvCOMP's GPU encoder writes
 LEVEL = 1  # fastest level that codes (0 stores); on exponent planes within 10 % of level 12's ratio at 20x its speed
 ALGORITHM_TYPES = range(6)
@@ -57,10 +56,8 @@ def _check_bounds(what: str, tensor: torch.Tensor, offsets: np.ndarray, lengths:
         raise ValueError(f"gdeflate (cpu): a {what} chunk lies outside its buffer")
 
 
-def _corrupt(index: int, what: str) -> CorruptCheckpointError:
-    error = CorruptCheckpointError(f"gdeflate chunk {index} {what}")
-    error.chunk = index
-    return error
+def _corrupt(index: int, what: str) -> CorruptChunkError:
+    return CorruptChunkError(f"gdeflate chunk {index} {what}", index)
 
 
 class GdeflateCpuCodec(Codec):
@@ -68,6 +65,8 @@ class GdeflateCpuCodec(Codec):
 
     codec_id = "gdeflate"
     backend = "cpu"
+    max_chunk_bytes = 1 << 16  # nvcompGdeflateCPUCompressionMaxAllowedChunkSize (decoding: MAX_DECODE_CHUNK)
+    chunk_bytes = max_chunk_bytes
 
     def __init__(self, algorithm_type: int = 1) -> None:
         if type(algorithm_type) is not int or algorithm_type not in ALGORITHM_TYPES:
@@ -106,9 +105,9 @@ class GdeflateCpuCodec(Codec):
         _check_bounds("source", base, offsets, lengths)
         if not lengths.size:
             return torch.empty(0, dtype=torch.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        if (lengths <= 0).any() or (lengths > MAX_ENCODE_CHUNK).any():
-            index = int(np.argmax((lengths <= 0) | (lengths > MAX_ENCODE_CHUNK)))
-            raise ValueError(f"gdeflate (cpu) encodes chunks of 1 to {MAX_ENCODE_CHUNK} bytes; "
+        if (lengths <= 0).any() or (lengths > self.max_chunk_bytes).any():
+            index = int(np.argmax((lengths <= 0) | (lengths > self.max_chunk_bytes)))
+            raise ValueError(f"gdeflate (cpu) encodes chunks of 1 to {self.max_chunk_bytes} bytes; "
                              f"chunk {index} has {int(lengths[index])}")
         largest = int(lengths.max())
         slot = self._lib.max_output(largest)
@@ -149,7 +148,7 @@ class GdeflateCpuCodec(Codec):
     def _decode_group(self, group: np.ndarray, in_ptrs: np.ndarray, in_bytes: np.ndarray, out_ptrs: np.ndarray,
                       raw: np.ndarray) -> None:
         """Decode chunks ``group`` in one library call (``LibraryError`` where nvCOMP rejects one);
-        a chunk that decodes to another size than ``raw`` declares is a ``CorruptCheckpointError``."""
+        a chunk that decodes to another size than ``raw`` declares is a ``CorruptChunkError``."""
         got = self._lib.decompress(in_ptrs[group], in_bytes[group], out_ptrs[group], raw[group])
         short = got != raw[group].astype(np.uint64)
         if short.any():

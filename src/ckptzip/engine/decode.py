@@ -19,7 +19,7 @@ import numpy.typing as npt
 import torch
 
 from ..checksum import MASK64
-from ..errors import CkptzipError, CorruptCheckpointError
+from ..errors import CkptzipError, CorruptCheckpointError, CorruptChunkError
 from ..format import TensorEntry
 from ..kernels import distinct, to_device
 from ..kernels.planes import PLANE_ALIGN, merge_planes
@@ -185,7 +185,7 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
             codec = codec_for(codecs[s], backend)
         except CkptzipError as exc:
             raise type(exc)(f"tensor {entries[t].name!r} stream {j}: {exc}") from exc
-        aligned = (decoded.data_ptr() + dst[m]) % getattr(codec, "alignment", 1) == 0
+        aligned = (decoded.data_ptr() + dst[m]) % codec.alignment == 0
         try:
             if aligned.all():
                 codec.decode_segments(src, src_offsets[m], chunks.length[c_sel][m], decoded, dst[m], raw[m])
@@ -196,8 +196,7 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
                                           np.zeros(1, np.int64), raw[i : i + 1])
                     decoded[int(dst[i]) : int(dst[i]) + int(raw[i])].copy_(tmp)
         except CorruptCheckpointError as exc:
-            index = getattr(exc, "chunk", None)
-            what = (_name(entries, streams, chunks, int(c_sel[m[index]])) if index is not None
+            what = (_name(entries, streams, chunks, int(c_sel[m[exc.chunk]])) if isinstance(exc, CorruptChunkError)
                     else f"tensors {sorted({entries[t].name for t, _ in streams})}")
             raise CorruptCheckpointError(f"{what}: {exc}") from exc
     return decoded, stream_at

@@ -20,7 +20,7 @@ from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts
-from .policy import RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy, chunk_bytes, codec_for
+from .policy import RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy, codec_for
 
 
 @dataclass
@@ -146,7 +146,7 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
     coded, precoded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, hist, floating, bases, policy,
                                      backend)
     return _assemble(tensors, checksums, bases, s_tensor, s_base, s_offset, s_size, coded, precoded, plane_of,
-                     backend)
+                     policy, backend)
 
 
 def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
@@ -190,7 +190,7 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
     # where the plane codec shrinks them.
     for tried, options, sample in ((structured, candidates, STRUCTURED_TRIAL_BYTES), (random, candidates[:1], TRIAL_BYTES)):
         if tried:
-            picks, whole = _trial(np.array(tried), bases, s_base, s_offset, s_size, options, sample, backend)
+            picks, whole = _trial(np.array(tried), bases, s_base, s_offset, s_size, options, sample, policy, backend)
             for s, config in zip(tried, picks):
                 configs[s] = config
             precoded.update(whole)
@@ -205,7 +205,7 @@ def _plane_entropies(hist: torch.Tensor) -> np.ndarray:
 
 
 def _trial(streams: np.ndarray, bases: list[torch.Tensor], s_base: np.ndarray, s_offset: np.ndarray,
-           s_size: np.ndarray, candidates: list[dict[str, Any]], sample: int, backend: str
+           s_size: np.ndarray, candidates: list[dict[str, Any]], sample: int, policy: Policy, backend: str
            ) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
     """For each of ``streams``: the candidate that codes a sample from its middle (up to
     ``sample`` bytes) smallest, or RAW where none shrinks it by TRIAL_MIN_GAIN. One batched codec
@@ -235,26 +235,25 @@ def _trial(streams: np.ndarray, bases: list[torch.Tensor], s_base: np.ndarray, s
     picks = [candidates[b] if ok else RAW for b, ok in zip(best.tolist(), shrinks.tolist())]
     whole: dict[int, tuple[int, int, int]] = {}
     used: dict[int, int] = {}  # output buffer -> its index in bases
-    for i in np.flatnonzero(shrinks & (n == s_size[streams])).tolist():
-        if n[i] <= chunk_bytes(picks[i]["id"], backend):
-            buffer = int(where[0, best[i], i])
-            if buffer not in used:
-                used[buffer] = len(bases)
-                bases.append(outputs[buffer])
-            whole[int(streams[i])] = (used[buffer], int(where[1, best[i], i]), int(coded[best[i], i]))
+    one_chunk = (n == s_size[streams]) & (n <= policy.chunk_sizes(candidates, backend)[best])
+    for i in np.flatnonzero(shrinks & one_chunk).tolist():
+        buffer = int(where[0, best[i], i])
+        if buffer not in used:
+            used[buffer] = len(bases)
+            bases.append(outputs[buffer])
+        whole[int(streams[i])] = (used[buffer], int(where[1, best[i], i]), int(coded[best[i], i]))
     return picks, whole
 
 
 def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[torch.Tensor],
               s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
               configs: list[dict[str, Any]], precoded: dict[int, tuple[int, int, int]], plane_of: dict[int, int],
-              backend: str) -> EncodedBatch:
+              policy: Policy, backend: str) -> EncodedBatch:
     """Chunk every stream, code the coded ones (one call per codec and buffer; streams in
     ``precoded`` were coded by a trial, as one chunk), fall back to raw where coding did not
     shrink a stream, then gather all stored chunks in file order."""
     device = bases[0].device if bases else checksums.device
-    ids = [c["id"] for c in configs]
-    cb = np.array([chunk_bytes(i, backend) for i in ids], dtype=np.int64)
+    cb = policy.chunk_sizes(configs, backend)
     nchunks = -(-s_size // np.maximum(cb, 1))
     c_stream = np.repeat(np.arange(s_size.size), nchunks)
     within = np.arange(c_stream.size) - np.repeat(np.cumsum(nchunks) - nchunks, nchunks)

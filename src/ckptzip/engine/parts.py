@@ -19,10 +19,11 @@ from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
 from .encode import EncodedBatch, Part, StreamRecord, tensor_bytes
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, middle, plane_counts
-from .policy import RAW, SMALL_TENSOR_BYTES, Policy, chunk_bytes, codec_for
+from .policy import RAW, SMALL_TENSOR_BYTES, Policy, codec_for
 
-# Range boundaries fall on multiples of this many plane bytes: every codec's chunk size divides
-# it, so the ranges' chunks are the chunks a whole-tensor batch would have cut.
+# Range boundaries fall on multiples of this many plane bytes: every codec's own chunk size divides
+# it, so the ranges' chunks are the chunks a whole-tensor batch would have cut (a Policy's chunk
+# size that does not divide it leaves each range's last chunk short, in an equally valid file).
 RANGE_ALIGN = 16 << 20
 _SAMPLE_BYTES = 1 << 22
 
@@ -58,13 +59,13 @@ def stream_codecs(data: torch.Tensor, tensor: torch.Tensor, streams: int, policy
 
 
 def encode_part(tensor: torch.Tensor, streams: int, stream: int, first: int, end: int, config: dict[str, Any],
-                backend: str, last: bool) -> EncodedBatch:
+                policy: Policy, backend: str, last: bool) -> EncodedBatch:
     """Code elements ``[first, end)`` of one stream of ``tensor`` (a batch of one tensor whose one
     stream is this range); the last part also carries the whole tensor's checksum."""
     data = tensor_bytes(tensor)
     piece = (data.view(-1, streams)[first:end, stream].contiguous() if streams > 1 else data[first:end])
     size = end - first
-    cb = chunk_bytes(config["id"], backend)
+    cb = policy.chunk_bytes_for(codec_for(config, backend))
     raw_offsets = np.arange(0, size, cb, dtype=np.int64)
     raw_lengths = np.minimum(cb, size - raw_offsets)
     if config["id"] == "raw":

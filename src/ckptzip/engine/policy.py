@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from ..codecs import Codec, codec_ids, get_codec, gpu_only_ids, has_codec
-from ..errors import CkptzipError
+from ..errors import CkptzipError, UsageError
+from ..format.spec import MAX_CHUNK_RAW
 from ..kernels import prepare_triton
 
 PRESETS = ("auto", "fast", "portable")
@@ -35,24 +36,6 @@ SMALL_TENSOR_BYTES = 1 << 12
 TRIAL_MIN_GAIN = 0.002
 TRIAL_BYTES = 1 << 16
 STRUCTURED_TRIAL_BYTES = 1 << 15
-
-# Stored chunk size by (codec id, backend): large enough for the entropy coders' tables and the
-# GPU's parallelism, small enough that nvCOMP's zstd decoder stays fast. Multiples of 256, so
-# decoded chunks land at aligned addresses.
-CHUNK_BYTES = {
-    ("raw", "cpu"): 16 << 20,
-    ("raw", "cuda"): 16 << 20,
-    ("zstd", "cpu"): 1 << 20,
-    ("zstd", "cuda"): 256 << 10,
-    ("ans", "cuda"): 1 << 20,
-    # gdeflate on an H200 (exponent-like plane, Huffman only): 256 KiB chunks encode at 118 GB/s
-    # against 93 at 64 KiB and 73 at 1 MiB, at the best ratio of the three. The CPU encoder takes
-    # at most 64 KiB; the CPU decoder any size.
-    ("gdeflate", "cuda"): 256 << 10,
-    ("gdeflate", "cpu"): 64 << 10,
-    ("bitcomp", "cuda"): 1 << 20,
-}
-DEFAULT_CHUNK_BYTES = 256 << 10
 
 _PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
     ("auto", "cuda"): {"id": "gdeflate", "algorithm_type": 0},
@@ -84,29 +67,27 @@ def codec_for(config: dict[str, Any], backend: str) -> Codec:
     return _codec(json.dumps(config, sort_keys=True), backend)
 
 
-def chunk_bytes(codec_id: str, backend: str) -> int:
-    """Stored chunk size of streams coded with ``codec_id`` on ``backend`` (a multiple of 256 on a
-    GPU, where nvCOMP reads and writes chunks at aligned addresses)."""
-    size = CHUNK_BYTES.get((codec_id, backend), DEFAULT_CHUNK_BYTES)
-    return -(-size // 256) * 256 if backend == "cuda" else size
-
-
 @dataclass(frozen=True)
 class Policy:
-    """How tensors are stored: a preset name or a codec id, validated."""
+    """How tensors are stored: a preset name or a codec id, and the stored chunk size of every
+    stream (None: each codec's own, :attr:`Codec.chunk_bytes`), validated."""
 
     name: str
+    chunk_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or (self.name not in PRESETS and self.name not in codec_ids()):
+            raise CkptzipError(
+                f"codec={self.name!r} is neither a preset {list(PRESETS)} nor a codec id {sorted(codec_ids())}"
+            )
+        if self.chunk_bytes is not None and (type(self.chunk_bytes) is not int
+                                             or not 1 <= self.chunk_bytes <= MAX_CHUNK_RAW):
+            raise UsageError(f"chunk_bytes={self.chunk_bytes!r}: stored chunks hold 1 to {MAX_CHUNK_RAW} bytes")
 
     @classmethod
     def parse(cls, codec: str | Policy) -> Policy:
         """The policy for a ``codec=`` argument; ``CkptzipError`` naming the choices otherwise."""
-        if isinstance(codec, Policy):
-            return codec
-        if not isinstance(codec, str) or (codec not in PRESETS and codec not in codec_ids()):
-            raise CkptzipError(
-                f"codec={codec!r} is neither a preset {list(PRESETS)} nor a codec id {sorted(codec_ids())}"
-            )
-        return cls(codec)
+        return codec if isinstance(codec, Policy) else cls(codec)
 
     @property
     def is_preset(self) -> bool:
@@ -149,6 +130,20 @@ class Policy:
         if self.is_preset and nbytes < SMALL_TENSOR_BYTES and backend == "cuda":
             return codec_for({"id": "raw"}, backend)  # tiny tensors: not worth a GPU codec
         return self.plane_codec(backend)
+
+    def chunk_bytes_for(self, codec: Codec) -> int:
+        """Stored chunk size of streams coded with ``codec``: this policy's, else the codec's own, at
+        most the largest it encodes; a multiple of 256 on a GPU, where nvCOMP reads and writes chunks
+        at aligned addresses."""
+        size = min(self.chunk_bytes or codec.chunk_bytes, codec.max_chunk_bytes)
+        return -(-size // 256) * 256 if codec.backend == "cuda" else size
+
+    def chunk_sizes(self, configs: list[dict[str, Any]], backend: str) -> np.ndarray:
+        """:meth:`chunk_bytes_for` the codec of each configuration on ``backend``, one looked up per
+        codec id (the sizes are facts of the codec's class, whatever its options)."""
+        one = {config["id"]: config for config in configs}
+        sizes = {codec_id: self.chunk_bytes_for(codec_for(config, backend)) for codec_id, config in one.items()}
+        return np.array([sizes[config["id"]] for config in configs], dtype=np.int64)
 
     def __str__(self) -> str:
         return self.name

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..checksum import format_wsum64
 from ..codecs import gpu_first_ids, has_codec
 from ..codecs._threads import codec_threads, cpu_threads
 from ..errors import CorruptCheckpointError, GpuMemoryError
@@ -49,7 +50,6 @@ MIN_CPU_BATCH_BYTES = 1 << 20  # a smaller batch's per-batch Python would cost m
 # Reads in flight: each copies into a pinned buffer at about 6 GB/s (one core; 4.5 GB/s each when
 # eight copy at once), so a dozen keep the host-to-device link (55 GB/s) fed from memory too.
 _READ_THREADS = max(1, min(12, os.cpu_count() or 1))
-_MASK64 = (1 << 64) - 1
 
 
 def decode_backend(entry: TensorEntry, device: torch.device) -> str:
@@ -331,7 +331,7 @@ def _decode_gpu(uploader: _Uploader | None, entries: list[TensorEntry], device: 
 def verify_checksums(entries: list[TensorEntry], found: list[int]) -> None:
     """Raise ``CorruptCheckpointError`` naming the first tensor whose decoded bytes do not match."""
     for entry, value in zip(entries, found):
-        got = f"wsum64:{value & _MASK64:016x}"
+        got = format_wsum64(value)
         if got != entry.checksum:
             raise CorruptCheckpointError(
                 f"tensor {entry.name!r}: decoded bytes have checksum {got}, expected {entry.checksum}; "

@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 import numpy as np
 import torch
 
+from ..checksum import format_wsum64
 from ..codecs._threads import codec_threads
 from ..errors import GpuMemoryError
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
@@ -42,7 +43,6 @@ BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
 SAVE_WORKING_SETS = 6
 WRITEBACK_BYTES = 64 << 20
 T = TypeVar("T")
-_MASK64 = (1 << 64) - 1
 _LOG = logging.getLogger("ckptzip")
 
 
@@ -128,7 +128,7 @@ def _in_ranges(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes:
         configs = stream_codecs(tensor_bytes(tensor), tensor, streams, policy, key.backend)
         parts = ranges(tensor, streams, range_bytes)
         for n, (j, a, b) in enumerate(parts):
-            yield [0], encode_part(tensor, streams, j, a, b, configs[j], key.backend, n == len(parts) - 1)
+            yield [0], encode_part(tensor, streams, j, a, b, configs[j], policy, key.backend, n == len(parts) - 1)
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -362,7 +362,7 @@ class _Sink(_InOrder[_Job]):
                 dtype=DTYPE_NAMES[tensor.dtype],
                 shape=tensor.shape,
                 nbytes=tensor.nbytes,
-                checksum=f"wsum64:{int(checksums[t]) & _MASK64:016x}",
+                checksum=format_wsum64(int(checksums[t])),
                 transforms=batch.transforms[t],
                 streams=streams,
                 device=tensor.device,
