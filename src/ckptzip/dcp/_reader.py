@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from ..codecs._threads import cpu_threads
+from ..codecs import cpu_threads
 from ..engine import memory
 from ..engine.plan import Limit, packed
 from ..engine.reader import read_tensors

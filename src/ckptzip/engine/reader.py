@@ -22,19 +22,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..codecs import gpu_first_ids, has_codec
-from ..codecs._threads import codec_threads, cpu_threads
+from ..codecs import codec_threads, cpu_threads, gpu_first_ids, has_codec
 from ..errors import CorruptCheckpointError, GpuMemoryError
 from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
 from ..format.reader import verify_xxh3
 from ..kernels.segments import segment_sums
-from .ahead import Task, cpu_workers, run_ahead
+from .ahead import Task, run_ahead
 from . import memory
 from .decode import Runs, decode_batch
 from .plan import Limit, batch_bytes, packed, work_device as _work_device
 from .scratch import scratch
 from .sources import LoadPlan
 from .staging import copy_stream, pinned_pool
+from .threads import cpu_workers
 
 BATCH_BYTES = {"cuda": 512 << 20, "cpu": 8 << 20}
 # A GPU batch's region, its decode buffers and the regions the uploader fills ahead: budget / 6.

@@ -24,17 +24,18 @@ from typing import Any, BinaryIO, Generic, TypeVar
 import numpy as np
 import torch
 
-from ..codecs._threads import codec_threads
+from ..codecs import codec_threads
 from ..errors import GpuMemoryError
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
 from . import memory
-from .ahead import Task, cpu_workers, run_ahead
+from .ahead import Task, run_ahead
 from .encode import EncodedBatch, Part, encode_batch, tensor_bytes
 from .parts import encode_part, plane_count, ranges, stream_codecs, worth_parts
 from .plan import Limit, batch_bytes, packed, work_device
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
 from .staging import PinnedPool, copy_stream, pinned_pool
+from .threads import cpu_workers
 
 BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
 # A GPU batch's peak is about three times its bytes (planes, codec outputs, the stored chunks),
