@@ -26,7 +26,7 @@ from ckptzip_bench.gpu import decode_resident, device_regions
 from ckptzip_bench.pipeline import DiscardSink, first_call
 from ckptzip_bench.pipeline import timed as pipeline_timed
 from ckptzip_bench.results import breakdown_table
-from ckptzip.codecs._threads import cpu_threads
+from ckptzip.codecs import cpu_threads
 from ckptzip.engine.encode import encode_batch
 from ckptzip.engine.policy import Policy
 from ckptzip.engine.writer import plan_batches as write_plan

@@ -26,6 +26,7 @@ PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 Source = Union[PathOrFile, bytes, bytearray, memoryview]
 CodecArg = Union[str, Policy]
 MapLocation = Union[None, str, torch.device, dict[str, Any]]
+BaseTensors = Union[None, Sequence[Mapping[str, torch.Tensor]]]  # per base checkpoint, its tensors by name
 
 
 def _progress(total: int, enabled: bool, desc: str) -> tqdm[Any]:
@@ -138,7 +139,6 @@ class CheckpointReader:
             self.close()
             raise
         self.map_location = map_location
-        self.base_tensors: Sequence[Mapping[str, torch.Tensor]] | None = None
         self._by_name = {t.name: i for i, t in enumerate(self._reader.tensors)}
         try:
             self._max_bytes = validate_max_bytes(max_bytes)
@@ -172,31 +172,35 @@ class CheckpointReader:
     def _tensor(self, index: int) -> torch.Tensor:
         return self._read([index], lambda _: None)[0]
 
-    def _all_tensors(self, progress: bool) -> list[torch.Tensor]:
+    def _all_tensors(self, progress: bool, base_tensors: BaseTensors) -> list[torch.Tensor]:
         with _progress(self.nbytes, progress, "decompress") as bar:
-            return self._read(list(range(len(self._reader.tensors))), bar.update)
+            return self._read(list(range(len(self._reader.tensors))), bar.update, base_tensors)
 
-    def _read(self, indices: list[int], on_progress: Callable[[int], object]) -> list[torch.Tensor]:
-        """Tensors ``indices`` on their target devices, the default budget checked first (a
-        ``max_bytes`` given was checked against the whole file when it was opened)."""
+    def _read(self, indices: list[int], on_progress: Callable[[int], object], base_tensors: BaseTensors = None
+              ) -> list[torch.Tensor]:
+        """Tensors ``indices`` on their target devices, XOR deltas against ``base_tensors``, the
+        default budget checked first (a ``max_bytes`` given was checked against the whole file
+        when it was opened)."""
         devices = [resolve_device(self._reader.tensors[i].device, self.map_location) for i in indices]
         if self._max_bytes is None:
             check_budget(declared_needs(self._reader.tensors, indices, devices), None)
-        return read_tensors(self._reader, indices, devices, on_progress, self.base_tensors, self.gpu_memory)
+        return read_tensors(self._reader, indices, devices, on_progress, base_tensors, self.gpu_memory)
 
-    def load(self, *, progress: bool = False) -> Any:
-        """The whole saved object, every tensor decoded and verified (read in file order)."""
-        tensors = self._all_tensors(progress)
+    def load(self, *, progress: bool = False, base_tensors: BaseTensors = None) -> Any:
+        """The whole saved object, every tensor decoded and verified (read in file order); tensors
+        stored as XOR deltas are rebuilt from ``base_tensors`` (see :attr:`bases`)."""
+        tensors = self._all_tensors(progress, base_tensors)
         return unflatten(self._reader.index.tree, tensors.__getitem__, len(tensors))
 
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor, decoded and verified, by name."""
-        return dict(zip(self.keys(), self._all_tensors(False)))
+    def named_tensors(self, *, base_tensors: BaseTensors = None) -> dict[str, torch.Tensor]:
+        """Every tensor, decoded and verified, by name (XOR deltas: as for :meth:`load`)."""
+        return dict(zip(self.keys(), self._all_tensors(False, base_tensors)))
 
     @property
     def bases(self) -> list[BaseRef]:
-        """The checkpoints this one stores XOR deltas against (format 2.1); set ``base_tensors``
-        (their tensors by name, one mapping per base) before reading tensors stored as deltas."""
+        """The checkpoints this one stores XOR deltas against (format 2.1): :meth:`load` and
+        :meth:`named_tensors` take their tensors as ``base_tensors``, by name, one mapping per
+        base, and need them where tensors are stored as deltas."""
         return list(self._reader.index.bases)
 
     @property

@@ -20,6 +20,7 @@ from ckptzip.codecs import cpu as cpu_module
 from ckptzip.codecs.cpu import ZstdCodec
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
+from ckptzip.engine.threads import batch_share
 from ckptzip.errors import CorruptChunkError
 
 
@@ -346,7 +347,7 @@ def test_a_damaged_chunk_in_a_zstd_batch_is_named(damage: str) -> None:
 
 def test_batches_coded_at_once_split_the_cores_between_them(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKPTZIP_THREADS", "16")
-    assert [_threads.batch_share(n) for n in (0, 1, 2, 3, 16, 100)] == [16, 16, 8, 5, 1, 1]
+    assert [batch_share(n) for n in (0, 1, 2, 3, 16, 100)] == [16, 16, 8, 5, 1, 1]
     big = np.full(4, 1 << 20, dtype=np.int64)  # enough work for zstandard's threads
     assert cpu_module._batch_threads(big) == 16
     with _threads.codec_threads(1):

@@ -101,7 +101,6 @@ def test_format_2_1_golden_delta_file_decodes_against_its_base() -> None:
         (ref,) = reader.bases
         assert (ref.step, ref.name, ref.content_hash) == (100, "cpu_zstd_v2_1_refs.ckz", base_hash)
         assert {e.name for e in reader.entries() if e.source_kind == "xor"} >= {"model.embed.weight"}
-        reader.base_tensors = [base_tensors]
-        assert_same(reader.load(), golden_delta_state())
+        assert_same(reader.load(base_tensors=[base_tensors]), golden_delta_state())
     with pytest.raises(ckptzip.CkptzipError, match="XOR delta against the base checkpoint step 100"):
         ckptzip.load(GOLDEN / "cpu_zstd_v2_1_delta.ckz")

@@ -1,5 +1,6 @@
-"""Threads of CPU codecs: one shared pool (zstandard, zlib and lz4 release the GIL), and each
-thread's share of the cores while the engine codes several batches at once."""
+"""Threads of CPU codecs: one shared pool (zstandard, zlib and lz4 release the GIL), and the
+share of the cores each thread's codec calls may use (the engine sets it while it codes several
+batches at once: :mod:`ckptzip.engine.threads`)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,6 @@ def cpu_threads() -> int:
     if env:
         return max(1, int(env))
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
-def batch_share(batches: int) -> int:
-    """Threads each of ``batches`` batches may use when the engine codes them at once, one per
-    worker thread: the cores split between the batches that run together."""
-    cores = cpu_threads()
-    return max(1, cores // max(1, min(cores, batches)))
 
 
 @contextlib.contextmanager

@@ -16,8 +16,9 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from ..codecs._threads import cpu_threads
+from ..codecs import cpu_threads
 from ..engine import memory
+from ..engine.plan import Limit, packed
 from ..engine.reader import read_tensors
 from ..errors import CheckpointNotFoundError, CkptzipError, CorruptCheckpointError
 from ..format import ContainerReader
@@ -34,8 +35,10 @@ def _groups(nbytes: list[int], devices: list[torch.device]) -> list[list[int]]:
     targets they are copied into (a GPU that training fills); then in groups of GPU bytes up to
     half of what can be had, so a load needs the targets plus about that much."""
     on_gpu = [d if d.type == "cuda" else None for d in devices]
-    limits = {d: memory.available(d) // 2 for d in {d for d in on_gpu if d is not None}}
-    return memory.packed(range(len(nbytes)), nbytes, on_gpu, limits)
+    limits: dict[torch.device | None, Limit] = {
+        d: Limit(within=memory.available(d) // 2) for d in set(on_gpu) if d is not None}
+    limits[None] = Limit()  # host targets ride along
+    return packed(range(len(nbytes)), nbytes, on_gpu, limits, shared=True)
 
 
 class CompressedStorageReader(StorageReader):

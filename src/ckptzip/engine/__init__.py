@@ -7,6 +7,8 @@ zstandard on a thread pool).
 - :mod:`.writer` / :mod:`.reader` — whole states ⇄ a container, batches overlapped with copies
   and file I/O.
 - :mod:`.staging` — pinned host buffers and copy streams; :mod:`.ahead` — ordered work-ahead.
+- :mod:`.plan` — which device codes a tensor, and the one greedy packer of batches;
+  :mod:`.threads` — how many threads code CPU batches.
 """
 
 from .policy import Policy

@@ -8,9 +8,6 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
-from ..codecs._threads import batch_share, cpu_threads
-from ..kernels import THREAD_SAFE
-
 K = TypeVar("K")
 R = TypeVar("R")
 T = TypeVar("T")
@@ -28,13 +25,6 @@ class Task(Generic[K, R]):
         self.inline = inline
 
 
-def cpu_workers(cpu_batches: int) -> tuple[int, int]:
-    """Workers for :func:`run_ahead` over a plan with ``cpu_batches`` CPU batches (one per core,
-    else one), and the codec threads each CPU batch may use (:func:`batch_share`)."""
-    workers = cpu_threads() if THREAD_SAFE and cpu_batches else 1
-    return workers, batch_share(cpu_batches if workers > 1 else 1)
-
-
 def run_ahead(tasks: Iterable[Task[K, R]], workers: int) -> Iterator[tuple[K, R]]:
     """Yield ``(key, result)`` for each task, in order, keeping up to ``2 * workers`` in flight.
 
@@ -47,7 +37,7 @@ def run_ahead(tasks: Iterable[Task[K, R]], workers: int) -> Iterator[tuple[K, R]
     pending: collections.deque[tuple[K, Future[R], bool]] = collections.deque()
     depth = 2 * max(1, workers)
     inline_pending = 0
-    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckptzip-dcp")
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckptzip-ahead")
     try:
         for task in tasks:
             if task.inline:
@@ -79,7 +69,7 @@ def read_ahead(items: Iterable[T]) -> Iterator[T]:
     """Iterate ``items`` on a background thread, one item ahead of the consumer (so reading the
     next blob overlaps decoding this one). ``items`` must not need the consumer's thread."""
     iterator = iter(items)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-dcp-read") as pool:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-read-ahead") as pool:
         upcoming = pool.submit(next, iterator, _DONE)
         while True:
             item: T | _Done = upcoming.result()

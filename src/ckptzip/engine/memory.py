@@ -16,7 +16,6 @@ memory that torch holds.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -96,19 +95,3 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or (
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
-
-def packed(order: Sequence[int], nbytes: Sequence[int], devices: Sequence[torch.device | None],
-           limits: dict[torch.device, int]) -> list[list[int]]:
-    """Positions ``order`` in groups, in that order, whose bytes on each GPU stay within its limit
-    (an item over the limit alone); items without a device (None) ride along with the group."""
-    groups: list[list[int]] = [[]]
-    used = dict.fromkeys(limits, 0)
-    for i in order:
-        device = devices[i]
-        if device is not None:
-            if groups[-1] and used[device] + nbytes[i] > limits[device]:
-                groups.append([])
-                used = dict.fromkeys(limits, 0)
-            used[device] += nbytes[i]
-        groups[-1].append(i)
-    return groups

@@ -25,18 +25,19 @@ import numpy as np
 import torch
 
 from ..checksum import format_wsum64
-from ..codecs import gpu_first_ids, has_codec
-from ..codecs._threads import codec_threads, cpu_threads
+from ..codecs import codec_threads, cpu_threads, gpu_first_ids, has_codec
 from ..errors import CorruptCheckpointError, GpuMemoryError
 from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
 from ..format.reader import verify_xxh3
 from ..kernels.segments import segment_sums
-from .ahead import Task, cpu_workers, run_ahead
+from .ahead import Task, run_ahead
 from . import memory
 from .decode import Runs, decode_batch
+from .plan import Limit, batch_bytes, packed, work_device as _work_device
 from .scratch import scratch
 from .sources import LoadPlan
 from .staging import copy_stream, pinned_pool
+from .threads import cpu_workers
 
 BATCH_BYTES = {"cuda": 512 << 20, "cpu": 8 << 20}
 # A GPU batch's region, its decode buffers and the regions the uploader fills ahead: budget / 6.
@@ -76,32 +77,14 @@ def plan_batches(entries: list[TensorEntry], devices: list[torch.device],
     each (on a GPU, ``gpu_batch`` where given; on the CPU, ``cpu_batch``, which a batch exceeds
     only with a tensor larger than it); a batch's stored bytes are one range of the file wherever
     the writer kept them so."""
-    keyed = []
-    for i, (entry, device) in enumerate(zip(entries, devices)):
-        backend = decode_backend(entry, device)
-        work = torch.device("cpu") if backend == "cpu" else (device if device.type == "cuda" else
-                                                             torch.device("cuda", torch.cuda.current_device()))
-        first = entry.streams[0].chunks[0].offset if entry.streams and entry.streams[0].chunks else -1
-        keyed.append((backend, work, first, i))
-    keyed.sort(key=lambda k: k[2])
-    out: list[tuple[str, torch.device, list[int]]] = []
-    open_batches: dict[tuple[str, torch.device], tuple[list[int], int]] = {}
-    for backend, work, _, i in keyed:
-        limit = (cpu_batch or BATCH_BYTES["cpu"]) if backend == "cpu" else (gpu_batch or {}).get(work, BATCH_BYTES[backend])
-        members, size = open_batches.get((backend, work), ([], 0))
-        nbytes = max(entries[i].compressed_nbytes, entries[i].nbytes)  # bounds the decode buffers too
-        if backend == "cpu" and members and size + nbytes > limit:
-            out.append((backend, work, members))
-            members, size = [], 0
-        members.append(i)
-        size += nbytes
-        if size >= limit:
-            out.append((backend, work, members))
-            open_batches.pop((backend, work), None)
-        else:
-            open_batches[(backend, work)] = (members, size)
-    out.extend((backend, work, members) for (backend, work), (members, _) in open_batches.items())
-    return out
+    works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
+    first = [e.streams[0].chunks[0].offset if e.streams and e.streams[0].chunks else -1 for e in entries]
+    defaults = {**BATCH_BYTES, "cpu": cpu_batch or BATCH_BYTES["cpu"]}
+    size = {w: batch_bytes(w, defaults, gpu_batch) for w in set(works)}
+    limits = {w: Limit(within=n if w.type == "cpu" else None, fill=n) for w, n in size.items()}
+    nbytes = [max(e.compressed_nbytes, e.nbytes) for e in entries]  # bounds the decode buffers too
+    order = sorted(range(len(entries)), key=first.__getitem__)
+    return [(works[idx[0]].type, works[idx[0]], idx) for idx in packed(order, nbytes, works, limits)]
 
 
 def _chunk_list(entries: list[TensorEntry]) -> list[tuple[TensorEntry, int, int, Any]]:
@@ -385,11 +368,13 @@ def _rounds(entries: list[TensorEntry], devices: list[torch.device], gpu_memory:
     through = [i for i, (w, d) in enumerate(zip(works, devices)) if w.type == "cuda" and d.type != "cuda"]
     if not through:
         return [list(range(len(entries)))]
-    limits = {w: memory.budget(w, gpu_memory, "load").nbytes // 2 for w in {works[i] for i in through}}
+    limits: dict[torch.device | None, Limit] = {
+        w: Limit(within=memory.budget(w, gpu_memory, "load").nbytes // 2) for w in {works[i] for i in through}}
+    limits[None] = Limit()  # the others ride along
     chosen = set(through)
     rest = [i for i in range(len(entries)) if i not in chosen]  # read in the first round
-    return memory.packed(rest + through, [e.nbytes for e in entries],
-                         [works[i] if i in chosen else None for i in range(len(entries))], limits)
+    return packed(rest + through, [e.nbytes for e in entries],
+                  [works[i] if i in chosen else None for i in range(len(entries))], limits, shared=True)
 
 
 def _read_within_memory(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
@@ -446,13 +431,6 @@ def _decode_all(tasks: Iterator[Task[list[int], tuple[list[torch.Tensor], torch.
         if kept:
             sums.append(([items[idx[n]] for n in kept], checksums[kept] if len(kept) < len(idx) else checksums))
         on_progress(sum(items[j].nbytes for j in idx))
-
-
-def _work_device(backend: str, device: torch.device) -> torch.device:
-    """Where a tensor bound for ``device`` is decoded by ``backend``."""
-    if backend == "cpu":
-        return torch.device("cpu")
-    return device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
 
 
 def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],

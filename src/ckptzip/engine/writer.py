@@ -25,16 +25,18 @@ import numpy as np
 import torch
 
 from ..checksum import format_wsum64
-from ..codecs._threads import codec_threads
+from ..codecs import codec_threads
 from ..errors import GpuMemoryError
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
 from . import memory
-from .ahead import Task, cpu_workers, run_ahead
+from .ahead import Task, run_ahead
 from .encode import EncodedBatch, Part, encode_batch, tensor_bytes
 from .parts import encode_part, plane_count, ranges, stream_codecs, worth_parts
+from .plan import Limit, batch_bytes, packed, work_device
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
 from .staging import PinnedPool, copy_stream, pinned_pool
+from .threads import cpu_workers
 
 BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
 # A GPU batch's peak is about three times its bytes (planes, codec outputs, the stored chunks),
@@ -57,13 +59,11 @@ class BatchKey:
 
 def _key(tensor: torch.Tensor, policy: Policy, limits: GpuLimits | None = None) -> BatchKey:
     backend = policy.backend(tensor.device)
-    if backend == "cpu":
-        return BatchKey("cpu", torch.device("cpu"))
-    device = tensor.device if tensor.is_cuda else torch.device("cuda", torch.cuda.current_device())
-    if limits is not None and not limits.fits(device, tensor):
+    device = work_device(backend, tensor.device)
+    if backend == "cuda" and limits is not None and not limits.fits(device, tensor):
         # more than a batch of the GPU's budget: in element ranges on it, or (small) on the host
         return BatchKey("cuda", device, True) if worth_parts(tensor) else BatchKey("cpu", torch.device("cpu"))
-    return BatchKey("cuda", device)
+    return BatchKey(backend, device)
 
 
 @dataclass(frozen=True)
@@ -94,29 +94,16 @@ def gpu_coded(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits | N
 
 
 def plan_batches(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits | None = None
-                 ) -> Iterator[tuple[BatchKey, list[int]]]:
+                 ) -> list[tuple[BatchKey, list[int]]]:
     """Tensors encoded alike, in table order within a batch, in batches of about ``BATCH_BYTES``
-    of their backend (on a GPU, what ``limits`` allow). Tensors of other backends in between (an
-    optimizer's CPU step counters among CUDA moments) do not cut a batch; the file holds batches
-    in the order they fill."""
-    open_batches: dict[BatchKey, tuple[list[int], int]] = {}
-    for i, t in enumerate(tensors):
-        key = _key(t, policy, limits)
-        if key.parts:
-            yield key, [i]
-            continue
-        limit = limits.batch.get(key.device, BATCH_BYTES["cuda"]) if limits and key.backend == "cuda" else (
-            BATCH_BYTES[key.backend])
-        members, size = open_batches.get(key, ([], 0))
-        members.append(i)
-        size += t.numel() * t.element_size()
-        if size >= limit:
-            yield key, members
-            open_batches.pop(key, None)
-        else:
-            open_batches[key] = (members, size)
-    for key, (members, _) in open_batches.items():
-        yield key, members
+    of their backend (on a GPU, what ``limits`` allow; a tensor coded in ranges alone). Tensors
+    of other backends in between (an optimizer's CPU step counters among CUDA moments) do not cut
+    a batch; the file holds batches in the order they fill."""
+    keys = [_key(t, policy, limits) for t in tensors]
+    gpu = None if limits is None else limits.batch
+    sizes = {key: Limit(fill=0 if key.parts else batch_bytes(key.device, BATCH_BYTES, gpu)) for key in set(keys)}
+    nbytes = [t.numel() * t.element_size() for t in tensors]
+    return [(keys[idx[0]], idx) for idx in packed(range(len(tensors)), nbytes, keys, sizes)]
 
 
 def _in_ranges(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes: int

@@ -396,8 +396,7 @@ class CheckpointManager:
 
     def _decode(self, step: int, map_location: api.MapLocation) -> Any:
         with self._storage.open(STEP_NAME.format(step)) as f, api.open(f, map_location=map_location) as reader:
-            reader.base_tensors = self._base_tensors(step, reader.bases, map_location)
-            return reader.load()
+            return reader.load(base_tensors=self._base_tensors(step, reader.bases, map_location))
 
     def _base_tensors(self, step: int, bases: list[BaseRef], map_location: api.MapLocation
                       ) -> list[dict[str, torch.Tensor]] | None:
@@ -414,8 +413,7 @@ class CheckpointManager:
             with self._base_reader(child, ref, map_location) as reader:
                 if reader.bases != below[base].refs:
                     raise MissingBaseError(f"{self._what(child, ref)}, which was replaced while it was read")
-                reader.base_tensors = [done[r.step] for r in reader.bases] or None
-                done[base] = reader.named_tensors()
+                done[base] = reader.named_tensors(base_tensors=[done[r.step] for r in reader.bases] or None)
             for r in below[base].refs:
                 users[r.step] -= 1
                 if not users[r.step]:
