@@ -274,3 +274,32 @@ def test_the_golden_file_an_h200_saved_with_auto_loads_on_the_cpu() -> None:
     assert entries["model.embed.weight"].device == "cuda:0"
     assert entries["model.embed.weight"].codecs == ["raw", "raw", "raw", "gdeflate"]
     assert_same(ckptzip.load(path, map_location="cpu"), golden_state())
+
+
+def test_gpu_auto_codes_near_constant_planes_with_gdeflate_lz_and_no_other_preset_does() -> None:
+    """A Huffman-only coder spends a bit on every byte: XOR deltas of barely moved weights stored
+    7.5x at best. Their planes, and other near-constant ones, get gdeflate's LZ pass on the GPU."""
+    assert policy.Policy.parse("auto").low_entropy_candidate("cuda") == {"id": "gdeflate", "algorithm_type": 1}
+    assert policy.Policy.parse("auto").low_entropy_candidate("cpu") is None
+    for name in ("fast", "portable", "gdeflate", "zstd"):
+        assert policy.Policy.parse(name).low_entropy_candidate("cuda") is None
+    assert 0 < policy.LOW_ENTROPY_BITS < 8 * 0.125 + 1e-9  # below one bit a byte: where Huffman's floor costs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@needs_library
+def test_a_gpu_auto_file_with_near_constant_planes_codes_them_with_lz_and_loads_on_the_cpu() -> None:
+    g = torch.Generator(device="cuda").manual_seed(3)
+    grads = (torch.randn(1 << 22, generator=g, device="cuda") * 1e-3).bfloat16().float()  # low planes all zero
+    weights = torch.randn(1 << 22, generator=g, device="cuda") * 0.02
+    state = {"grad": grads, "w": weights}
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)
+    with ckptzip.open(buf.getvalue()) as reader:
+        entries = {e.name: e for e in reader.entries()}
+    low = [s.codec for s in entries["grad"].streams[:2]]
+    assert low == [{"id": "gdeflate", "algorithm_type": 1}] * 2
+    assert sum(c.length for s in entries["grad"].streams[:2] for c in s.chunks) < grads.numel() * 2 // 100
+    assert entries["w"].streams[3].codec == {"id": "gdeflate", "algorithm_type": 0}  # exponents: Huffman only
+    assert_same(ckptzip.load(buf.getvalue(), map_location="cpu"), {k: v.cpu() for k, v in state.items()})

@@ -20,7 +20,7 @@ from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts
-from .policy import RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy, codec_for
+from .policy import LOW_ENTROPY_BITS, RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy, codec_for
 
 
 @dataclass
@@ -167,6 +167,7 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
         plane_index = np.arange(s_tensor.size) - group_start
         plane_entropy = entropies[s_tensor, np.minimum(plane_index, 7)]
     candidates = policy.plane_candidates(backend)
+    low = policy.low_entropy_candidate(backend)
     configs: list[dict[str, Any]] = []
     structured: list[int] = []
     random: list[int] = []
@@ -178,6 +179,8 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
             configs.append(policy.whole_codec(backend, size).get_config())
         elif not floating[s_tensor[s]]:
             configs.append(plane_codec)
+        elif low is not None and plane_entropy[s] < LOW_ENTROPY_BITS:
+            configs.append(low)
         elif plane_entropy[s] < RANDOM_ENTROPY_BITS:
             configs.append(candidates[0])
             if backend == "cpu" and len(candidates) > 1:

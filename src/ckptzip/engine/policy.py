@@ -46,6 +46,12 @@ _PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
     ("fast", "cpu"): {"id": "zstd", "level": 1},
     ("portable", "cpu"): {"id": "zstd", "level": 1},
 }
+# Float planes this close to constant (XOR deltas of weights that barely moved, the zero low bytes
+# of bf16-valued fp32 gradients), in bits/byte of their sampled bytes: a Huffman-only coder spends
+# at least a bit on every byte (8x at best, 7.5x measured on bf16 deltas at lr 1e-6), so the GPU's
+# auto preset codes them with gdeflate's LZ pass too (the same bitstream: a CPU decodes it alike).
+LOW_ENTROPY_BITS = 1.0
+_LOW_ENTROPY_CODECS: dict[tuple[str, str], dict[str, Any]] = {("auto", "cuda"): {"id": "gdeflate", "algorithm_type": 1}}
 # Float planes of presets on the CPU: each is coded with whichever of these shrinks a sample most
 # (the first alone for "fast"; ties go to the first, the fastest; level 3 is tried only where
 # level 1 beat the first, encode._trial). On an H200-trained state's
@@ -124,6 +130,11 @@ class Policy:
         if not self.is_preset or backend != "cpu":
             return [self.plane_codec(backend).get_config()]
         return list(_CPU_FLOAT_CANDIDATES[:1] if self.name == "fast" else _CPU_FLOAT_CANDIDATES)
+
+    def low_entropy_candidate(self, backend: str) -> dict[str, Any] | None:
+        """The configuration of float planes below :data:`LOW_ENTROPY_BITS`, where it differs
+        from the plane codec's (None: the plane codec's)."""
+        return _LOW_ENTROPY_CODECS.get((self.name, backend)) if self.is_preset else None
 
     def whole_codec(self, backend: str, nbytes: int) -> Codec:
         """The codec of a tensor stored as one stream (not split into planes)."""
