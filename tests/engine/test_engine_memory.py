@@ -15,7 +15,7 @@ import torch
 import ckptzip
 from ckptzip.engine import memory
 from ckptzip.engine import writer as engine_writer
-from helpers import assert_same
+from helpers import assert_same, assert_same_tensor
 
 MIB = 1 << 20
 gpu = pytest.mark.gpu
@@ -374,3 +374,22 @@ def test_a_gpu_load_that_fails_midway_gives_every_pinned_buffer_back_and_its_ret
     assert_same(ckptzip.load(data, gpu_memory=1 << 30), state)
     pool = pinned_pool()
     assert pool._free.qsize() == pool._created
+
+
+def test_read_tensors_decodes_into_given_tensors_where_they_fit() -> None:
+    from ckptzip.engine.reader import read_tensors
+    from ckptzip.format import ContainerReader
+
+    state = {"w": torch.randn(300), "i": torch.arange(10, dtype=torch.int32), "h": torch.randn(5).half()}
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)
+    reader = ContainerReader(io.BytesIO(buf.getvalue()))
+    names = [e.name for e in reader.tensors]
+    into = {"w": torch.empty(300), "i": torch.empty(10, dtype=torch.int64), "h": torch.empty(5, dtype=torch.half)}
+    indices = list(range(len(names)))
+    got = read_tensors(reader, indices, [torch.device("cpu")] * len(names), lambda _: None,
+                       into=[into[n] for n in names])
+    for name, value in zip(names, got):
+        assert_same_tensor(value, state[name])
+        # the right dtype and size: decoded in place; int64 for an int32 entry: a new tensor
+        assert (value.data_ptr() == into[name].data_ptr()) == (name != "i")

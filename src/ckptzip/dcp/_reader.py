@@ -21,7 +21,7 @@ from ..engine import memory
 from ..engine.plan import Limit, packed
 from ..engine.reader import read_tensors
 from ..errors import CheckpointNotFoundError, CkptzipError, CorruptCheckpointError
-from ..format import ContainerReader
+from ..format import DTYPES, ContainerReader
 from ..storage import ByteSource, open_directory
 from ..engine.ahead import Task, read_ahead, run_ahead
 from ._items import check_safe_object, check_shape, decode_blob, describe, pipeline
@@ -182,27 +182,46 @@ class CompressedStorageReader(StorageReader):
         positions: list[int] = []
         devices: list[torch.device] = []
         targets: list[list[torch.Tensor]] = []
+        direct: list[torch.Tensor | None] = []  # a target the item decodes straight into
         for stored, index, reqs in items:
             positions.append(self._position(container, stored, index, where))
             if reqs[0].type == LoadItemType.BYTE_IO:
                 devices.append(torch.device("cpu"))
                 targets.append([])
+                direct.append(None)
                 continue
             tensors = [planner.resolve_tensor(req).detach() for req in reqs]
             devices.append(tensors[0].device)
             targets.append(tensors)
-        for group in _groups([container.tensors[p].nbytes for p in positions], devices):
+            direct.append(tensors[0] if self._whole(container.tensors[positions[-1]].dtype, index, reqs, tensors[0])
+                          else None)
+        sizes = [0 if d is not None else container.tensors[p].nbytes for p, d in zip(positions, direct)]
+        for group in _groups(sizes, devices):
             try:
                 values = read_tensors(container, [positions[i] for i in group], [devices[i] for i in group],
-                                      lambda _: None)
+                                      lambda _: None, into=[direct[i] for i in group])
             except CkptzipError as exc:
                 raise type(exc)(f"data file {where}: {exc}") from exc
             for i, value in zip(group, values):
                 (stored, index, reqs), tensors = items[i], targets[i]
+                if direct[i] is not None and value.data_ptr() == direct[i].data_ptr() and value.numel():
+                    check_shape(value, *self._chunks[index], self._where(index, stored))
+                    planner.commit_tensor(reqs[0], tensors[0])  # decoded in place
+                    continue
                 delivered = (self._bytes_of(value, f"{describe(index)} in {where}")
                              if reqs[0].type == LoadItemType.BYTE_IO else value)
                 self._deliver(index, reqs, tensors, delivered, planner)
             del values  # the group's decoded tensors, copied into their targets
+
+    def _whole(self, dtype: str, index: MetadataIndex, reqs: list[ReadItem], target: torch.Tensor) -> bool:
+        """Whether an item's one request loads the whole stored chunk into a contiguous target of
+        its dtype (stored as ``dtype``), which it can then be decoded straight into."""
+        if len(reqs) != 1 or index not in self._chunks:
+            return False
+        sizes = list(self._chunks[index][1])
+        req = reqs[0]
+        return (all(o == 0 for o in req.storage_offsets) and list(req.lengths) == sizes
+                and list(target.shape) == sizes and target.is_contiguous() and target.dtype == DTYPES.get(dtype))
 
     def _position(self, container: ContainerReader, stored: StoredItem, index: MetadataIndex, where: str) -> int:
         """The container's tensor of an item; raise unless it is the one the metadata recorded."""

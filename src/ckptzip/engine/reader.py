@@ -350,14 +350,30 @@ def _slices(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | N
 def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torch.device],
                  on_progress: Callable[[int], object],
                  base_tensors: Sequence[Mapping[str, torch.Tensor]] | None = None,
-                 gpu_memory: int | None = None) -> list[torch.Tensor]:
+                 gpu_memory: int | None = None,
+                 into: Sequence[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
     """Decode and verify tensors ``indices`` of the container onto ``devices`` (one each).
     Copies and casts are rebuilt from the entries they refer to, XOR deltas from ``base_tensors``
     (by base, the base's tensors by name). GPU work stays within each GPU's budget beside the
-    tensors returned (:func:`.memory.budget`; ``gpu_memory`` caps it)."""
+    tensors returned (:func:`.memory.budget`; ``gpu_memory`` caps it).
+
+    ``into``: per index, a tensor to decode into instead of a new one (returned in its place),
+    used where it fits (a stored entry decoded where the tensor is, contiguous, of its dtype and
+    size); its bytes are overwritten before they are verified."""
     plan = LoadPlan(reader.tensors, reader.index.bases, indices, devices, base_tensors)
-    decoded = _read_within_memory(reader, plan.entries, plan.devices, on_progress, gpu_memory)
+    wanted = dict(zip(indices, into)) if into is not None else {}
+    given = [_fitting(wanted.get(i), reader.tensors[i], device) for i, device in zip(plan.stored, plan.devices)]
+    decoded = _read_within_memory(reader, plan.entries, plan.devices, on_progress, gpu_memory, given)
     return plan.finish(decoded, indices)
+
+
+def _fitting(target: torch.Tensor | None, entry: TensorEntry, device: torch.device) -> torch.Tensor | None:
+    """``target``'s bytes (1-D uint8) where ``entry`` can be decoded straight into it on ``device``."""
+    if (target is None or entry.source_kind == "xor" or target.device != device or not target.is_contiguous()
+            or target.dtype != DTYPES[entry.dtype] or target.numel() * target.element_size() != entry.nbytes
+            or _work_device(decode_backend(entry, device), device) != device):
+        return None
+    return target.reshape(-1).view(torch.uint8)
 
 
 def _rounds(entries: list[TensorEntry], devices: list[torch.device], gpu_memory: int | None) -> list[list[int]]:
@@ -378,28 +394,32 @@ def _rounds(entries: list[TensorEntry], devices: list[torch.device], gpu_memory:
 
 
 def _read_within_memory(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
-                        on_progress: Callable[[int], object], gpu_memory: int | None) -> list[torch.Tensor]:
+                        on_progress: Callable[[int], object], gpu_memory: int | None,
+                        given: list[torch.Tensor | None]) -> list[torch.Tensor]:
     """:func:`_read_retrying` in :func:`_rounds`."""
     rounds = _rounds(entries, devices, gpu_memory)
     if len(rounds) == 1:
-        return _read_retrying(reader, entries, devices, on_progress, gpu_memory)
+        return _read_retrying(reader, entries, devices, on_progress, gpu_memory, given)
     out: list[torch.Tensor | None] = [None] * len(entries)
     for members in rounds:
         values = _read_retrying(reader, [entries[i] for i in members], [devices[i] for i in members], on_progress,
-                                gpu_memory)
+                                gpu_memory, [given[i] for i in members])
         for i, value in zip(members, values):
             out[i] = value
     return [t for t in out if t is not None]
 
 
 def _read_retrying(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
-                   on_progress: Callable[[int], object], gpu_memory: int | None) -> list[torch.Tensor]:
-    """:func:`_read_stored`; where a GPU runs out of memory anyway (other allocations than the
-    budget saw), again in batches a quarter and a sixteenth the size, then ``GpuMemoryError``."""
+                   on_progress: Callable[[int], object], gpu_memory: int | None,
+                   given: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    """:func:`_read_stored` into ``given`` outputs (uint8, or None: new ones); where a GPU runs
+    out of memory anyway (other allocations than the budget saw), again in batches a quarter and
+    a sixteenth the size, then ``GpuMemoryError``."""
     works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
     # outputs first, on this thread (host memory a previous load freed is reused from this thread's
     # heap instead of being paged in afresh by worker threads), and once: a retry reuses them
-    outs = [torch.empty(entry.nbytes, dtype=torch.uint8, device=work) for entry, work in zip(entries, works)]
+    outs = [torch.empty(entry.nbytes, dtype=torch.uint8, device=work) if out is None else out
+            for entry, work, out in zip(entries, works, given)]
     failures: list[str] = []
     for shrink in RETRY_SHRINK:
         try:
