@@ -103,3 +103,15 @@ def test_the_harness_uses_no_private_module_or_name(path: Path) -> None:
         if any(part.startswith("_") and not part.endswith("__") for part in name.split(".")[1:])
     ]
     assert private == [], f"bench/ckptzip_bench/{path.name} imports private {private}"
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.glob("*.py")), ids=lambda p: p.name)
+def test_the_harness_reaches_the_engine_only_through_its_seam(path: Path) -> None:
+    """``ckptzip.engine``'s own names (its ``__all__``), never its modules."""
+    tree = ast.parse((SRC / "engine" / "__init__.py").read_text())
+    seam = next(ast.literal_eval(node.value) for node in tree.body
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__")
+    inside = [name for name in _ckptzip_imports(path)
+              if name.startswith("ckptzip.engine.") and name.removeprefix("ckptzip.engine.") not in seam]
+    assert inside == [], f"bench/ckptzip_bench/{path.name} imports engine internals {inside}"
+

@@ -16,8 +16,7 @@ import torch
 
 from .measure import iter_tensors
 from ckptzip.codecs import get_codec, has_codec
-from ckptzip.engine.estimate import entropy_of_counts
-from ckptzip.engine.policy import SMALL_TENSOR_BYTES
+from ckptzip.engine import SMALL_TENSOR_BYTES, entropy_of_counts
 from ckptzip.report import TENSOR_CLASSES, tensor_class
 from ckptzip.transforms import BytePlanes
 

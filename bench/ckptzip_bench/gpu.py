@@ -14,12 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckptzip.engine.decode import Runs, decode_batch
-from ckptzip.engine.encode import EncodedBatch, encode_batch
-from ckptzip.engine.policy import Policy
-from ckptzip.engine.reader import plan_batches as read_batches
-from ckptzip.engine.sources import LoadPlan
-from ckptzip.engine.writer import plan_batches as write_batches
+from ckptzip.engine import EncodedBatch, LoadPlan, Policy, Runs, decode_batch, encode_batch
+from ckptzip.engine import plan_read_batches as read_batches
+from ckptzip.engine import plan_write_batches as write_batches
 from ckptzip.format import ContainerReader, TensorEntry
 from ckptzip.tree import flatten
 from .baselines import CodecThroughput

@@ -9,10 +9,20 @@ zstandard on a thread pool).
 - :mod:`.staging` — pinned host buffers and copy streams; :mod:`.ahead` — ordered work-ahead.
 - :mod:`.plan` — which device codes a tensor, and the one greedy packer of batches;
   :mod:`.threads` — how many threads code CPU batches.
+
+The names below are the engine's public seam: what the API, the manager, DCP and the benchmark
+harness (bench/ckptzip_bench) may use; everything else is the engine's own.
 """
 
-from .policy import Policy
+from .decode import Runs, decode_batch
+from .encode import EncodedBatch, encode_batch
+from .estimate import entropy_of_counts
+from .policy import SMALL_TENSOR_BYTES, Policy
+from .reader import plan_batches as plan_read_batches
 from .reader import read_tensors
+from .sources import LoadPlan
+from .writer import plan_batches as plan_write_batches
 from .writer import write_state
 
-__all__ = ["Policy", "read_tensors", "write_state"]
+__all__ = ["SMALL_TENSOR_BYTES", "EncodedBatch", "LoadPlan", "Policy", "Runs", "decode_batch", "encode_batch",
+           "entropy_of_counts", "plan_read_batches", "plan_write_batches", "read_tensors", "write_state"]
