@@ -115,11 +115,14 @@ def _verify_xxh3(data: np.ndarray, runs: Runs, entries: list[TensorEntry]) -> No
 
 
 def _host_region(reader: ContainerReader, entries: list[TensorEntry]) -> tuple[torch.Tensor, Runs]:
-    """The stored bytes of a CPU batch: a view where the file is in memory and they are one run,
-    else read run by run."""
+    """The stored bytes of a CPU batch: a view of the span of its runs where the file is in memory
+    (the writer's batches put a reader's batch in several runs: copying them back to back cost a
+    pass over every stored byte), else read run by run."""
     runs = Runs.of(entries)
-    data = reader.source.view(int(runs.file[0]), runs.total) if len(runs.file) == 1 else None
-    if data is None or data.size != runs.total:
+    data = reader.source.view(int(runs.file[0]), runs.span)
+    if data is not None and data.size == runs.span:
+        runs = runs.in_place()
+    else:
         data = scratch("stored", runs.total).numpy()
         for file, region, length in zip(runs.file.tolist(), runs.region.tolist(), runs.length.tolist()):
             reader.read_into(data[region : region + length], file, f"tensor {entries[0].name!r}")
