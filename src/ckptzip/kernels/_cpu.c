@@ -36,12 +36,17 @@ static inline uint64_t load64(const uint8_t *p) {
     return w; /* little-endian hosts only (checked at import) */
 }
 
-static inline void store64(uint8_t *p, uint64_t w) { memcpy(p, &w, 8); }
-
 /* wsum64 terms of `bytes` bytes at p whose first word is word number w0; the tail zero-padded. */
 static uint64_t wsum(const uint8_t *p, uint64_t bytes, uint64_t w0) {
-    uint64_t total = 0, words = bytes / 8, i;
-    for (i = 0; i < words; i++) total += load64(p + 8 * i) * (2 * (w0 + i) + 1);
+    uint64_t total, words = bytes / 8, i, m = 2 * w0 + 1, t[4] = {0};
+    for (i = 0; i + 4 <= words; i += 4, m += 8) { /* four independent sums: one multiply a cycle */
+        t[0] += load64(p + 8 * i) * m;
+        t[1] += load64(p + 8 * i + 8) * (m + 2);
+        t[2] += load64(p + 8 * i + 16) * (m + 4);
+        t[3] += load64(p + 8 * i + 24) * (m + 6);
+    }
+    total = t[0] + t[1] + t[2] + t[3];
+    for (; i < words; i++) total += load64(p + 8 * i) * (2 * (w0 + i) + 1);
     if (bytes % 8) {
         uint8_t last[8] = {0};
         memcpy(last, p + 8 * words, bytes % 8);
@@ -49,6 +54,9 @@ static uint64_t wsum(const uint8_t *p, uint64_t bytes, uint64_t w0) {
     }
     return total;
 }
+
+/* Bytes a segment gather copies at once (a multiple of 8), whose checksum is read from cache. */
+#define COPY_BLOCK (16 << 10)
 
 /* Elements handled at once by split (and the scalar merge), whose checksum is taken while they are in cache. */
 #define BLOCK_ELEMENTS 2048
@@ -244,24 +252,21 @@ static void merge_row(const int64_t *row, int k, uint64_t *partial) {
     *partial = interleave(elements, (const uint8_t *const *)p, k, (uint64_t)row[2], (uint64_t)row[1] * k / 8);
 }
 
-/* Segment rows: source address, destination address (0: checksum only), bytes, owner, first word. */
+/* Segment rows: source address, destination address (0: checksum only), bytes, owner, first word.
+ * Copies a block at a time, each block's wsum64 then read from cache. */
 static void segment_row(const int64_t *row, int unused, uint64_t *partial) {
     const uint8_t *src = (const uint8_t *)(uintptr_t)row[0];
     uint8_t *dst = (uint8_t *)(uintptr_t)row[1];
-    uint64_t n = (uint64_t)row[2], w0 = (uint64_t)row[4], words = n / 8, total = 0, i;
+    uint64_t n = (uint64_t)row[2], w0 = (uint64_t)row[4], a, total = 0;
     (void)unused;
     if (!dst) {
         *partial = wsum(src, n, w0);
         return;
     }
-    for (i = 0; i < words; i++) {
-        uint64_t w = load64(src + 8 * i);
-        store64(dst + 8 * i, w);
-        total += w * (2 * (w0 + i) + 1);
-    }
-    if (n % 8) {
-        memcpy(dst + 8 * words, src + 8 * words, n % 8);
-        total += wsum(src + 8 * words, n % 8, w0 + words);
+    for (a = 0; a < n; a += COPY_BLOCK) {
+        uint64_t m = n - a < COPY_BLOCK ? n - a : COPY_BLOCK;
+        memcpy(dst + a, src + a, m);
+        total += wsum(dst + a, m, w0 + a / 8);
     }
     *partial = total;
 }
