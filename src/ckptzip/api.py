@@ -257,7 +257,7 @@ def load(f: Source, *, map_location: MapLocation = None, progress: bool = False,
     (free host memory for the CPU, the device's free memory for a GPU). A file declaring more is
     refused with :class:`~ckptzip.errors.DecodeBudgetError` before any tensor memory is
     allocated. Decoding needs about the decoded size, plus a few batches (on a GPU, what its
-    budget allows, at most 512 MiB each; 8 MiB per worker on the CPU). ``gpu_memory`` caps the
+    budget allows, at most 512 MiB each; 16 MiB per worker on the CPU). ``gpu_memory`` caps the
     GPU memory decoding uses beside the tensors it returns (as for :func:`save`).
     """
     with CheckpointReader(f, map_location=map_location, max_bytes=max_bytes, gpu_memory=gpu_memory) as reader:

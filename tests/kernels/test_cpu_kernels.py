@@ -64,7 +64,8 @@ def test_compiled_split_and_merge_match_numpy(itemsize: int, threads: int) -> No
     assert torch.equal(got_hist, ref_hist)
     assert got_sums == ref_sums == [wsum64_array(d.numpy()) for d in datas]
 
-    # merge: planes scattered over two buffers, at odd offsets, into unaligned outputs
+    # merge: planes scattered over two buffers, at odd offsets, into aligned outputs (whose stores
+    # stream past the cache) and unaligned ones
     second = torch.from_numpy(rng.integers(0, 256, total + 11, dtype=np.uint8))
     second[5 : 5 + total] = got_planes
     offsets = starts[:, None] + strides[:, None] * np.arange(itemsize)[None, :]
@@ -72,7 +73,7 @@ def test_compiled_split_and_merge_match_numpy(itemsize: int, threads: int) -> No
     offsets = np.where(base == 1, offsets + 5, offsets)
     merged = []
     for kernel in (planes._merge_numpy, merge_planes):
-        outs = [torch.zeros(d.numel() + 1, dtype=torch.uint8)[1:] for d in datas]
+        outs = [torch.zeros(d.numel() + t % 2, dtype=torch.uint8)[t % 2 :] for t, d in enumerate(datas)]
         with codec_threads(threads):
             sums = kernel(outs, itemsize, [got_planes, second], base, offsets)
         merged.append((outs, _sums(sums)))

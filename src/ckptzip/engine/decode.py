@@ -56,6 +56,15 @@ class Runs:
     def total(self) -> int:
         return int(self.length.sum())
 
+    @property
+    def span(self) -> int:
+        """Bytes of the file from the first run's start to the last one's end."""
+        return int(self.file[-1] + self.length[-1] - self.file[0])
+
+    def in_place(self) -> Runs:
+        """The same runs in a region that is the file's span itself (gaps between runs kept)."""
+        return Runs(self.file, self.file - self.file[0], self.length)
+
     def locate(self, file_offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Region offsets of bytes at these file offsets (each inside a run)."""
         k = np.searchsorted(self.file, file_offsets, side="right") - 1

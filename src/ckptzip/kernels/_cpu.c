@@ -5,9 +5,10 @@
  * Work comes as a table of rows (int64), one row per piece of a tensor or segment, with raw
  * addresses (the Triton kernels take the same kind of table); each call releases the GIL and
  * splits its rows between `threads` threads by bytes. wsum64 is linear in the words, so the
- * partial sum of each row is added to its owner's sum (mod 2**64) in any order. Split and merge
- * go a cache-sized block at a time (the block's checksum read from cache), with SSE2 byte
- * shuffles on x86-64 and scalar loops elsewhere.
+ * partial sum of each row is added to its owner's sum (mod 2**64) in any order. Split goes a
+ * cache-sized block at a time (the block's checksum read from cache); merge, with SSE2, takes the
+ * checksum from the registers it stores, the stores streaming past the cache. SSE2 byte shuffles
+ * on x86-64, scalar loops elsewhere.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,12 +36,17 @@ static inline uint64_t load64(const uint8_t *p) {
     return w; /* little-endian hosts only (checked at import) */
 }
 
-static inline void store64(uint8_t *p, uint64_t w) { memcpy(p, &w, 8); }
-
 /* wsum64 terms of `bytes` bytes at p whose first word is word number w0; the tail zero-padded. */
 static uint64_t wsum(const uint8_t *p, uint64_t bytes, uint64_t w0) {
-    uint64_t total = 0, words = bytes / 8, i;
-    for (i = 0; i < words; i++) total += load64(p + 8 * i) * (2 * (w0 + i) + 1);
+    uint64_t total, words = bytes / 8, i, m = 2 * w0 + 1, t[4] = {0};
+    for (i = 0; i + 4 <= words; i += 4, m += 8) { /* four independent sums: one multiply a cycle */
+        t[0] += load64(p + 8 * i) * m;
+        t[1] += load64(p + 8 * i + 8) * (m + 2);
+        t[2] += load64(p + 8 * i + 16) * (m + 4);
+        t[3] += load64(p + 8 * i + 24) * (m + 6);
+    }
+    total = t[0] + t[1] + t[2] + t[3];
+    for (; i < words; i++) total += load64(p + 8 * i) * (2 * (w0 + i) + 1);
     if (bytes % 8) {
         uint8_t last[8] = {0};
         memcpy(last, p + 8 * words, bytes % 8);
@@ -49,7 +55,10 @@ static uint64_t wsum(const uint8_t *p, uint64_t bytes, uint64_t w0) {
     return total;
 }
 
-/* Elements handled at once by split and merge, whose checksum is taken while they are in cache. */
+/* Bytes a segment gather copies at once (a multiple of 8), whose checksum is read from cache. */
+#define COPY_BLOCK (16 << 10)
+
+/* Elements handled at once by split (and the scalar merge), whose checksum is taken while they are in cache. */
 #define BLOCK_ELEMENTS 2048
 
 /* Planes to elements, scalar: d[k*e + j] = p[j][e] for e in [e0, n). A constant k per loop, so
@@ -97,24 +106,38 @@ static void deinterleave_scalar(uint8_t *const *p, const uint8_t *s, int k, uint
 #define LD(p) _mm_loadu_si128((const __m128i *)(p))
 #define ST(p, v) _mm_storeu_si128((__m128i *)(p), (v))
 
-/* Planes to elements, 16 at a time with SSE2 byte unpacks (the tail scalar). */
-static void interleave(uint8_t *d, const uint8_t *const *p, int k, uint64_t n) {
-    uint64_t e = 0;
+/* Stores 16 bytes of elements (words w and w + 1 of their tensor) and returns their wsum64 terms,
+ * taken from the register: the stores may bypass the cache. */
+static inline uint64_t put(uint8_t *d, __m128i v, uint64_t w, int stream) {
+    if (stream) _mm_stream_si128((__m128i *)d, v);
+    else ST(d, v);
+    return (uint64_t)_mm_cvtsi128_si64(v) * (2 * w + 1) +
+           (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(v, v)) * (2 * w + 3);
+}
+
+/* Planes to elements, 16 at a time with SSE2 byte unpacks (the tail scalar); returns their wsum64
+ * terms, d[0] being word w0. Where d is 16-byte aligned the stores stream past the cache: a load
+ * writes far more than the cache holds, and a cached store first reads the line it fills. */
+static uint64_t interleave(uint8_t *d, const uint8_t *const *p, int k, uint64_t n, uint64_t w0) {
+    const int stream = (uintptr_t)d % 16 == 0;
+    uint64_t e = 0, total = 0;
     if (k == 2) {
         for (; e + 16 <= n; e += 16) {
             __m128i a = LD(p[0] + e), b = LD(p[1] + e);
-            ST(d + 2 * e, _mm_unpacklo_epi8(a, b));
-            ST(d + 2 * e + 16, _mm_unpackhi_epi8(a, b));
+            uint64_t w = w0 + e / 4;
+            total += put(d + 2 * e, _mm_unpacklo_epi8(a, b), w, stream);
+            total += put(d + 2 * e + 16, _mm_unpackhi_epi8(a, b), w + 2, stream);
         }
     } else if (k == 4) {
         for (; e + 16 <= n; e += 16) {
             __m128i a = LD(p[0] + e), b = LD(p[1] + e), c = LD(p[2] + e), f = LD(p[3] + e);
             __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
             __m128i cf0 = _mm_unpacklo_epi8(c, f), cf1 = _mm_unpackhi_epi8(c, f);
-            ST(d + 4 * e, _mm_unpacklo_epi16(ab0, cf0));
-            ST(d + 4 * e + 16, _mm_unpackhi_epi16(ab0, cf0));
-            ST(d + 4 * e + 32, _mm_unpacklo_epi16(ab1, cf1));
-            ST(d + 4 * e + 48, _mm_unpackhi_epi16(ab1, cf1));
+            uint64_t w = w0 + e / 2;
+            total += put(d + 4 * e, _mm_unpacklo_epi16(ab0, cf0), w, stream);
+            total += put(d + 4 * e + 16, _mm_unpackhi_epi16(ab0, cf0), w + 2, stream);
+            total += put(d + 4 * e + 32, _mm_unpacklo_epi16(ab1, cf1), w + 4, stream);
+            total += put(d + 4 * e + 48, _mm_unpackhi_epi16(ab1, cf1), w + 6, stream);
         }
     } else {
         for (; e + 16 <= n; e += 16) {
@@ -133,12 +156,15 @@ static void interleave(uint8_t *d, const uint8_t *const *p, int k, uint64_t n) {
             }
             for (h = 0; h < 4; h++) { /* elements 4h .. 4h+3: their bytes 0-3 and 4-7 */
                 __m128i lo = b16[(h / 2) * 4 + h % 2], hi = b16[(h / 2) * 4 + 2 + h % 2];
-                ST(d + 8 * e + 32 * h, _mm_unpacklo_epi32(lo, hi));
-                ST(d + 8 * e + 32 * h + 16, _mm_unpackhi_epi32(lo, hi));
+                uint64_t w = w0 + e + 4 * h;
+                total += put(d + 8 * e + 32 * h, _mm_unpacklo_epi32(lo, hi), w, stream);
+                total += put(d + 8 * e + 32 * h + 16, _mm_unpackhi_epi32(lo, hi), w + 2, stream);
             }
         }
     }
+    if (stream) _mm_sfence(); /* streamed stores are weakly ordered: done before the caller reads */
     interleave_scalar(d, p, k, e, n);
+    return total + wsum(d + k * e, k * (n - e), w0 + k * e / 8);
 }
 
 /* Elements to planes, 16 at a time with SSE2 shifts and saturating packs (the tail scalar). */
@@ -184,51 +210,63 @@ static void deinterleave(uint8_t *const *p, const uint8_t *s, int k, uint64_t n)
     deinterleave_scalar(p, s, k, e, n);
 }
 #else
-static void interleave(uint8_t *d, const uint8_t *const *p, int k, uint64_t n) { interleave_scalar(d, p, k, 0, n); }
+static uint64_t interleave(uint8_t *d, const uint8_t *const *p, int k, uint64_t n, uint64_t w0) {
+    uint64_t a, total = 0;
+    for (a = 0; a < n; a += BLOCK_ELEMENTS) { /* a block's wsum64 while it is in cache */
+        uint64_t end = n - a < BLOCK_ELEMENTS ? n : a + BLOCK_ELEMENTS;
+        interleave_scalar(d, p, k, a, end);
+        total += wsum(d + k * a, k * (end - a), w0 + k * a / 8);
+    }
+    return total;
+}
 static void deinterleave(uint8_t *const *p, const uint8_t *s, int k, uint64_t n) { deinterleave_scalar(p, s, k, 0, n); }
 #endif
 
 /* Split and merge rows: element address, first element, elements, owner, K plane addresses
- * (element 0). A block at a time: its planes split (or merged), then its wsum64 terms while it is
- * in cache. */
-static void planes_row(const int64_t *row, int k, uint64_t *partial, int merge) {
-    uint8_t *elements = (uint8_t *)(uintptr_t)row[0];
-    uint64_t first = (uint64_t)row[1], n = (uint64_t)row[2], a, total = 0;
-    uint8_t *p[MAX_ITEMSIZE];
+ * (element 0). The row's elements and its planes from its first element on. */
+static uint8_t *row_planes(const int64_t *row, int k, uint8_t **p) {
+    uint64_t first = (uint64_t)row[1];
+    int j;
+    for (j = 0; j < k; j++) p[j] = (uint8_t *)(uintptr_t)row[4 + j] + first;
+    return (uint8_t *)(uintptr_t)row[0] + first * k;
+}
+
+/* A block at a time: its planes split, then its wsum64 terms while it is in cache. */
+static void split_row(const int64_t *row, int k, uint64_t *partial) {
+    uint8_t *p[MAX_ITEMSIZE], *q[MAX_ITEMSIZE];
+    const uint8_t *elements = row_planes(row, k, p);
+    uint64_t n = (uint64_t)row[2], w0 = (uint64_t)row[1] * k / 8, a, total = 0;
     int j;
     for (a = 0; a < n; a += BLOCK_ELEMENTS) {
         uint64_t m = n - a < BLOCK_ELEMENTS ? n - a : BLOCK_ELEMENTS;
-        uint8_t *block = elements + (first + a) * k;
-        for (j = 0; j < k; j++) p[j] = (uint8_t *)(uintptr_t)row[4 + j] + first + a;
-        if (merge) interleave(block, (const uint8_t *const *)p, k, m);
-        else deinterleave(p, block, k, m);
-        total += wsum(block, m * k, (first + a) * k / 8);
+        for (j = 0; j < k; j++) q[j] = p[j] + a;
+        deinterleave(q, elements + a * k, k, m);
+        total += wsum(elements + a * k, m * k, w0 + a * k / 8);
     }
     *partial = total;
 }
 
-static void split_row(const int64_t *row, int k, uint64_t *partial) { planes_row(row, k, partial, 0); }
+static void merge_row(const int64_t *row, int k, uint64_t *partial) {
+    uint8_t *p[MAX_ITEMSIZE];
+    uint8_t *elements = row_planes(row, k, p);
+    *partial = interleave(elements, (const uint8_t *const *)p, k, (uint64_t)row[2], (uint64_t)row[1] * k / 8);
+}
 
-static void merge_row(const int64_t *row, int k, uint64_t *partial) { planes_row(row, k, partial, 1); }
-
-/* Segment rows: source address, destination address (0: checksum only), bytes, owner, first word. */
+/* Segment rows: source address, destination address (0: checksum only), bytes, owner, first word.
+ * Copies a block at a time, each block's wsum64 then read from cache. */
 static void segment_row(const int64_t *row, int unused, uint64_t *partial) {
     const uint8_t *src = (const uint8_t *)(uintptr_t)row[0];
     uint8_t *dst = (uint8_t *)(uintptr_t)row[1];
-    uint64_t n = (uint64_t)row[2], w0 = (uint64_t)row[4], words = n / 8, total = 0, i;
+    uint64_t n = (uint64_t)row[2], w0 = (uint64_t)row[4], a, total = 0;
     (void)unused;
     if (!dst) {
         *partial = wsum(src, n, w0);
         return;
     }
-    for (i = 0; i < words; i++) {
-        uint64_t w = load64(src + 8 * i);
-        store64(dst + 8 * i, w);
-        total += w * (2 * (w0 + i) + 1);
-    }
-    if (n % 8) {
-        memcpy(dst + 8 * words, src + 8 * words, n % 8);
-        total += wsum(src + 8 * words, n % 8, w0 + words);
+    for (a = 0; a < n; a += COPY_BLOCK) {
+        uint64_t m = n - a < COPY_BLOCK ? n - a : COPY_BLOCK;
+        memcpy(dst + a, src + a, m);
+        total += wsum(dst + a, m, w0 + a / 8);
     }
     *partial = total;
 }
