@@ -9,12 +9,12 @@ Parts (``--parts``, comma-separated):
 - ``restore``: fresh processes restore the newest checkpoint from that tier onto the GPU:
   seconds and GB/s of the state's bytes (the interpreter's and CUDA's start excluded),
   bit-exact against the state rebuilt from its seed.
-- ``delta``: bf16 weights of a stack of linear layers (``--delta-gib``) trained in bf16 with
-  AdamW, one step apart, saved by an incremental manager: share of bit-identical elements,
+- ``delta``: bf16 weights of the demo's Transformer (``--delta-preset``) trained in bf16 with
+  AdamW on Python sources, one step apart, saved by an incremental manager: share of bit-identical elements,
   ratio of each step's XOR delta file, and GB/s of the save (blocked plus background encode),
   at an RL-like learning rate (1e-6) and at a pre-training one (1e-4, against whole files).
 
-    python3 bench/tier_gpu.py --gib 40 --delta-gib 4 --json tier-gpu.json
+    python3 bench/tier_gpu.py --gib 40 --delta-preset large --json tier-gpu.json
 """
 
 from __future__ import annotations
@@ -27,12 +27,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import fsspec
 import torch
+import torch.nn.functional as F
 
 import ckptzip
+from ckptzip.demo.training import Transformer, get_preset, load_corpus
 from ckptzip.manager import CheckpointManager
 from training_job import RESULTS, blocked_save, report, same
 
@@ -45,6 +48,7 @@ _SAVE = r"""
 import json, os, sys, time, torch
 sys.path.insert(0, sys.argv[4])
 from training_job import blocked_save, clone_seconds, llama_like_state, nbytes
+from ckptzip.demo.training import Transformer, get_preset, load_corpus
 from ckptzip.manager import CheckpointManager, MemoryTier
 state = llama_like_state(float(sys.argv[3]))
 clone = clone_seconds(state)
@@ -64,6 +68,7 @@ import json, os, sys, time, torch
 sys.path.insert(0, sys.argv[4])
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 from training_job import llama_like_state, same
+from ckptzip.demo.training import Transformer, get_preset, load_corpus
 from ckptzip.manager import CheckpointManager, MemoryTier
 manager = CheckpointManager(sys.argv[1], memory_tier=MemoryTier(keep=1, persist_every=1000, path=sys.argv[2]))
 torch.cuda.synchronize(); t = time.perf_counter()
@@ -127,30 +132,32 @@ def _stored(run: str, step: int) -> int:
     return int(fs.size(f"/{run}/step_{step:08d}.ckz"))
 
 
-def _layers(gib: float) -> torch.nn.Module:
-    width = 8192
-    count = max(1, int(gib * (1 << 30) // (width * width * 2)))
+def _trainer(preset: str) -> tuple[torch.nn.Module, Callable[[torch.optim.Optimizer], None]]:
+    """The demo's Transformer of ``preset`` in bf16 on the GPU, and a step function that trains it
+    one batch of the standard library's Python sources with a given optimizer."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(count)]).cuda().bfloat16()
-    for layer in model:  # activations keep their scale through the stack, so every layer's gradient is far above eps
-        torch.nn.init.normal_(layer.weight, std=width**-0.5)
-    return model
+    config = get_preset(preset)
+    model = Transformer(config).cuda().bfloat16()
+    corpus = load_corpus().cuda()
+    g = torch.Generator().manual_seed(1)
 
+    def step(optimizer: torch.optim.Optimizer) -> None:
+        at = torch.randint(0, corpus.numel() - config.seq_len - 1, (4,), generator=g).tolist()
+        x = torch.stack([corpus[i : i + config.seq_len] for i in at]).long()
+        y = torch.stack([corpus[i + 1 : i + config.seq_len + 1] for i in at]).long()
+        loss = F.cross_entropy(model(x)[0].float().flatten(0, 1), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
 
-def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, g: torch.Generator) -> None:
-    x = torch.randn(64, 8192, generator=g, device="cuda", dtype=torch.bfloat16)
-    loss = model(x).float().pow(2).sum()
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
+    return model, step
 
 
 def part_delta(args: argparse.Namespace, root: Path) -> None:
-    model = _layers(args.delta_gib)
-    g = torch.Generator(device="cuda").manual_seed(1)
+    model, train = _trainer(args.delta_preset)
     warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for _ in range(3):  # weights that are not at their initialisation
-        _train_step(model, warm, g)
+    for _ in range(args.warmup):  # weights that are not at their initialisation
+        train(warm)
     del warm
     for lr in (1e-6, 1e-4):
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -161,7 +168,7 @@ def part_delta(args: argparse.Namespace, root: Path) -> None:
             manager.save(0, previous)
             manager.wait()
             for i in range(1, args.delta_steps + 1):
-                _train_step(model, optimizer, g)
+                train(optimizer)
                 weights = model.state_dict()
                 raw = sum(t.nbytes for t in weights.values())
                 torch.cuda.synchronize()
@@ -177,7 +184,7 @@ def part_delta(args: argparse.Namespace, root: Path) -> None:
             whole = _stored(run, 0)
             restored = manager.restore(args.delta_steps)
         exact = same(dict(restored), {k: v for k, v in model.state_dict().items()})
-        report(part="delta", lr=lr, weights_gb=round(raw / 1e9, 2), whole_ratio=round(raw / whole, 3),
+        report(part="delta", preset=args.delta_preset, lr=lr, weights_gb=round(raw / 1e9, 2), whole_ratio=round(raw / whole, 3),
                steps=rows, median_xor_ratio=statistics.median(r["xor_ratio"] for r in rows),
                median_save_gbs=statistics.median(r["save_gbs"] for r in rows), bit_exact=exact)
         del optimizer
@@ -190,7 +197,8 @@ def main() -> None:
     p.add_argument("--restores", type=int, default=2)
     p.add_argument("--codec", default="auto", help="the manager's codec for the tier parts")
     p.add_argument("--shm", default="/dev/shm", help="where the memory tier lives")
-    p.add_argument("--delta-gib", type=float, default=4, help="bf16 weights of the delta part")
+    p.add_argument("--delta-preset", default="large", help="the demo model trained in bf16 by the delta part")
+    p.add_argument("--warmup", type=int, default=20, help="steps at lr 1e-3 before the delta part's steps")
     p.add_argument("--delta-steps", type=int, default=4)
     p.add_argument("--part-timeout-s", type=float, default=240)
     p.add_argument("--json", default=None)
