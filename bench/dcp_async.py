@@ -17,6 +17,7 @@ import time
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptzip.dcp import CompressedStorageReader, CompressedStorageWriter
 from training_job import fill_gpu
@@ -61,7 +62,7 @@ def filled(state: dict[str, torch.Tensor], leave_gib: float, root: str) -> dict[
             row[f"bit_exact_{name}"] = same(target, state)
             for v in target.values():
                 v.zero_()
-    except Exception as exc:  # a failure is a result too
+    except (Exception, CheckpointException) as exc:  # a failure is a result too (DCP's is a BaseException)
         row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     row["reserved_mib"] = torch.cuda.memory_reserved() >> 20
     del filler, target
