@@ -4,6 +4,7 @@ structure kept, restored into targets, through DLPack without copies where possi
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import io
 import pathlib
@@ -16,10 +17,9 @@ import torch
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-try:  # two CPU devices for the sharding tests; only possible before JAX starts its backend
+# two CPU devices for the sharding tests; only possible before JAX starts its backend
+with contextlib.suppress(RuntimeError):
     jax.config.update("jax_num_cpu_devices", 2)
-except RuntimeError:
-    pass
 
 import ckptzip  # noqa: E402
 from ckptzip.errors import TargetMismatchError, UnsupportedObjectError  # noqa: E402
