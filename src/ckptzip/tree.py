@@ -352,7 +352,7 @@ class _Unflattener:
     def decode(self, node: Any, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise CorruptCheckpointError(f"tree nested deeper than {MAX_DEPTH} levels")
-        if node is None or isinstance(node, (bool, str, int)) and not isinstance(node, float):
+        if node is None or (isinstance(node, (bool, str, int)) and not isinstance(node, float)):
             return node
         if isinstance(node, list):
             return self.container(lambda: [self.decode(v, depth + 1) for v in node])
