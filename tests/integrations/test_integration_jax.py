@@ -122,7 +122,7 @@ def test_target_mismatches_are_named() -> None:
     with pytest.raises(TargetMismatchError, match=r"the checkpoint's array at 'w' is float32\[2, 3\], the target's "
                        r"float32\[3, 2\]"):
         ckz.load(buf.getvalue(), target={"w": jnp.zeros((3, 2))})
-    with pytest.raises(TargetMismatchError, match="the target has a leaf at 'v.0' that the checkpoint does not hold"):
+    with pytest.raises(TargetMismatchError, match=r"the target has a leaf at 'v\.0' that the checkpoint does not hold"):
         ckz.load(buf.getvalue(), target={"w": jnp.zeros((2, 3)), "v": [jnp.zeros(1)]})
 
 
