@@ -79,12 +79,15 @@ def _chunked(config: dict, chunk: int) -> Callable[[torch.Tensor], int]:
     return size
 
 
+def _zstd_size(compressor: zstandard.ZstdCompressor) -> Callable[[torch.Tensor], int]:
+    return lambda t: len(compressor.compress(t.cpu().numpy().tobytes()))
+
+
 def plane_candidates(device: str) -> dict[str, Callable[[torch.Tensor], int]]:
     """Name -> the stored size of a ``uint8`` plane under that codec (zstd on the CPU, with
     ckptzip's float-plane candidates; on a GPU also ckptzip's nvCOMP codecs, chunked as stored)."""
     out: dict[str, Callable[[torch.Tensor], int]] = {
-        f"zstd-{level}": (lambda t, c=zstandard.ZstdCompressor(level=level): len(c.compress(t.cpu().numpy().tobytes())))
-        for level in LEVELS}
+        f"zstd-{level}": _zstd_size(zstandard.ZstdCompressor(level=level)) for level in LEVELS}
     literals = codec_for({"id": "zstd", "level": 1, "long_matches_only": True}, "cpu")
     out["zstd-1 long matches"] = lambda t: literals.encode([t.cpu()])[0].numel()
     if device == "cuda":

@@ -221,10 +221,10 @@ def cpu_ratio(gpu_blob: bytes, raw: int, gpu_ratio: float) -> dict:
 
 def torch_baselines(state, raw: int, results: dict) -> None:  # noqa: ANN001
     buf = io.BytesIO()
-    first_ts, ts = timed(lambda: torch.save(state, DiscardSink()), 1)
+    _, ts = timed(lambda: torch.save(state, DiscardSink()), 1)
     torch.save(state, buf)
     tblob = buf.getvalue()
-    first_tl, tl = timed(lambda: torch.load(io.BytesIO(tblob), map_location="cuda", weights_only=True), 1)
+    _, tl = timed(lambda: torch.load(io.BytesIO(tblob), map_location="cuda", weights_only=True), 1)
     results["torch"] = {"save_s": ts, "load_s": tl, "save_gbps": raw / ts / 1e9, "load_gbps": raw / tl / 1e9}
     print(json.dumps({"torch": results["torch"]}))
 

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import fsspec
 import numpy as np
@@ -95,8 +95,9 @@ class DiscardFileSystem(MemoryFileSystem):
     checkpoint bytes, so a manager's pipeline is timed without the disk."""
 
     protocol = "discard"
-    store: dict[str, Any] = {}
-    pseudo_dirs = [""]
+    # fsspec's MemoryFileSystem keeps its files in these class attributes, shared by its instances
+    store: ClassVar[dict[str, Any]] = {}
+    pseudo_dirs: ClassVar[list[str]] = [""]
 
     def _open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
         if mode == "wb" and path.endswith(".ckz"):

@@ -132,7 +132,7 @@ def mixed_state() -> dict[str, Any]:
         "step": 123,
         "lr": 3e-4,
         "nan": float("nan"),
-        "name": "run-α",
+        "name": "run-α",  # noqa: RUF001 - a non-ASCII string on purpose
         "blob": b"\x00\xff",
         "shape": (2, [3, None]),
     }

@@ -360,7 +360,7 @@ def test_compress_every_dtype(dtype: torch.dtype) -> None:
 
 
 def test_compress_rejects_non_tensors_and_checkpoints() -> None:
-    with pytest.raises(TypeError, match="compress\\(\\) takes a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"compress\(\) takes a torch\.Tensor, got list"):
         ckptzip.compress([1, 2])  # type: ignore[arg-type]
     with pytest.raises(CkptzipError, match="holds a checkpoint of 2 tensors, expected exactly one"):
         ckptzip.CompressedTensor.from_bytes(save_bytes({"a": torch.ones(1), "b": torch.zeros(1)}))

@@ -157,7 +157,7 @@ def test_failed_sync_or_rename_is_a_write_error(
 
 def test_unsupported_object_leaves_the_previous_checkpoint(previous: tuple[Path, Any, bytes]) -> None:
     path, obj, data = previous
-    with pytest.raises(UnsupportedObjectError, match="'model.act'"):
+    with pytest.raises(UnsupportedObjectError, match=r"'model\.act'"):
         ckptzip.save({"model": {"w": torch.ones(2), "act": torch.nn.GELU()}}, path)
     _assert_untouched(path, obj, data)
 

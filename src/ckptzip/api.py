@@ -6,7 +6,7 @@ import collections
 import io
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, BinaryIO, Union
+from typing import Any, BinaryIO
 
 import torch
 from tqdm.auto import tqdm
@@ -22,11 +22,11 @@ from .format import BaseRef, ContainerReader, TensorEntry, content_hash
 from .storage import atomic_file, open_for_read
 from .tree import flatten, unflatten
 
-PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
-Source = Union[PathOrFile, bytes, bytearray, memoryview]
-CodecArg = Union[str, Policy]
-MapLocation = Union[None, str, torch.device, dict[str, Any]]
-BaseTensors = Union[None, Sequence[Mapping[str, torch.Tensor]]]  # per base checkpoint, its tensors by name
+PathOrFile = str | os.PathLike[str] | BinaryIO
+Source = PathOrFile | bytes | bytearray | memoryview
+CodecArg = str | Policy
+MapLocation = None | str | torch.device | dict[str, Any]
+BaseTensors = None | Sequence[Mapping[str, torch.Tensor]]  # per base checkpoint, its tensors by name
 
 
 def _progress(total: int, enabled: bool, desc: str) -> tqdm[Any]:

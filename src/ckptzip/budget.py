@@ -4,6 +4,7 @@ sizes the file declares before anything is allocated for them."""
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 from collections.abc import Mapping
@@ -34,10 +35,8 @@ def host_available() -> int | None:
         with open("/proc/meminfo", "rb") as f:
             available = next(int(line.split()[1]) * 1024 for line in f if line.startswith(b"MemAvailable:"))
     except (OSError, ValueError, IndexError, StopIteration):
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, AttributeError):
-            pass
     try:
         with open("/sys/fs/cgroup/memory.max", "rb") as f, open("/sys/fs/cgroup/memory.current", "rb") as g:
             limit, used = f.read().strip(), int(g.read())

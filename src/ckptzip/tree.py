@@ -143,7 +143,7 @@ def _map_container(obj: Any, path: str, walk: Callable[[Any, str], Any], key: Ca
         return obj
     out = type(obj)(items)
     if hasattr(obj, "_metadata"):
-        setattr(out, "_metadata", obj._metadata)  # torch's state_dict metadata, an attribute of the OrderedDict
+        out._metadata = obj._metadata  # torch's state_dict metadata, an attribute of the OrderedDict
     return out
 
 
@@ -352,7 +352,7 @@ class _Unflattener:
     def decode(self, node: Any, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise CorruptCheckpointError(f"tree nested deeper than {MAX_DEPTH} levels")
-        if node is None or isinstance(node, (bool, str, int)) and not isinstance(node, float):
+        if node is None or (isinstance(node, (bool, str, int)) and not isinstance(node, float)):
             return node
         if isinstance(node, list):
             return self.container(lambda: [self.decode(v, depth + 1) for v in node])
@@ -413,8 +413,8 @@ class _Unflattener:
                 raise CorruptCheckpointError(f"tree holds an unhashable dict key {key!r:.80}") from exc
         if tag == "odict":
             meta = self.decode(node["meta"], depth + 1)
-            if meta is not None:
-                setattr(out, "_metadata", meta)  # torch's state_dict metadata, an attribute of the OrderedDict
+            if meta is not None:  # torch's state_dict metadata, an attribute of the OrderedDict
+                setattr(out, "_metadata", meta)  # noqa: B010 (out is typed dict, which has no _metadata)
         return out
 
 

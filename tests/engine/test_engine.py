@@ -8,6 +8,7 @@ through Triton's interpreter on the CPU.
 from __future__ import annotations
 
 import io
+import itertools
 
 import numpy as np
 import pytest
@@ -453,7 +454,7 @@ def test_a_tensor_coded_in_ranges_loads_bit_exactly_with_each_stream_back_to_bac
     data = entries["i"]
     assert data.transforms == [] and [c.raw_length for c in data.streams[0].chunks] == [1 << 14] * 5
     offsets = [(c.offset, c.length) for c in data.streams[0].chunks]
-    assert all(a + n == b for (a, n), (b, _) in zip(offsets, offsets[1:]))  # back to back across ranges
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(offsets))  # back to back across ranges
     damaged = bytearray(buf.getvalue())
     damaged[data.streams[0].chunks[-1].offset] ^= 1
     with pytest.raises(ckptzip.CorruptCheckpointError, match=r"tensor 'i' stream 0 chunk 4 .* is damaged"):

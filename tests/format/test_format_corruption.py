@@ -487,7 +487,7 @@ def test_unknown_flags_are_unsupported(small_file: bytes) -> None:
 
 
 def test_bad_magic_with_a_matching_hash_is_corrupt(small_file: bytes) -> None:
-    with pytest.raises(CorruptCheckpointError, match="bad magic .*: not a ckptzip file"):
+    with pytest.raises(CorruptCheckpointError, match=r"bad magic .*: not a ckptzip file"):
         load_bytes(with_preamble(small_file, magic=b"\x89PNG\r\n\x1a\n"))
 
 

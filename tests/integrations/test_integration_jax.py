@@ -4,6 +4,7 @@ structure kept, restored into targets, through DLPack without copies where possi
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import io
 import pathlib
@@ -16,10 +17,9 @@ import torch
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-try:  # two CPU devices for the sharding tests; only possible before JAX starts its backend
+# two CPU devices for the sharding tests; only possible before JAX starts its backend
+with contextlib.suppress(RuntimeError):
     jax.config.update("jax_num_cpu_devices", 2)
-except RuntimeError:
-    pass
 
 import ckptzip  # noqa: E402
 from ckptzip.errors import TargetMismatchError, UnsupportedObjectError  # noqa: E402
@@ -122,7 +122,7 @@ def test_target_mismatches_are_named() -> None:
     with pytest.raises(TargetMismatchError, match=r"the checkpoint's array at 'w' is float32\[2, 3\], the target's "
                        r"float32\[3, 2\]"):
         ckz.load(buf.getvalue(), target={"w": jnp.zeros((3, 2))})
-    with pytest.raises(TargetMismatchError, match="the target has a leaf at 'v.0' that the checkpoint does not hold"):
+    with pytest.raises(TargetMismatchError, match=r"the target has a leaf at 'v\.0' that the checkpoint does not hold"):
         ckz.load(buf.getvalue(), target={"w": jnp.zeros((2, 3)), "v": [jnp.zeros(1)]})
 
 

@@ -220,7 +220,7 @@ def test_remote_paths_go_through_fsspec_and_a_failed_save_leaves_nothing() -> No
     io.remove_checkpoint("memory://ckptzip-test/run/a.ckpt")
     with pytest.raises(UnsupportedObjectError):
         io.save_checkpoint(checkpoint_with_unsupported_values(), "memory://ckptzip-test/run/a.ckpt")
-    with pytest.raises(CheckpointNotFoundError, match="no checkpoint at 'memory://ckptzip-test/run/a.ckpt'"):
+    with pytest.raises(CheckpointNotFoundError, match=r"no checkpoint at 'memory://ckptzip-test/run/a\.ckpt'"):
         io.load_checkpoint("memory://ckptzip-test/run/a.ckpt")
 
 

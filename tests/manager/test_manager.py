@@ -325,7 +325,7 @@ def test_restore_raises_when_every_checkpoint_is_damaged(tmp_path: Path) -> None
 
 def test_restore_without_checkpoints(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path / "missing")
-    with pytest.raises(CheckpointNotFoundError, match="no committed checkpoint in .*missing; nothing to restore"):
+    with pytest.raises(CheckpointNotFoundError, match=r"no committed checkpoint in .*missing; nothing to restore"):
         manager.restore()
     manager.save(1, {}).result()
     with pytest.raises(CheckpointNotFoundError, match=r"no committed checkpoint of step 7 .*committed steps: \[1\]"):

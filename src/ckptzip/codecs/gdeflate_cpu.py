@@ -141,7 +141,7 @@ class GdeflateCpuCodec(Codec):
                 try:
                     self._decode_group(np.array([index]), in_ptrs, src_lengths, out_ptrs, raw_lengths)
                 except _gdeflate_lib.LibraryError as exc:
-                    raise _corrupt(index, f"does not decode on the CPU: {exc}")
+                    raise _corrupt(index, f"does not decode on the CPU: {exc}") from exc
 
         parallel_map(run, _groups(raw_lengths), int(raw_lengths.sum()))
 

@@ -116,7 +116,7 @@ class _TorchBuffer:
     """Device memory nvCOMP asked for, taken from torch's caching allocator on the calling
     thread's current stream (nvCOMP's own, which the engine binds to it)."""
 
-    __slots__ = ("ptr", "_tensor")
+    __slots__ = ("_tensor", "ptr")
 
     def __init__(self, nbytes: int, stream: Any) -> None:
         self._tensor = torch.empty(max(1, int(nbytes)), dtype=torch.uint8, device="cuda")

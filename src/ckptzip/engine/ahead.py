@@ -17,7 +17,7 @@ class Task(Generic[K, R]):
     """``run()`` for ``key``; ``inline`` tasks run on the calling thread (GPU work stays on the
     thread that owns the device's stream)."""
 
-    __slots__ = ("key", "run", "inline")
+    __slots__ = ("inline", "key", "run")
 
     def __init__(self, key: K, run: Callable[[], R], *, inline: bool = False) -> None:
         self.key = key

@@ -144,10 +144,9 @@ def decode_batch(entries: list[TensorEntry], region: torch.Tensor, runs: Runs, b
     found = torch.zeros(chunks.length.size, dtype=torch.int64, device=device)
     zeros = np.zeros(chunks.length.size, dtype=np.int64)
     r_sel = np.flatnonzero(~chunk_coded)
-    if digests or r_sel.size:
-        if digests and r_sel.size:
-            found[to_device(r_sel, device)] = segment_sums([region], zeros[r_sel], chunks.offset[r_sel],
-                                                                     chunks.length[r_sel])
+    if digests and r_sel.size:
+        found[to_device(r_sel, device)] = segment_sums([region], zeros[r_sel], chunks.offset[r_sel],
+                                                       chunks.length[r_sel])
     if c_sel.size and (digests or on_gpu):
         gather = dict(outs=[coded_src], out_index=zeros[c_sel], out_offsets=c_slot) if on_gpu else {}
         sums = segment_sums([region], zeros[c_sel], chunks.offset[c_sel], chunks.length[c_sel], **gather)

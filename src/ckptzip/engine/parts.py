@@ -10,6 +10,7 @@ table entry a whole-tensor batch would have produced (:class:`~.encode.Part`).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -39,8 +40,8 @@ def ranges(tensor: torch.Tensor, streams: int, range_bytes: int) -> list[tuple[i
     """``(stream, first element, end element)`` of each part, in file order."""
     elements = tensor.numel() * tensor.element_size() // streams  # bytes of one stream
     step = max(RANGE_ALIGN, range_bytes // RANGE_ALIGN * RANGE_ALIGN)
-    cuts = list(range(0, elements, step)) + [elements]
-    return [(j, a, b) for j in range(streams) for a, b in zip(cuts, cuts[1:])]
+    cuts = [*range(0, elements, step), elements]
+    return [(j, a, b) for j in range(streams) for a, b in itertools.pairwise(cuts)]
 
 
 def stream_codecs(data: torch.Tensor, tensor: torch.Tensor, streams: int, policy: Policy, backend: str

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import functools
 import gc
+import itertools
 import os
 import queue
 import threading
@@ -343,7 +344,7 @@ def _slices(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | N
     if len(cuts) <= 2:
         return None
     out = []
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in itertools.pairwise(cuts):
         streams = [StreamEntry(s.codec, b - a, [c for c, end in zip(s.chunks, e.tolist()) if a < end <= b])
                    for s, e in zip(entry.streams, ends)]
         part = TensorEntry(entry.name, "uint8", ((b - a) * k,), (b - a) * k, entry.checksum, entry.transforms,

@@ -221,7 +221,7 @@ class Index:
         if version[1] <= KNOWN_MINORS[version[0]]:
             _check_keys(doc, _TOP_KEYS, set(), "index")
         else:
-            if not _TOP_KEYS <= set(doc):
+            if not set(doc) >= _TOP_KEYS:
                 raise _corrupt(f"index lacks keys {sorted(_TOP_KEYS - set(doc))}")
         if doc["format"] != FORMAT_NAME:
             raise _corrupt(f"index 'format' is {doc['format']!r:.40}, expected {FORMAT_NAME!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 import threading
-from typing import IO, Union
+from typing import IO
 
 import numpy as np
 import numpy.typing as npt
@@ -13,7 +13,7 @@ import numpy.typing as npt
 from ..errors import CorruptCheckpointError
 
 Bytes = npt.NDArray[np.uint8]
-Readable = Union[IO[bytes], bytes, bytearray, memoryview]
+Readable = IO[bytes] | bytes | bytearray | memoryview
 
 
 class ByteSource:
