@@ -35,7 +35,7 @@ def pack_bits(mask: torch.Tensor) -> torch.Tensor:
     n = mask.numel()
     padded = torch.zeros(-(-n // 8) * 8, dtype=torch.uint8, device=mask.device)
     padded[:n] = mask
-    weights = torch.tensor([1 << b for b in range(8)], dtype=torch.uint8, device=mask.device)
+    weights = torch.ones(8, dtype=torch.uint8, device=mask.device) << torch.arange(8, dtype=torch.uint8, device=mask.device)
     return (padded.view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)
 
 
