@@ -6,7 +6,7 @@ codes the planes that carry structure, with one codec call per codec; a last pas
 stored chunk into one buffer in file order and checksums each chunk. The plan is built with NumPy
 over the whole batch: no Python work per chunk. XOR residues with few non-zero elements are coded
 sparse instead (:class:`~ckptzip.transforms.Sparse`: a bitmap and the non-zero values' planes,
-each coded as a whole stream is).
+each coded as a near-constant float plane is).
 """
 
 from __future__ import annotations
@@ -141,6 +141,7 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
         for i in idx.tolist():
             transforms[i] = [BytePlanes(k).get_config()]
     coded_sparse = np.flatnonzero(nonzero >= 0)
+    sparse_of = {len(bases)} if coded_sparse.size else set()
     if coded_sparse.size:
         checksums[to_device(coded_sparse, device)] = _sparse_streams(
             datas, coded_sparse, itemsize, nonzero, streams, bases, transforms)
@@ -156,8 +157,8 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
         streams.add(whole, len(bases), offsets, nbytes[whole])
         bases.append(buffer)
     s_tensor, s_base, s_offset, s_size = streams.columns()
-    coded, precoded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, hist, floating, bases, policy,
-                                     backend)
+    coded, precoded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, sparse_of, hist, floating, bases,
+                                     policy, backend)
     return _assemble(tensors, checksums, bases, s_tensor, s_base, s_offset, s_size, coded, precoded, transforms,
                      policy, backend)
 
@@ -183,11 +184,12 @@ def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.nda
 
 
 def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
-                   plane_of: dict[int, int], hist: torch.Tensor, floating: np.ndarray,
+                   plane_of: dict[int, int], sparse_of: set[int], hist: torch.Tensor, floating: np.ndarray,
                    bases: list[torch.Tensor], policy: Policy, backend: str
                    ) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
     """The codec configuration each stream is tried with (``RAW``: stored as it is), and the
-    streams a trial already coded whole (:func:`_trial`)."""
+    streams a trial already coded whole (:func:`_trial`). Streams of ``sparse_of`` (bitmaps and
+    values of sparse residues, mostly zero bytes) are coded as near-constant float planes are."""
     plane_codec = policy.plane_codec(backend).get_config()
     precoded: dict[int, tuple[int, int, int]] = {}
     if not s_tensor.size:
@@ -208,6 +210,10 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
         size = int(s_size[s])
         if size == 0:
             configs.append(RAW)
+        elif s_base[s] in sparse_of:
+            configs.append(low or candidates[0])
+            if backend == "cpu" and len(candidates) > 1:
+                structured.append(s)
         elif not is_plane[s]:
             configs.append(policy.whole_codec(backend, size).get_config())
         elif not floating[s_tensor[s]]:
