@@ -43,10 +43,11 @@ def unpack_bits(bitmap: torch.Tensor, elements: int) -> tuple[torch.Tensor, torc
     """The mask of ``elements`` elements in a bitmap, and (0-d int64) its set bits, plus
     ``elements + 1`` if any bit past the last element is set (so it exceeds any valid count)."""
     shifts = torch.arange(8, dtype=torch.uint8, device=bitmap.device)
-    bits = ((bitmap[:, None] >> shifts) & 1).view(-1)
-    inside = bits[:elements].sum(dtype=torch.int64)
-    tail = bits[elements:].sum(dtype=torch.int64)
-    return bits[:elements].bool(), inside + (tail != 0) * (elements + 1)
+    table = (torch.arange(256, dtype=torch.uint8, device=bitmap.device)[:, None] >> shifts) & 1  # byte -> its bits
+    bits = table.index_select(0, bitmap.to(torch.int32)).view(-1)  # 0 or 1 a byte: a bool view
+    inside = torch.count_nonzero(bits[:elements])
+    tail = torch.count_nonzero(bits[elements:])
+    return bits[:elements].view(torch.bool), inside + (tail != 0) * (elements + 1)
 
 
 class Sparse(Transform):
