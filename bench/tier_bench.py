@@ -7,9 +7,10 @@
 3. ``replicate``: two gloo ranks on loopback; time of the ring exchange of one checkpoint, and of
    a save with and without replication.
 4. ``delta``: a model's bf16 weights trained directly in bf16 (AdamW, lr 1e-6, RL-like) saved each
-   step with ``incremental``: bit-identical share, ratio per step of the XOR delta file, and of a
-   sparse coding of the changed elements (gaps of their positions and XOR of their values, each
-   zstd-coded; a prototype, not in the format) for comparison.
+   step with ``incremental``: bit-identical share, ratio per step of the XOR delta file (the
+   format's sparse coding where it pays: format 2.2), of its stored streams alone, and of the
+   earlier prototype sparse coding of the changed elements (gaps of their positions and XOR of
+   their values, each zstd-coded; stream bytes only) for comparison.
 
     python3 bench/tier_bench.py --out tier.json               # every part, CPU, a few minutes
     python3 bench/tier_bench.py --parts delta --steps 5 --out delta.json
@@ -173,10 +174,16 @@ def delta(root: Path, preset: str, steps: int, warmup: int) -> dict[str, Any]:
             manager.wait()
             raw = sum(t.nbytes for t in weights.values())
             same = sum(int((weights[k].view(torch.int16) == previous[k].view(torch.int16)).sum()) for k in weights)
-            stored = (root / "delta" / f"step_{i:08d}.ckz").stat().st_size
+            path = root / "delta" / f"step_{i:08d}.ckz"
+            with ckptzip.open(path) as reader:
+                entries = reader.entries()
+                version = reader._reader.index.version
             sparse = sum(_sparse_bytes(previous[k], weights[k]) for k in weights)
             rows.append({"step": i, "raw_mb": raw / 2**20, "identical": same / sum(t.numel() for t in weights.values()),
-                         "xor_file_ratio": raw / stored, "sparse_ratio": raw / sparse})
+                         "format": ".".join(map(str, version)), "file_ratio": raw / path.stat().st_size,
+                         "streams_ratio": raw / sum(e.compressed_nbytes for e in entries),
+                         "sparse_tensors": sum(bool(e.transforms) and e.transforms[0]["id"] == "sparse" for e in entries),
+                         "tensors": len(entries), "prototype_ratio": raw / sparse})
             previous = weights
         whole = (root / "delta" / "step_00000000.ckz").stat().st_size
     assert all(torch.equal(manager.restore(i)[k], v) for i in [steps] for k, v in previous.items())

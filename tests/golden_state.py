@@ -81,3 +81,23 @@ def golden_delta_state() -> dict:
     state["model"]["embed.weight_bf16"] = later.to(torch.bfloat16)
     state["optimizer"]["state"][0]["step"] = torch.tensor(150.0)
     return state
+
+
+def _flip_low_bits(t: torch.Tensor, seed: int, every: int) -> torch.Tensor:
+    """``t`` with the lowest bit flipped in about one element of ``every`` (LCG-chosen)."""
+    ints = {2: np.int16, 4: np.int32}[t.element_size()]
+    bits = t.reshape(-1).view({2: torch.int16, 4: torch.int32}[t.element_size()]).numpy()
+    flip = (_lcg(t.numel(), seed) % np.uint32(every) == 0).astype(ints)
+    return torch.from_numpy(bits ^ flip).view(t.dtype).reshape(t.shape)
+
+
+def golden_sparse_delta_state() -> dict:
+    """``golden_state_2_1`` a step of RL fine-tuning later: one element in 64 of the fp32 embedding
+    and (apart) of its bf16 copy moved by one bit, the rest unchanged; the golden sparse delta file
+    stores it as XOR deltas coded sparse (format 2.2) against cpu_zstd_v2_1_refs.ckz."""
+    state = golden_state_2_1()
+    model = state["model"]
+    model["embed.weight"] = _flip_low_bits(model["embed.weight"], 8, 64)
+    model["embed.weight_bf16"] = _flip_low_bits(model["embed.weight_bf16"], 9, 64)
+    state["optimizer"]["state"][0]["step"] = torch.tensor(101.0)
+    return state

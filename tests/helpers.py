@@ -317,3 +317,14 @@ def with_preamble(blob: bytes, major: int = 2, minor: int = 0, flags: int = 0, m
     parts = CkzParts.parse(blob)
     parts.preamble = PREAMBLE.pack(magic, major, minor, flags)
     return parts.build()
+
+
+def sparse_residue(dtype: torch.dtype, shape: tuple[int, ...], density: float, seed: int = 0) -> torch.Tensor:
+    """An XOR residue: arbitrary non-zero bits in about ``density`` of the elements, zero elsewhere."""
+    bits = random_tensor(dtype, shape, seed)
+    keep = torch.rand(math.prod(shape), generator=torch.Generator().manual_seed(seed)) < density
+    out = torch.zeros(shape, dtype=dtype)
+    rows = out.view(-1).view(torch.uint8).view(-1, dtype.itemsize)
+    rows[keep] = bits.view(-1).view(torch.uint8).view(-1, dtype.itemsize)[keep]
+    rows[keep, 0] |= 1  # every kept element non-zero
+    return out

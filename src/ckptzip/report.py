@@ -49,8 +49,9 @@ def human_bytes(n: float) -> str:
 
 def pipeline_label(entry: TensorEntry, table: list[TensorEntry] | None = None) -> str:
     """Short description of how a tensor is stored, e.g. 'planes[raw×3,ans]', 'zstd',
-    'cast of master.w', 'copy of w', or 'xor+planes[…]' for an XOR delta (``table``: the whole
-    tensor table, to name the entries references point at)."""
+    'cast of master.w', 'copy of w', or 'xor+planes[…]' for an XOR delta, 'xor+sparse(1.5%)[…]'
+    for one coded sparse (its share of non-zero elements; ``table``: the whole tensor table, to
+    name the entries references point at)."""
     kind = entry.source_kind
     if kind in ("copy", "cast"):
         target = entry.source_target
@@ -65,7 +66,20 @@ def pipeline_label(entry: TensorEntry, table: list[TensorEntry] | None = None) -
             runs[-1] = (codec_id, runs[-1][1] + 1)
         else:
             runs.append((codec_id, 1))
-    return prefix + "planes[" + ",".join(c if n == 1 else f"{c}×{n}" for c, n in runs) + "]"
+    return prefix + _transform_label(entry) + "[" + ",".join(c if n == 1 else f"{c}×{n}" for c, n in runs) + "]"
+
+
+def _is_sparse(entry: TensorEntry) -> bool:
+    return bool(entry.transforms) and entry.transforms[0]["id"] == "sparse"
+
+
+def _transform_label(entry: TensorEntry) -> str:
+    """'planes', or 'sparse(share of non-zero elements)'."""
+    if not _is_sparse(entry):
+        return "planes"
+    config = entry.transforms[0]
+    elements = entry.nbytes // config["itemsize"]
+    return f"sparse({100 * config['count'] / max(elements, 1):.2g}%)"
 
 
 def classify(entry: TensorEntry) -> str:
@@ -135,8 +149,9 @@ def sources_note(entries: list[TensorEntry], bases: list[BaseRef]) -> str:
         chosen = [e for e in entries if e.source_kind == kind]
         if chosen:
             saved = sum(e.nbytes - e.compressed_nbytes for e in chosen)
+            sparse = sum(map(_is_sparse, chosen))
             lines.append(f"{what}: {len(chosen)} tensors, {human_bytes(sum(e.nbytes for e in chosen))} "
-                         f"({human_bytes(saved)} not stored)")
+                         f"({human_bytes(saved)} not stored{f'; {sparse} coded sparse' if sparse else ''})")
     for ref in bases:
         lines.append(f"needs base checkpoint {ref.describe()} (restore through its CheckpointManager)")
     return "\n".join(lines) or "every tensor is stored as itself (no references, duplicates or deltas)"

@@ -171,11 +171,11 @@ def test_a_batch_that_runs_out_of_memory_is_encoded_in_halves(monkeypatch: pytes
     real = engine_writer.encode_batch
     sizes: list[int] = []
 
-    def flaky(tensors: list[torch.Tensor], policy: object, backend: str) -> object:
+    def flaky(tensors: list[torch.Tensor], policy: object, backend: str, sparse: object = None) -> object:
         sizes.append(len(tensors))
         if backend == "cuda" and len(tensors) > 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
-        return real(tensors, policy, backend)  # type: ignore[arg-type]
+        return real(tensors, policy, backend, sparse)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine_writer, "encode_batch", flaky)
     state = _state(n=6)
@@ -192,12 +192,12 @@ def test_a_lone_tensor_that_runs_out_of_memory_is_coded_in_ranges_and_later_batc
     real = engine_writer.encode_batch
     tried: list[int] = []
 
-    def scarce(tensors: list[torch.Tensor], policy: object, backend: str) -> object:
+    def scarce(tensors: list[torch.Tensor], policy: object, backend: str, sparse: object = None) -> object:
         nbytes = sum(t.nbytes for t in tensors)
         tried.append(nbytes)
         if backend == "cuda" and nbytes >= 64 * MIB:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 192.00 MiB")
-        return real(tensors, policy, backend)  # type: ignore[arg-type]
+        return real(tensors, policy, backend, sparse)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine_writer, "encode_batch", scarce)
     state = _state(n=4, elements=1 << 24)  # four 64 MiB fp32 tensors, each too large here

@@ -291,10 +291,16 @@ HOSTILE_INDEXES: list[tuple[str, Edit, type[Exception], str]] = [
     ),
     ("transform without id", _set(W, "transforms", [{"itemsize": 4}]), CorruptCheckpointError, "has no string 'id'"),
     (
+        "sparse before 2.2",
+        _set(W, "transforms", [{"id": "sparse", "itemsize": 4, "count": 0}]),
+        CorruptCheckpointError,
+        "has the sparse transform of format 2.2, in a file of an earlier version",
+    ),
+    (
         "unknown transform",
         _set(W, "transforms", [{"id": "xor-delta"}]),
         UnsupportedFormatError,
-        r"unknown transform 'xor-delta'; this ckptzip knows \['byteplanes'\]",
+        r"unknown transform 'xor-delta'; this ckptzip knows \['byteplanes', 'sparse'\]",
     ),
     (
         "streams vs transforms",

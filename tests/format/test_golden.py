@@ -104,3 +104,24 @@ def test_format_2_1_golden_delta_file_decodes_against_its_base() -> None:
         assert_same(reader.load(base_tensors=[base_tensors]), golden_delta_state())
     with pytest.raises(ckptzip.CkptzipError, match="XOR delta against the base checkpoint step 100"):
         ckptzip.load(GOLDEN / "cpu_zstd_v2_1_delta.ckz")
+
+
+def test_format_2_2_golden_sparse_delta_file_decodes_against_its_base() -> None:
+    """cpu_zstd_v2_2_sparse.ckz stores XOR deltas coded sparse against cpu_zstd_v2_1_refs.ckz:
+    one element in 64 of the embeddings moved, the unchanged tensors' residues all zero."""
+    from golden_state import golden_sparse_delta_state
+
+    from ckptzip.report import pipeline_label, sources_note
+
+    with ckptzip.open(GOLDEN / "cpu_zstd_v2_1_refs.ckz") as base:
+        base_tensors = base.named_tensors()
+    with ckptzip.open(GOLDEN / "cpu_zstd_v2_2_sparse.ckz") as reader:
+        assert reader._reader.index.version == (2, 2)
+        entries = {e.name: e for e in reader.entries()}
+        assert_same(reader.load(base_tensors=[base_tensors]), golden_sparse_delta_state())
+        note = sources_note(reader.entries(), reader.bases)
+    assert entries["model.embed.weight"].transforms == [{"id": "sparse", "itemsize": 4, "count": 1024}]
+    assert entries["model.embed.weight_bf16"].transforms == [{"id": "sparse", "itemsize": 2, "count": 1024}]
+    assert {entries[n].transforms[0]["count"] for n in ("optimizer.state.0.exp_avg", "tokens", "fp8")} == {0}
+    assert pipeline_label(entries["model.embed.weight"]) == "xor+sparse(1.6%)[zstd×5]"
+    assert "stored as XOR deltas: 9 tensors, 1.0 MiB (1.0 MiB not stored; 7 coded sparse)" in note

@@ -6,7 +6,9 @@ Files of format 2.0: cpu_zstd_v2_0.ckz (CPU, portable), gpu_zstd_v2_0.ckz (GPU n
 portable), gpu_ans_v2_0.ckz (GPU nvCOMP ans, then the default preset; now "fast").
 gpu_gdeflate_v2_1.ckz (GPU, the default preset since issue 22) comes from bench/gdeflate_check.py. Format 2.1: cpu_zstd_v2_1_refs.ckz
 (casts and a duplicate, golden_state_2_1) and cpu_zstd_v2_1_delta.ckz (golden_delta_state, XOR
-deltas against cpu_zstd_v2_1_refs.ckz as its base, "step" 100). The *_v1_0 files were
+deltas against cpu_zstd_v2_1_refs.ckz as its base, "step" 100). Format 2.2:
+cpu_zstd_v2_2_sparse.ckz (golden_sparse_delta_state, XOR deltas coded sparse against the same
+base). The *_v1_0 files were
 written by ckptzip 0.1.0 in format 1.0. Never regenerate a committed golden file of an earlier
 format version: old files must keep reading. Files that exist are not overwritten.
 """
@@ -24,7 +26,7 @@ from ckptzip.engine.policy import Policy
 from ckptzip.engine.sources import DeltaBase
 from ckptzip.format import BaseRef, content_hash
 from ckptzip.tree import flatten
-from golden_state import golden_delta_state, golden_state, golden_state_2_1
+from golden_state import golden_delta_state, golden_sparse_delta_state, golden_state, golden_state_2_1
 
 
 def _to(obj, device):  # noqa: ANN001, ANN202
@@ -51,13 +53,14 @@ def main(out_dir: str) -> None:
     for name, obj, codec in targets:
         if not (out / name).exists():
             ckptzip.save(obj, out / name, codec=codec)
-    delta = out / "cpu_zstd_v2_1_delta.ckz"
-    if not delta.exists():
-        with ckptzip.open(out / "cpu_zstd_v2_1_refs.ckz") as base:
-            ref = BaseRef(100, "cpu_zstd_v2_1_refs.ckz", content_hash(base.entries()))
-        tensors = {item.name: item.tensor for item in flatten(golden_state_2_1()).tensors}
-        with open(delta, "xb") as f:
-            write_checkpoint(f, golden_delta_state(), Policy.parse("portable"), base=DeltaBase(ref, tensors))
+    with ckptzip.open(out / "cpu_zstd_v2_1_refs.ckz") as base:
+        ref = BaseRef(100, "cpu_zstd_v2_1_refs.ckz", content_hash(base.entries()))
+    tensors = {item.name: item.tensor for item in flatten(golden_state_2_1()).tensors}
+    for name, later in [("cpu_zstd_v2_1_delta.ckz", golden_delta_state), ("cpu_zstd_v2_2_sparse.ckz",
+                                                                        golden_sparse_delta_state)]:
+        if not (out / name).exists():
+            with open(out / name, "xb") as f:
+                write_checkpoint(f, later(), Policy.parse("portable"), base=DeltaBase(ref, tensors))
     for path in sorted(out.glob("*.ckz")):
         with ckptzip.open(path) as r:
             codecs = sorted({c for e in r.entries() for c in e.codecs})

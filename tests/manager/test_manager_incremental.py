@@ -81,6 +81,32 @@ def test_deltas_make_checkpoints_smaller(tmp_path: Path) -> None:
     assert (tmp_path / "incr" / name(3)).stat().st_size < 0.9 * (tmp_path / "full" / name(3)).stat().st_size
 
 
+def rl_state(step: int) -> dict[str, Any]:
+    """bf16 weights of RL fine-tuning: about 1 % of the elements change by one bit a step."""
+    weights = {}
+    for i, shape in enumerate([(1024, 512), (512, 512), (4096,)]):
+        w = torch.randn(shape, generator=torch.Generator().manual_seed(i)).bfloat16()
+        bits = w.view(-1).view(torch.int16)
+        for s in range(1, step + 1):
+            moved = torch.rand(bits.numel(), generator=torch.Generator().manual_seed(100 * i + s)) < 0.01
+            bits[moved] ^= 1
+        weights[f"layer{i}.weight"] = w
+    return {"model": weights, "step": step}
+
+
+def test_steps_of_barely_moved_bf16_weights_are_stored_sparse_and_50x_smaller(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, keep_last=None, incremental=5, async_save=False) as manager:
+        for step in range(3):
+            manager.save(step, rl_state(step))
+        raw = sum(t.nbytes for t in rl_state(2)["model"].values())
+        assert (tmp_path / name(2)).stat().st_size * 50 < raw
+        with ckptzip.open(tmp_path / name(2)) as reader:
+            assert reader._reader.index.version == (2, 2)
+            assert {e.transforms[0]["id"] for e in reader.entries() if e.source_kind == "xor"} == {"sparse"}
+        for step in range(3):
+            assert_same(manager.restore(step), rl_state(step))
+
+
 def test_retention_keeps_every_base_a_retained_step_needs(tmp_path: Path) -> None:
     with CheckpointManager(tmp_path, keep_last=2, incremental=3) as manager:
         save_steps(manager, range(1, 4))

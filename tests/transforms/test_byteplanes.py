@@ -56,7 +56,7 @@ def test_stream_sizes_need_whole_elements() -> None:
 def test_get_transform_builds_and_validates() -> None:
     transform = get_transform({"id": "byteplanes", "itemsize": 8})
     assert isinstance(transform, BytePlanes) and transform.get_config() == {"id": "byteplanes", "itemsize": 8}
-    with pytest.raises(UnsupportedFormatError, match=r"unknown transform 'delta'; this ckptzip knows \['byteplanes'\]"):
+    with pytest.raises(UnsupportedFormatError, match=r"unknown transform 'delta'; this ckptzip knows \['byteplanes', 'sparse'\]"):
         get_transform({"id": "delta"})
     with pytest.raises(CorruptCheckpointError, match="transform 'byteplanes' has bad options"):
         get_transform({"id": "byteplanes", "itemsize": 8, "order": "big"})

@@ -5,14 +5,15 @@ host-to-device copies, or host memory). One pass checksums every chunk (and, on 
 the coded ones to the aligned addresses nvCOMP needs) before any decoder sees it; one codec call
 per codec decodes every coded chunk in place; one merge per item size rebuilds the tensors from
 their planes, raw planes read where they landed, computing each tensor's checksum in the same
-pass. The caller verifies those checksums (one sync for a whole load).
+pass; sparse tensors are scattered from their bitmaps and values. The caller verifies those
+checksums (one sync for a whole load).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +25,8 @@ from ..format import TensorEntry
 from ..kernels import distinct, to_device
 from ..kernels.planes import PLANE_ALIGN, merge_planes
 from ..kernels.segments import segment_sums
+from ..transforms import Sparse, get_transform
+from ..transforms.sparse import unpack_bits
 from .policy import codec_for
 from .scratch import scratch
 
@@ -228,8 +231,11 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
         by_tensor.setdefault(t, []).append(s)
     merges: dict[int, list[int]] = {}
     singles: list[int] = []
+    sparse: list[int] = []
     for t, entry in enumerate(entries):
-        if entry.transforms:
+        if entry.transforms and entry.transforms[0]["id"] == Sparse.transform_id:
+            sparse.append(t)
+        elif entry.transforms:
             merges.setdefault(len(entry.streams), []).append(t)
         elif entry.nbytes:
             singles.append(t)
@@ -244,4 +250,34 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
         sums = segment_sums([region, decoded], source_base[s_of], source_offset[s_of], sizes, outs=outs,
                             out_index=np.array(singles), out_offsets=np.zeros(len(singles), np.int64))
         checksums[to_device(np.array(singles), device)] = sums  # of the bytes copied: each whole output
+    if sparse:
+        views = [[_view([region, decoded][source_base[s]], int(source_offset[s]), entries[t].streams[j].nbytes)
+                  for j, s in enumerate(by_tensor[t])] for t in sparse]
+        checksums[to_device(np.array(sparse), device)] = _scatter_sparse([entries[t] for t in sparse], views,
+                                                                         [outs[t] for t in sparse])
     return outs, checksums
+
+
+def _view(base: torch.Tensor, offset: int, size: int) -> torch.Tensor:
+    """``size`` bytes of ``base`` at ``offset``, which must hold them."""
+    if offset < 0 or offset + size > base.numel():
+        raise CorruptCheckpointError("a stream reaches past the bytes that hold it")
+    return base[offset : offset + size]
+
+
+def _scatter_sparse(entries: list[TensorEntry], streams: list[list[torch.Tensor]], outs: list[torch.Tensor]
+                    ) -> torch.Tensor:
+    """Rebuild sparse tensors from their bitmaps and value planes into ``outs``; their wsum64.
+    The bitmaps' counts are checked against the index first (one sync for the batch)."""
+    transforms = [cast(Sparse, get_transform(e.transforms[0])) for e in entries]
+    elements = [e.nbytes // t.itemsize for e, t in zip(entries, transforms)]
+    masks, found = zip(*(unpack_bits(s[0], n) for s, n in zip(streams, elements)))
+    for entry, transform, n, count in zip(entries, transforms, elements, torch.stack(found).tolist()):
+        try:
+            transform.verify(count, n)
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"tensor {entry.name!r}: {exc}; the file is damaged") from exc
+    for transform, s, mask, out in zip(transforms, streams, masks, outs):
+        transform.scatter(mask, transform.values(s[1:]), out)
+    return segment_sums(outs, np.arange(len(outs)), np.zeros(len(outs), np.int64),
+                        np.array([o.numel() for o in outs], dtype=np.int64))

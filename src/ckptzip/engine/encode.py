@@ -4,11 +4,14 @@ One pass splits every multi-byte tensor of the batch into byte planes (one launc
 checksums and sampled byte counts included); one host sync reads the plane entropies; the policy
 codes the planes that carry structure, with one codec call per codec; a last pass gathers every
 stored chunk into one buffer in file order and checksums each chunk. The plan is built with NumPy
-over the whole batch: no Python work per chunk.
+over the whole batch: no Python work per chunk. XOR residues with few non-zero elements are coded
+sparse instead (:class:`~ckptzip.transforms.Sparse`: a bitmap and the non-zero values' planes,
+each coded as a near-constant float plane is).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +21,7 @@ import torch
 from ..kernels import distinct, to_device
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
-from ..transforms import BytePlanes
+from ..transforms import BytePlanes, Sparse
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts
 from .policy import LOW_ENTROPY_BITS, RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy, codec_for
 
@@ -103,21 +106,25 @@ class _Streams:
         return tensor[order], base[order], offset[order], size[order]
 
 
-def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> EncodedBatch:
+def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
+                 sparse: Sequence[int | None] | None = None) -> EncodedBatch:
     """Encode tensors that all live on the backend's device (``backend`` "cuda": one CUDA device;
-    "cpu": host memory) into one :class:`EncodedBatch`."""
+    "cpu": host memory) into one :class:`EncodedBatch`. ``sparse``: per tensor, its number of
+    non-zero elements where it is to be coded sparse (XOR residues, :mod:`.delta`), else None."""
     datas = [tensor_bytes(t) for t in tensors]
     device = datas[0].device
     count = len(datas)
     nbytes = np.array([d.numel() for d in datas], dtype=np.int64)
     itemsize = np.array([t.element_size() for t in tensors], dtype=np.int64)
     floating = np.array([t.dtype.is_floating_point or t.dtype.is_complex for t in tensors])
-    split = policy.splits(itemsize, nbytes)
+    nonzero = np.array([-1 if c is None else c for c in sparse or [None] * count], dtype=np.int64)
+    split = policy.splits(itemsize, nbytes) & (nonzero < 0)
     hist = _zeros((count, 8 * 256), torch.int32, device)
     checksums = _zeros((count,), torch.int64, device)
     bases: list[torch.Tensor] = []
     streams = _Streams()
     plane_of: dict[int, int] = {}  # stream columns later: plane number of split streams
+    transforms: list[list[dict[str, Any]]] = [[] for _ in tensors]
     for k in (2, 4, 8):
         idx = np.flatnonzero(split & (itemsize == k))
         if not idx.size:
@@ -131,7 +138,14 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
         plane_of[base] = k
         offsets = starts[:, None] + strides[:, None] * np.arange(k)[None, :]
         streams.add(np.repeat(idx, k), base, offsets.reshape(-1), np.repeat(nbytes[idx] // k, k))
-    whole = np.flatnonzero(~split)
+        for i in idx.tolist():
+            transforms[i] = [BytePlanes(k).get_config()]
+    coded_sparse = np.flatnonzero(nonzero >= 0)
+    sparse_of = {len(bases)} if coded_sparse.size else set()
+    if coded_sparse.size:
+        checksums[to_device(coded_sparse, device)] = _sparse_streams(
+            datas, coded_sparse, itemsize, nonzero, streams, bases, transforms)
+    whole = np.flatnonzero(~split & (nonzero < 0))
     if whole.size:
         offsets, total = _aligned_layout(nbytes[whole])
         buffer = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
@@ -143,18 +157,39 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str) -> E
         streams.add(whole, len(bases), offsets, nbytes[whole])
         bases.append(buffer)
     s_tensor, s_base, s_offset, s_size = streams.columns()
-    coded, precoded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, hist, floating, bases, policy,
-                                     backend)
-    return _assemble(tensors, checksums, bases, s_tensor, s_base, s_offset, s_size, coded, precoded, plane_of,
+    coded, precoded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, sparse_of, hist, floating, bases,
+                                     policy, backend)
+    return _assemble(tensors, checksums, bases, s_tensor, s_base, s_offset, s_size, coded, precoded, transforms,
                      policy, backend)
 
 
+def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.ndarray, nonzero: np.ndarray,
+                    streams: _Streams, bases: list[torch.Tensor], transforms: list[list[dict[str, Any]]]
+                    ) -> torch.Tensor:
+    """The sparse streams of tensors ``idx`` (bitmap, value planes) into one buffer, each at an
+    aligned offset, added to ``streams``; their transforms set; returns their wsum64."""
+    coded = [Sparse(int(itemsize[i]), int(nonzero[i])) for i in idx]
+    parts = [t.forward(datas[i]) for t, i in zip(coded, idx)]
+    sizes = np.array([p.numel() for ps in parts for p in ps], dtype=np.int64)
+    offsets, total = _aligned_layout(sizes)
+    pad = torch.zeros(PLANE_ALIGN, dtype=torch.uint8, device=datas[0].device)
+    ends = np.r_[offsets[1:], total]
+    pieces = [x for p, a, b in zip((p for ps in parts for p in ps), offsets + sizes, ends) for x in (p, pad[: b - a])]
+    streams.add(np.repeat(idx, [len(ps) for ps in parts]), len(bases), offsets, sizes)
+    bases.append(torch.cat(pieces))
+    for t, i in zip(coded, idx.tolist()):
+        transforms[i] = [t.get_config()]
+    return segment_sums([datas[i] for i in idx], np.arange(idx.size), np.zeros(idx.size, np.int64),
+                        np.array([datas[i].numel() for i in idx], dtype=np.int64))
+
+
 def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
-                   plane_of: dict[int, int], hist: torch.Tensor, floating: np.ndarray,
+                   plane_of: dict[int, int], sparse_of: set[int], hist: torch.Tensor, floating: np.ndarray,
                    bases: list[torch.Tensor], policy: Policy, backend: str
                    ) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
     """The codec configuration each stream is tried with (``RAW``: stored as it is), and the
-    streams a trial already coded whole (:func:`_trial`)."""
+    streams a trial already coded whole (:func:`_trial`). Streams of ``sparse_of`` (bitmaps and
+    values of sparse residues, mostly zero bytes) are coded as near-constant float planes are."""
     plane_codec = policy.plane_codec(backend).get_config()
     precoded: dict[int, tuple[int, int, int]] = {}
     if not s_tensor.size:
@@ -175,6 +210,10 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
         size = int(s_size[s])
         if size == 0:
             configs.append(RAW)
+        elif s_base[s] in sparse_of:
+            configs.append(low or candidates[0])
+            if backend == "cpu" and len(candidates) > 1:
+                structured.append(s)
         elif not is_plane[s]:
             configs.append(policy.whole_codec(backend, size).get_config())
         elif not floating[s_tensor[s]]:
@@ -250,8 +289,8 @@ def _trial(streams: np.ndarray, bases: list[torch.Tensor], s_base: np.ndarray, s
 
 def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[torch.Tensor],
               s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
-              configs: list[dict[str, Any]], precoded: dict[int, tuple[int, int, int]], plane_of: dict[int, int],
-              policy: Policy, backend: str) -> EncodedBatch:
+              configs: list[dict[str, Any]], precoded: dict[int, tuple[int, int, int]],
+              transforms: list[list[dict[str, Any]]], policy: Policy, backend: str) -> EncodedBatch:
     """Chunk every stream, code the coded ones (one call per codec and buffer; streams in
     ``precoded`` were coded by a trial, as one chunk), fall back to raw where coding did not
     shrink a stream, then gather all stored chunks in file order."""
@@ -297,13 +336,9 @@ def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[
     stored = torch.empty(int(c_length.sum()), dtype=torch.uint8, device=device)
     digests = segment_sums(bases, c_base, c_offset, c_length, outs=[stored],
                            out_index=np.zeros(c_length.size, np.int64), out_offsets=out_offsets)
-    transforms: list[list[dict[str, Any]]] = [[] for _ in tensors]
     streams: list[list[StreamRecord]] = [[] for _ in tensors]
     for s in range(s_size.size):
         t = int(s_tensor[s])
-        k = plane_of.get(int(s_base[s]))
-        if k is not None and not transforms[t]:
-            transforms[t] = [BytePlanes(k).get_config()]
         streams[t].append(StreamRecord(stream_codec[s], int(s_size[s]), int(nchunks[s])))
     return EncodedBatch(stored, out_offsets, c_length, c_raw, digests, checksums, transforms, streams)
 

@@ -31,6 +31,7 @@ from ..errors import CorruptCheckpointError, GpuMemoryError
 from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
 from ..format.reader import verify_xxh3
 from ..kernels.segments import segment_sums
+from ..transforms import BytePlanes
 from .ahead import Task, run_ahead
 from . import memory
 from .decode import Runs, decode_batch
@@ -331,9 +332,11 @@ def verify_checksums(entries: list[TensorEntry], found: list[int]) -> None:
 def _slices(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | None:
     """A tensor larger than ``limit`` (its byte planes, or its one stream) as element ranges cut
     where every stream has a chunk boundary, so each range decodes on its own into its part of the output: (an entry for
-    the range, its byte offset in the tensor) each. None when no cut is needed or possible."""
+    the range, its byte offset in the tensor) each. None when no cut is needed or possible (sparse
+    tensors, whose streams are not element ranges: they decode whole)."""
     k = len(entry.streams)
-    if entry.nbytes <= limit or (k > 1) != bool(entry.transforms):  # byte planes, or one stream as stored
+    planes = [t["id"] for t in entry.transforms] == [BytePlanes.transform_id]
+    if entry.nbytes <= limit or not (planes and k > 1 or not entry.transforms and k == 1):
         return None
     ends = [np.cumsum(s.columns.raw_length) for s in entry.streams]
     common = functools.reduce(np.intersect1d, ends)

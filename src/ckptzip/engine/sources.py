@@ -9,19 +9,21 @@ what form; :meth:`Table.complete` turns the encoded entries into the whole table
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from ..checksum import format_wsum64, wsum64_tensor
 from ..errors import CorruptCheckpointError, MissingBaseError
 from ..format import DTYPE_NAMES, DTYPES, BaseRef, TensorEntry
-from ..format.spec import VERSION, VERSION_SOURCES
-from .delta import deltas_that_pay, xor_bytes
+from ..format.spec import VERSION, VERSION_SOURCES, VERSION_SPARSE
+from .delta import codes_sparse, deltas_that_pay, nonzero_count, xor_bytes
 from .derive import cast, find_casts, find_duplicates
 from .encode import tensor_bytes
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass
@@ -46,9 +48,12 @@ class Table:
     sources: dict[int, dict[str, Any]] = field(default_factory=dict)
     checksums: dict[int, int] = field(default_factory=dict)  # own checksum where the engine's is not
     bases: list[BaseRef] = field(default_factory=list)
+    sparse: list[int | None] = field(default_factory=list)  # per encoded tensor: non-zero count where coded sparse
 
     @property
     def version(self) -> tuple[int, int]:
+        if any(count is not None for count in self.sparse):
+            return VERSION_SPARSE
         return VERSION_SOURCES if self.sources else VERSION
 
     def complete(self, stored: Sequence[TensorEntry]) -> list[TensorEntry]:
@@ -89,6 +94,7 @@ def rewrite_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase
     checksums = {i: wsum64_tensor(tensor_bytes(tensors[i])) for i, s in sources.items() if "cast" in s}
     positions = [i for i in range(len(tensors)) if i not in sources]
     encoded = {i: tensors[i] for i in positions}
+    counts: dict[int, torch.Tensor] = {}  # non-zero elements of residues that may be coded sparse
     bases = []
     if base is not None:
         pairs = []
@@ -104,18 +110,27 @@ def rewrite_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase
                 t = tensors[i]
                 checksums[i] = wsum64_tensor(data)
                 sources[i] = {"xor": {"base": 0, "tensor": names[i]}}
-                encoded[i] = xor_bytes(data, base_data.to(t.device)).view(t.dtype).view(t.shape)
+                residue = xor_bytes(data, base_data.to(t.device))
+                encoded[i] = residue.view(t.dtype).view(t.shape)
+                count = nonzero_count(residue, t.element_size())
+                if count is not None:
+                    counts[i] = count
         bases = [base.ref] if any("xor" in s for s in sources.values()) else []
+    # one host copy per device for the checksums and the counts
+    host = _on_host({**{("checksum", i): v for i, v in checksums.items()},
+                     **{("count", i): v for i, v in counts.items()}})
+    nonzero = {i: host[("count", i)] for i in counts}
+    sparse = [nonzero[i] if i in nonzero and codes_sparse(nonzero[i], tensors[i].numel()) else None for i in positions]
     return Table(len(tensors), positions, [names[i] for i in positions], [encoded[i] for i in positions],
-                 names, tensors, sources, _on_host(checksums), bases)
+                 names, tensors, sources, {i: host[("checksum", i)] for i in checksums}, bases, sparse)
 
 
-def _on_host(values: dict[int, torch.Tensor]) -> dict[int, int]:
+def _on_host(values: dict[K, torch.Tensor]) -> dict[K, int]:
     """0-d tensors as ints, one copy per device: a table may be completed later, on another thread."""
-    by_device: dict[torch.device, list[int]] = {}
+    by_device: dict[torch.device, list[K]] = {}
     for k, v in values.items():
         by_device.setdefault(v.device, []).append(k)
-    out: dict[int, int] = {}
+    out: dict[K, int] = {}
     for keys in by_device.values():
         out.update(zip(keys, torch.stack([values[k] for k in keys]).cpu().tolist()))
     return out

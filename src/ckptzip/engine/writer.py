@@ -142,17 +142,20 @@ class _Ceiling:
 _Encoded = Iterable[tuple[list[int], EncodedBatch]]
 
 
-def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int, ceiling: _Ceiling) -> _Encoded:
+def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int, ceiling: _Ceiling,
+            sparse: list[int | None]) -> _Encoded:
     """Encode one batch: ``[(positions in the batch, encoded)]``, one part unless a GPU ran out of
-    memory (:func:`_smaller`). A CPU batch's codecs use ``share`` threads (:func:`batch_share`)."""
+    memory (:func:`_smaller`). A CPU batch's codecs use ``share`` threads (:func:`batch_share`).
+    ``sparse``: the tensors' non-zero counts where they are coded sparse (:func:`encode_batch`)."""
     if key.backend != "cuda":
         with codec_threads(share):
-            return [(list(range(len(tensors))), encode_batch([t.to("cpu") for t in tensors], policy, "cpu"))]
+            return [(list(range(len(tensors))), encode_batch([t.to("cpu") for t in tensors], policy, "cpu", sparse))]
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     if nbytes < ceiling.nbytes:
         try:
             with _on(key.device):
-                return [(list(range(len(tensors))), encode_batch([t.to(key.device) for t in tensors], policy, "cuda"))]
+                return [(list(range(len(tensors))),
+                         encode_batch([t.to(key.device) for t in tensors], policy, "cuda", sparse))]
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not memory.is_out_of_memory(exc):
                 raise
@@ -160,23 +163,23 @@ def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: i
         ceiling.nbytes = nbytes
         _LOG.info("ckptzip: a GPU batch of %d tensors (%d MiB) ran out of memory on %s; coding batches that "
                   "large smaller from now on", len(tensors), nbytes >> 20, key.device)
-    return _smaller(tensors, key, policy, share, ceiling)
+    return _smaller(tensors, key, policy, share, ceiling, sparse)
 
 
-def _smaller(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int, ceiling: _Ceiling
-             ) -> Iterator[tuple[list[int], EncodedBatch]]:
+def _smaller(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int, ceiling: _Ceiling,
+             sparse: list[int | None]) -> Iterator[tuple[list[int], EncodedBatch]]:
     """A GPU batch too large for the memory at hand, coded smaller, lazily (each piece leaves the
     GPU before the next is coded): in halves; a lone tensor in element ranges a quarter of the
-    size that failed, or on the host when it is too small for ranges."""
+    size that failed (as byte planes, sparse or not), or on the host when it is too small for ranges."""
     if len(tensors) > 1:
         half = len(tensors) // 2
-        yield from _encode(tensors[:half], key, policy, share, ceiling)
-        for positions, batch in _encode(tensors[half:], key, policy, share, ceiling):
+        yield from _encode(tensors[:half], key, policy, share, ceiling, sparse[:half])
+        for positions, batch in _encode(tensors[half:], key, policy, share, ceiling, sparse[half:]):
             yield [half + p for p in positions], batch
     elif tensors[0].is_cuda and worth_parts(tensors[0]):
         yield from _in_ranges(tensors[0], key, policy, ceiling.nbytes // 4)
     else:
-        yield from _encode(tensors, BatchKey("cpu", torch.device("cpu")), policy, share, ceiling)
+        yield from _encode(tensors, BatchKey("cpu", torch.device("cpu")), policy, share, ceiling, sparse)
 
 
 @dataclass(frozen=True)
@@ -416,10 +419,12 @@ class _Stager(_InOrder[_Batch]):
 
 def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, stager: _Stager,
                 on_progress: Callable[[int], object], limits: GpuLimits | None = None,
-                only: list[int] | None = None) -> None:
+                only: list[int] | None = None, sparse: list[int | None] | None = None) -> None:
     """Encode every batch of the state (of tensors ``only``, where given) and hand it to
-    ``stager``, in file order."""
+    ``stager``, in file order. ``sparse``: per tensor, its non-zero count where it is coded
+    sparse (:attr:`.sources.Table.sparse`); a tensor coded in element ranges is not."""
     chosen = list(range(len(tensors))) if only is None else only
+    counts = sparse or [None] * len(tensors)
     plan = [(key, [chosen[i] for i in idx])
             for key, idx in plan_batches([tensors[i] for i in chosen], policy, limits)]
     workers, share = cpu_workers(sum(key.backend == "cpu" for key, _ in plan))
@@ -427,7 +432,7 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     tasks = (
         Task((key, idx), functools.partial(_ranges_of, tensors[idx[0]], key, policy, limits.batch[key.device])
              if key.parts and limits else
-             functools.partial(_encode, [tensors[i] for i in idx], key, policy, share, ceiling),
+             functools.partial(_encode, [tensors[i] for i in idx], key, policy, share, ceiling, [counts[i] for i in idx]),
              inline=key.backend == "cuda")
         for key, idx in plan
     )
@@ -481,7 +486,8 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
     pool = pinned_pool() if any(t.is_cuda for t in tensors) else None
     sink = _Sink(writer, pool, f, len(tensors))
     with _out_of_memory_named("save", limits):
-        _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress, limits),
+        _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress, limits,
+                                                 sparse=table.sparse),
                       _Stager(pool, sink.put), sink)
     return _finish(writer, sink, tree, table)
 
@@ -548,7 +554,7 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
     jobs: list[_Job] = []
     with _out_of_memory_named("snapshot", limits):
         _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
-                                                 limits, cuda),
+                                                 limits, cuda, table.sparse),
                       _Stager(pool, jobs.append), None)
     chosen = set(cuda)
     return StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen])
@@ -566,7 +572,8 @@ def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) ->
         for job in jobs:
             sink.put(job)
         if staged.rest:
-            _encode_all(table.names, table.tensors, policy, stager, lambda _: None, only=staged.rest)
+            _encode_all(table.names, table.tensors, policy, stager, lambda _: None, only=staged.rest,
+                        sparse=table.sparse)
 
     _run_pipeline(encode, _Stager(None, sink.put), sink)
     return _finish(writer, sink, tree, table)

@@ -22,7 +22,7 @@ from ..errors import CorruptCheckpointError, UnsupportedFormatError, Unsupported
 from ..transforms import get_transform
 from .spec import (
     DTYPES, FORMAT_NAME, KNOWN_MINORS, MAX_CHUNK_RAW, MAX_DIMS, PREAMBLE_SIZE, READABLE_MAJORS, VERSION,
-    VERSION_SOURCES,
+    VERSION_SOURCES, VERSION_SPARSE,
 )
 
 _TOP_KEYS = {"format", "version", "writer", "tree", "tensors", "bases"}
@@ -240,7 +240,8 @@ class Index:
             raise _corrupt("index 'tensors' is not an array")
         later = version[1] > KNOWN_MINORS[version[0]]
         chunk_lists = _ChunkLists()
-        tensors = [_parse_tensor(t, i, chunk_lists, sources, later) for i, t in enumerate(doc["tensors"])]
+        sparse = tuple(version) >= VERSION_SPARSE
+        tensors = [_parse_tensor(t, i, chunk_lists, sources, later, sparse) for i, t in enumerate(doc["tensors"])]
         everything, counts = chunk_lists.finish()
         _check_tiling(tensors, everything, counts, data_end, table_order=version[0] == 1)
         names = [t.name for t in tensors]
@@ -318,8 +319,8 @@ def _parse_base(doc: Any, i: int) -> BaseRef:
     return BaseRef(step, name, doc["content_hash"])
 
 
-def _parse_tensor(doc: Any, i: int, chunk_lists: _ChunkLists, sources: bool = False, later: bool = False
-                  ) -> TensorEntry:
+def _parse_tensor(doc: Any, i: int, chunk_lists: _ChunkLists, sources: bool = False, later: bool = False,
+                  sparse: bool = False) -> TensorEntry:
     if not isinstance(doc, dict):
         raise _corrupt(f"tensor table entry {i} is not an object")
     optional = _TENSOR_OPTIONAL_2_1 if sources else _TENSOR_OPTIONAL
@@ -364,6 +365,9 @@ def _parse_tensor(doc: Any, i: int, chunk_lists: _ChunkLists, sources: bool = Fa
     sizes = [nbytes]
     for config in transforms:
         transform = get_transform(config)
+        if transform.transform_id == "sparse" and not sparse:
+            raise _corrupt(f"{what} has the sparse transform of format {VERSION_SPARSE[0]}.{VERSION_SPARSE[1]}, in a "
+                           "file of an earlier version")
         item = getattr(transform, "itemsize", itemsize)
         if item != itemsize:
             raise _corrupt(f"{what}: transform {config} does not match the {itemsize}-byte {dtype}")

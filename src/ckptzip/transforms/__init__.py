@@ -7,8 +7,9 @@ from typing import Any
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from .base import Transform
 from .byteplanes import BytePlanes
+from .sparse import Sparse
 
-_TRANSFORMS: dict[str, type[Transform]] = {BytePlanes.transform_id: BytePlanes}
+_TRANSFORMS: dict[str, type[Transform]] = {BytePlanes.transform_id: BytePlanes, Sparse.transform_id: Sparse}
 
 
 def get_transform(config: Any) -> Transform:
@@ -28,4 +29,4 @@ def get_transform(config: Any) -> Transform:
         raise CorruptCheckpointError(f"transform {config['id']!r} has bad options {options}: {exc}") from exc
 
 
-__all__ = ["BytePlanes", "Transform", "get_transform"]
+__all__ = ["BytePlanes", "Sparse", "Transform", "get_transform"]
