@@ -336,7 +336,7 @@ def _slices(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | N
     tensors, whose streams are not element ranges: they decode whole)."""
     k = len(entry.streams)
     planes = [t["id"] for t in entry.transforms] == [BytePlanes.transform_id]
-    if entry.nbytes <= limit or not (planes and k > 1 or not entry.transforms and k == 1):
+    if entry.nbytes <= limit or not ((planes and k > 1) or (not entry.transforms and k == 1)):
         return None
     ends = [np.cumsum(s.columns.raw_length) for s in entry.streams]
     common = functools.reduce(np.intersect1d, ends)
