@@ -38,9 +38,10 @@ def _save(state: dict[str, torch.Tensor], base: dict[str, torch.Tensor], codec: 
     return buf.getvalue()
 
 
-def _load(blob: bytes, base: dict[str, torch.Tensor], **kwargs: Any) -> dict[str, torch.Tensor]:
-    with ckptzip.open(blob) as reader:
-        return reader.load(base_tensors=[base], **kwargs)
+def _load(blob: bytes, base: dict[str, torch.Tensor], map_location: str | None = None) -> dict[str, torch.Tensor]:
+    with ckptzip.open(blob, map_location=map_location) as reader:
+        loaded: dict[str, torch.Tensor] = reader.load(base_tensors=[base])
+        return loaded
 
 
 def _entry(blob: bytes, name: str = "w") -> Any:
