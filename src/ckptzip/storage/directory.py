@@ -220,13 +220,17 @@ class FsspecDirectory(Directory):
 
     @contextlib.contextmanager
     def transaction(self, name: str) -> Iterator[None]:
-        """On a failure inside, remove file ``name`` (what a store may have left of it) and raise an
-        I/O failure as ``CheckpointWriteError`` naming it, caused by the store's own exception."""
+        """On a failure inside, remove file ``name`` if it was not there before (what a store may
+        have left of it; a file that was there is the previous version, which a failed write must
+        not take away) and raise an I/O failure as ``CheckpointWriteError`` naming it, caused by
+        the store's own exception."""
+        existed = self.call(lambda: self.fs.exists(self.path(name)))
         try:
             yield
         except BaseException as exc:
-            with contextlib.suppress(Exception):  # tidying: never hide the error that got us here
-                self.fs.rm_file(self.path(name))
+            if not existed:
+                with contextlib.suppress(Exception):  # tidying: never hide the error that got us here
+                    self.fs.rm_file(self.path(name))
             failure = exc if isinstance(exc, StoreFailure) or not isinstance(exc, CkptzipError) else None
             if isinstance(failure, OSError):  # the store's, or the file system's
                 raise write_error(
@@ -248,8 +252,7 @@ class FsspecDirectory(Directory):
                 buffered.flush()
             except BaseException:
                 raw.discard()  # what is still buffered goes nowhere, even when collected later
-                with contextlib.suppress(Exception):
-                    stream.close()
+                _abandon(stream)
                 raise
             self.call(stream.close)
 
@@ -297,6 +300,22 @@ class FsspecDirectory(Directory):
     def open_read(self, name: str) -> BinaryIO:
         stream: BinaryIO = self.fs.open(self.path(name), "rb")
         return stream
+
+
+def _abandon(stream: Any) -> None:
+    """Give up a store's file without completing it. Closing an fsspec buffered file (s3fs, gcsfs,
+    adlfs) completes its upload with what it holds, which over an existing object replaced the
+    previous version with a partial one; it is discarded (the upload aborted) and marked closed,
+    so its finaliser sends nothing either. Other files are closed."""
+    from fsspec.spec import AbstractBufferedFile
+
+    if isinstance(stream, AbstractBufferedFile):
+        with contextlib.suppress(Exception):  # never hide the error that got us here
+            stream.discard()
+        stream.closed = True
+        return
+    with contextlib.suppress(Exception):
+        stream.close()
 
 
 class _StoreStream(io.RawIOBase):
