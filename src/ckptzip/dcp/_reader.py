@@ -204,7 +204,8 @@ class CompressedStorageReader(StorageReader):
                 raise type(exc)(f"data file {where}: {exc}") from exc
             for i, value in zip(group, values):
                 (stored, index, reqs), tensors = items[i], targets[i]
-                if direct[i] is not None and value.data_ptr() == direct[i].data_ptr() and value.numel():
+                target = direct[i]
+                if target is not None and value.data_ptr() == target.data_ptr() and value.numel():
                     check_shape(value, *self._chunks[index], self._where(index, stored))
                     planner.commit_tensor(reqs[0], tensors[0])  # decoded in place
                     continue
