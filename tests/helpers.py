@@ -328,3 +328,23 @@ def sparse_residue(dtype: torch.dtype, shape: tuple[int, ...], density: float, s
     rows[keep] = bits.view(-1).view(torch.uint8).view(-1, dtype.itemsize)[keep]
     rows[keep, 0] |= 1  # every kept element non-zero
     return out
+
+
+def code_large_tensors_in_ranges(monkeypatch: Any) -> None:
+    """Make saves code tensors of 64 KiB or more in element ranges of 16 KiB on the CPU, as a GPU
+    codes a tensor over its budget (engine/parts.py): the same code, run here."""
+    from ckptzip.engine import parts as engine_parts
+    from ckptzip.engine import writer as engine_writer
+
+    real_key = engine_writer._key
+
+    def in_ranges(tensor: torch.Tensor, policy: Policy, limits: object = None) -> object:
+        if tensor.numel() * tensor.element_size() >= 1 << 16:
+            return engine_writer.BatchKey("cpu", torch.device("cpu"), True)
+        return real_key(tensor, policy, limits)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_writer, "_key", in_ranges)
+    monkeypatch.setattr(engine_parts, "RANGE_ALIGN", 1 << 14)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(engine_writer.GpuLimits, "of", classmethod(
+        lambda cls, *a, **k: cls({cpu: 1 << 14}, {cpu: 0}, {cpu: 96 << 14})))

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, random_tensor, small_chunks
+from helpers import assert_same, code_large_tensors_in_ranges, random_tensor, small_chunks
 
 import ckptzip
 from ckptzip.checksum import wsum64_array
@@ -21,7 +21,6 @@ from ckptzip.codecs import get_codec, has_codec
 from ckptzip.codecs.cpu import ZstdCodec
 from ckptzip.codecs.nvcomp import NvcompLz4Codec, NvcompZstdCodec
 from ckptzip.engine import memory as engine_memory
-from ckptzip.engine import parts as engine_parts
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
 from ckptzip.engine.decode import Runs, decode_batch
@@ -429,18 +428,7 @@ def test_a_tensor_coded_in_ranges_loads_bit_exactly_with_each_stream_back_to_bac
     g = torch.Generator().manual_seed(8)
     state = {"w": torch.randn(3 << 14, generator=g) * 0.02, "i": torch.randint(0, 9, (5 << 14,), generator=g,
              dtype=torch.uint8), "small": torch.arange(10)}
-    real_key = engine_writer._key
-
-    def in_ranges(tensor: torch.Tensor, policy: Policy, limits: object = None) -> object:
-        if tensor.numel() * tensor.element_size() >= 1 << 16:
-            return engine_writer.BatchKey("cpu", torch.device("cpu"), True)
-        return real_key(tensor, policy, limits)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine_writer, "_key", in_ranges)
-    monkeypatch.setattr(engine_parts, "RANGE_ALIGN", 1 << 14)
-    cpu = torch.device("cpu")
-    monkeypatch.setattr(engine_writer.GpuLimits, "of", classmethod(
-        lambda cls, *a, **k: cls({cpu: 1 << 14}, {cpu: 0}, {cpu: 96 << 14})))
+    code_large_tensors_in_ranges(monkeypatch)
     buf = io.BytesIO()
     ckptzip.save(state, buf)
     assert_same(ckptzip.load(buf.getvalue()), state)

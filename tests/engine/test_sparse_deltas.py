@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import CkzParts, random_tensor, rewrite_index, sparse_residue, tensor_bits
+from helpers import CkzParts, code_large_tensors_in_ranges, random_tensor, rewrite_index, sparse_residue, tensor_bits
 
 import ckptzip
 from ckptzip.api import write_checkpoint
-from ckptzip.engine import delta, parts as engine_parts, reader as engine_reader, writer as engine_writer
+from ckptzip.engine import delta, reader as engine_reader
 from ckptzip.engine.policy import Policy
 from ckptzip.engine.sources import DeltaBase
 from ckptzip.errors import CorruptCheckpointError
@@ -107,18 +107,7 @@ def test_a_sparse_tensor_larger_than_a_load_slice_decodes_whole(monkeypatch: pyt
 
 def test_a_sparse_residue_coded_in_element_ranges_falls_back_to_byte_planes(monkeypatch: pytest.MonkeyPatch) -> None:
     # a GPU codes a tensor over its budget in element ranges (engine/parts.py); the same code runs here on the CPU
-    real_key = engine_writer._key
-
-    def in_ranges(tensor: torch.Tensor, policy: Policy, limits: object = None) -> object:
-        if tensor.numel() * tensor.element_size() >= 1 << 16:
-            return engine_writer.BatchKey("cpu", torch.device("cpu"), True)
-        return real_key(tensor, policy, limits)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine_writer, "_key", in_ranges)
-    monkeypatch.setattr(engine_parts, "RANGE_ALIGN", 1 << 14)
-    cpu = torch.device("cpu")
-    monkeypatch.setattr(engine_writer.GpuLimits, "of", classmethod(
-        lambda cls, *a, **k: cls({cpu: 1 << 14}, {cpu: 0}, {cpu: 96 << 14})))
+    code_large_tensors_in_ranges(monkeypatch)
     (big_base, big), (small_base, small) = _pair(torch.bfloat16, 0.02, (3 << 14,)), _pair(torch.bfloat16, 0.02, (201, 129))
     blob = _save({"big": big, "small": small}, {"big": big_base, "small": small_base})
     assert _entry(blob, "big")[0].transforms == [{"id": "byteplanes", "itemsize": 2}]
