@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import io
 import logging
-import types
 from collections.abc import Iterator
 
 import pytest
@@ -337,13 +336,12 @@ def test_tensors_decoded_on_a_gpu_for_the_host_are_read_in_rounds_that_fit(monke
     from ckptzip.engine import reader as engine_reader
 
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
-    monkeypatch.setattr(engine_reader, "decode_backend", lambda entry, device: "cuda")  # GPU-only codecs
-    monkeypatch.setattr(engine_reader, "_work_device", lambda backend, device: gpu)
     monkeypatch.setattr(memory, "budget", lambda device, cap, what: memory.Budget(device, 1000))
-    entries = [types.SimpleNamespace(nbytes=n) for n in (300, 300, 50, 400, 100)]
+    nbytes = [300, 300, 50, 400, 100]
     devices = [cpu, cpu, gpu, cpu, cpu]
-    assert engine_reader._rounds(entries, devices, None) == [[2, 0], [1], [3, 4]]  # type: ignore[arg-type]
-    assert engine_reader._rounds(entries[:1], [gpu], None) == [[0]]  # type: ignore[arg-type]
+    works = [gpu] * 5  # GPU-only codecs: every entry decodes on the GPU
+    assert engine_reader._rounds(devices, works, nbytes, None) == [[2, 0], [1], [3, 4]]
+    assert engine_reader._rounds([gpu], [gpu], nbytes[:1], None) == [[0]]
 
 
 @gpu

@@ -94,4 +94,3 @@ def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` is a GPU allocation failure (torch's, or nvCOMP's RuntimeError)."""
     return isinstance(exc, torch.OutOfMemoryError) or (
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
-

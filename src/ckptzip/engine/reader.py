@@ -370,61 +370,62 @@ def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torc
     used where it fits (a stored entry decoded where the tensor is, contiguous, of its dtype and
     size); its bytes are overwritten before they are verified."""
     plan = LoadPlan(reader.tensors, reader.index.bases, indices, devices, base_tensors)
+    entries, devices = plan.entries, plan.devices
+    works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
     wanted = dict(zip(indices, into)) if into is not None else {}
-    given = [_fitting(wanted.get(i), reader.tensors[i], device) for i, device in zip(plan.stored, plan.devices)]
-    decoded = _read_within_memory(reader, plan.entries, plan.devices, on_progress, gpu_memory, given)
+    given = [_fitting(wanted.get(i), entry, work) for i, entry, work in zip(plan.stored, entries, works)]
+    decoded = _read_within_memory(reader, entries, devices, works, on_progress, gpu_memory, given)
     return plan.finish(decoded, indices)
 
 
-def _fitting(target: torch.Tensor | None, entry: TensorEntry, device: torch.device) -> torch.Tensor | None:
-    """``target``'s bytes (1-D uint8) where ``entry`` can be decoded straight into it on ``device``."""
-    if (target is None or entry.source_kind == "xor" or target.device != device or not target.is_contiguous()
-            or target.dtype != DTYPES[entry.dtype] or target.numel() * target.element_size() != entry.nbytes
-            or _work_device(decode_backend(entry, device), device) != device):
+def _fitting(target: torch.Tensor | None, entry: TensorEntry, work: torch.device) -> torch.Tensor | None:
+    """``target``'s bytes (1-D uint8) where ``entry``, decoded on ``work``, can be decoded straight
+    into it."""
+    if (target is None or entry.source_kind == "xor" or target.device != work or not target.is_contiguous()
+            or target.dtype != DTYPES[entry.dtype] or target.numel() * target.element_size() != entry.nbytes):
         return None
     return target.reshape(-1).view(torch.uint8)
 
 
-def _rounds(entries: list[TensorEntry], devices: list[torch.device], gpu_memory: int | None) -> list[list[int]]:
+def _rounds(devices: list[torch.device], works: list[torch.device], nbytes: list[int], gpu_memory: int | None
+            ) -> list[list[int]]:
     """Entries read together. Tensors decoded on a GPU for the host (GPU-only codecs, loaded to
     the CPU) have their outputs on the GPU until the read ends: where they would not fit in half
     the GPU's budget, they are read in rounds that do, each copied to the host before the next."""
-    works = [_work_device(decode_backend(e, d), d) for e, d in zip(entries, devices)]
     through = [i for i, (w, d) in enumerate(zip(works, devices)) if w.type == "cuda" and d.type != "cuda"]
     if not through:
-        return [list(range(len(entries)))]
+        return [list(range(len(works)))]
     limits: dict[torch.device | None, Limit] = {
         w: Limit(within=memory.budget(w, gpu_memory, "load").nbytes // 2) for w in {works[i] for i in through}}
     limits[None] = Limit()  # the others ride along
     chosen = set(through)
-    rest = [i for i in range(len(entries)) if i not in chosen]  # read in the first round
-    return packed(rest + through, [e.nbytes for e in entries],
-                  [works[i] if i in chosen else None for i in range(len(entries))], limits, shared=True)
+    rest = [i for i in range(len(works)) if i not in chosen]  # read in the first round
+    return packed(rest + through, nbytes, [works[i] if i in chosen else None for i in range(len(works))], limits,
+                  shared=True)
 
 
 def _read_within_memory(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
-                        on_progress: Callable[[int], object], gpu_memory: int | None,
+                        works: list[torch.device], on_progress: Callable[[int], object], gpu_memory: int | None,
                         given: list[torch.Tensor | None]) -> list[torch.Tensor]:
     """:func:`_read_retrying` in :func:`_rounds`."""
-    rounds = _rounds(entries, devices, gpu_memory)
+    rounds = _rounds(devices, works, [e.nbytes for e in entries], gpu_memory)
     if len(rounds) == 1:
-        return _read_retrying(reader, entries, devices, on_progress, gpu_memory, given)
+        return _read_retrying(reader, entries, devices, works, on_progress, gpu_memory, given)
     out: list[torch.Tensor | None] = [None] * len(entries)
     for members in rounds:
-        values = _read_retrying(reader, [entries[i] for i in members], [devices[i] for i in members], on_progress,
-                                gpu_memory, [given[i] for i in members])
+        values = _read_retrying(reader, [entries[i] for i in members], [devices[i] for i in members],
+                                [works[i] for i in members], on_progress, gpu_memory, [given[i] for i in members])
         for i, value in zip(members, values):
             out[i] = value
     return [t for t in out if t is not None]
 
 
 def _read_retrying(reader: ContainerReader, entries: list[TensorEntry], devices: list[torch.device],
-                   on_progress: Callable[[int], object], gpu_memory: int | None,
+                   works: list[torch.device], on_progress: Callable[[int], object], gpu_memory: int | None,
                    given: list[torch.Tensor | None]) -> list[torch.Tensor]:
-    """:func:`_read_stored` into ``given`` outputs (uint8, or None: new ones); where a GPU runs
-    out of memory anyway (other allocations than the budget saw), again in batches a quarter and
-    a sixteenth the size, then ``GpuMemoryError``."""
-    works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
+    """:func:`_read_stored` on ``works`` (where each entry is decoded) into ``given`` outputs
+    (uint8, or None: new ones); where a GPU runs out of memory anyway (other allocations than the
+    budget saw), again in batches a quarter and a sixteenth the size, then ``GpuMemoryError``."""
     # outputs first, on this thread (host memory a previous load freed is reused from this thread's
     # heap instead of being paged in afresh by worker threads), and once: a retry reuses them
     outs = [torch.empty(entry.nbytes, dtype=torch.uint8, device=work) if out is None else out
