@@ -3,6 +3,7 @@ reported as ``CorruptCheckpointError``, and a configuration that rebuilds it."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 import numpy as np
@@ -63,11 +64,11 @@ class CodecTests:
             assert encoded.dtype == torch.uint8 and encoded.dim() == 1, name
             (decoded,) = codec.decode([encoded], [chunk.numel()])
             assert torch.equal(decoded, chunk), name
-            if self.compresses and name == "zeros":
-                assert encoded.numel() < chunk.numel() // 8, "zeros did not shrink"
+            if self.compresses and name in ("zeros", "constant"):
+                assert encoded.numel() < chunk.numel() // 50, f"{name} did not shrink 50x"
 
     def test_a_batch_is_coded_chunk_by_chunk(self, codec: Codec, chunks: dict[str, torch.Tensor]) -> None:
-        batch = [self._fit(codec, c) for c in chunks.values()] * 3
+        batch = [self._fit(codec, c) for c in chunks.values()] * 20  # > 1 MiB in all: a CPU codec's thread pool
         encoded = codec.encode(batch)
         assert len(encoded) == len(batch)
         alone = [codec.encode([c])[0] for c in batch[: len(chunks)]]
@@ -89,7 +90,7 @@ class CodecTests:
                                                                  delta: int) -> None:
         chunk = self._fit(codec, chunks["floats"])
         encoded = codec.encode([chunk[:100], chunk])
-        with pytest.raises(CorruptCheckpointError, match=r"\bchunk 1\b"):
+        with pytest.raises(CorruptCheckpointError, match=rf"\b{re.escape(codec.codec_id)} chunk 1\b"):
             codec.decode(encoded, [100, chunk.numel() + delta])
 
     def test_segments_of_one_buffer_code_as_the_chunks_do(self, codec: Codec,
