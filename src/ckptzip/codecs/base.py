@@ -28,6 +28,9 @@ class Codec(abc.ABC):
     max_chunk_bytes: ClassVar[int] = sys.maxsize
     # Address alignment of every chunk it reads and writes (nvCOMP's need for in-place batches).
     alignment: ClassVar[int] = 1
+    # Whether each chunk's stream declares its decoded size, so that decode reports a chunk that
+    # decodes to another size than the index says; where not, the tensor checksum catches it.
+    sizes_in_stream: ClassVar[bool] = True
 
     @abc.abstractmethod
     def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:

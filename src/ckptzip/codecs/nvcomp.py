@@ -266,8 +266,7 @@ class _NvcompCodec(Codec):
     # compression and decompression alignment for every input and output chunk
     # (nvcomp<Format>Required*Alignment).
     option_names: ClassVar[tuple[str, ...]] = ()
-    # Whether each chunk's stream declares its decoded size (zstd frames do): then decode checks it.
-    sizes_in_stream: ClassVar[bool] = False
+    sizes_in_stream: ClassVar[bool] = False  # raw chunks; zstd frames declare theirs
     # Options of the interchangeable CPU codec that only steer its encoder: accepted, then dropped.
     cpu_encoder_options: ClassVar[frozenset[str]] = frozenset()
 
