@@ -35,7 +35,7 @@ import torch
 import xxhash
 
 import ckptzip
-from ckptzip.bench.pipeline import DiscardSink, first_call, timed
+from ckptzip_bench.pipeline import DiscardSink, first_call, timed
 from ckptzip.tree import flatten
 from engine_probe import synthetic_state
 from golden_state import golden_state
