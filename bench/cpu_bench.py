@@ -56,8 +56,9 @@ def make_state(args: argparse.Namespace) -> dict[str, Any]:
     if args.state == "trained":
         return train(args.preset, args.steps, device="cpu", seed=0).state()
     g = torch.Generator().manual_seed(0)
+    layers = max(1, round(args.gb * 1e9 / (3 << 22)))  # three 4 MiB fp32 tensors a layer
     return {f"{kind}{i}": (torch.randn(1 << 20, generator=g) * scale) ** power
-            for i in range(16) for kind, scale, power in (("w", 0.02, 1), ("m", 1e-3, 1), ("v", 1e-2, 2))}
+            for i in range(layers) for kind, scale, power in (("w", 0.02, 1), ("m", 1e-3, 1), ("v", 1e-2, 2))}
 
 
 def _medians(fn: Any, reps: int) -> tuple[float, float]:
@@ -119,6 +120,14 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         ("torch_load", lambda: torch.load(io.BytesIO(pt.getvalue()), weights_only=True)),
     ):
         row[f"{name}_s"], row[f"{name}_cpu_s"] = _medians(fn, args.reps)
+    if args.profile:
+        from ckptzip_bench.breakdown import profile_call
+        from ckptzip_bench.results import breakdown_table
+        for name, fn in (("save", lambda: ckptzip.save(state, DiscardSink(), codec=args.codec)),
+                         ("load", lambda: ckptzip.load(blob))):
+            breakdown, _ = profile_call(fn, torch.device("cpu"))
+            print(f"--- {name}, {args.child} cores ({breakdown['wall_seconds']:.3f} s profiled)\n"
+                  f"{breakdown_table(breakdown)}", file=sys.stderr)
     return row
 
 
@@ -159,6 +168,8 @@ def main() -> int:
     p.add_argument("--state", choices=("trained", "synthetic"), default="trained")
     p.add_argument("--preset", default="tiny")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--gb", type=float, default=0.2, help="size of the synthetic state")
+    p.add_argument("--profile", action="store_true", help="print where one save's and one load's time goes")
     p.add_argument("--codec", default="auto")
     p.add_argument("--cores", default=f"1,{len(os.sched_getaffinity(0))}", help="comma-separated core counts")
     p.add_argument("--reps", type=int, default=5)
@@ -172,11 +183,13 @@ def main() -> int:
     rows = []
     for cores in sorted({int(c) for c in args.cores.split(",")}):
         cmd = [sys.executable, __file__, *sys.argv[1:], "--child", str(cores)]
-        rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
+        child = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        sys.stderr.write(child.stderr)
+        rows.append(json.loads(child.stdout))
     if args.disk:
         print_disk(args, rows)
         return 0
-    print(f"{args.state} state ({args.preset if args.state == 'trained' else '48 x 4 MiB fp32'}), codec={args.codec}, "
+    print(f"{args.state} state ({args.preset if args.state == 'trained' else '3 x 4 MiB fp32 a layer'}), codec={args.codec}, "
           f"{rows[0]['nbytes'] / 1e6:.1f} MB, ratio {rows[0]['ratio']:.4f}; medians of {args.reps}, in memory\n")
     print("| cores | ckptzip save s | load s | save GB/s | load GB/s | torch.save s | torch.load s | save / torch | "
           "load / torch | CPU s: save, load, torch.save, torch.load |")

@@ -160,8 +160,12 @@ def main() -> None:
     ap.add_argument("--no-torch", action="store_true", help="skip the torch.save/torch.load baselines")
     ap.add_argument("--cpu-ratio", action="store_true",
                     help="also save a host copy of the state on the CPU path (codec auto) and compare its ratio")
+    ap.add_argument("--switch-interval", type=float,
+                    help="sys.setswitchinterval first: how much the GIL's hand-offs between threads cost")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     if args.preset:
         from ckptzip.demo.training import train
         start = time.perf_counter()
@@ -195,7 +199,7 @@ def main() -> None:
             results["cpu_auto"] = cpu_ratio(blob, raw, r["ratio"])
             print(json.dumps({"cpu_auto": results["cpu_auto"]}))
         print(json.dumps({name: r}, indent=1))
-        if args.profile and name == "auto":
+        if args.profile:
             profile(lambda: ckptzip.save(state, DiscardSink(), codec=name), f"save {name}", args.trace)
             profile(lambda: ckptzip.load(io.BytesIO(blob), map_location="cuda"), f"load {name}", args.trace)
     if not args.no_torch:
