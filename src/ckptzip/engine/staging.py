@@ -10,7 +10,6 @@ slabs (:meth:`PinnedPool.trim`) once a smaller state, or a better ratio, needs l
 
 from __future__ import annotations
 
-import collections
 import os
 import queue
 import threading
@@ -19,12 +18,6 @@ import torch
 
 BUFFER_BYTES = 64 << 20
 SLAB_BYTES = 1 << 30
-# A small read back to the host (a batch's plane entropies, nvCOMP's compressed sizes) completes
-# only after every device-to-host copy queued before it, on any stream: 19.5 ms for each GiB
-# queued, on an H200 (bench/readback_probe.py). Two 64 MiB pieces in flight keep the link at
-# its full speed (55 GB/s) and delay a read back by about 2 ms at most.
-COPY_AHEAD_BYTES = 128 << 20
-COPY_REFILL_AT = 0.5
 
 
 def _pool_buffers() -> int:
@@ -143,34 +136,6 @@ def pinned_pool() -> PinnedPool:
         if _POOL is None:
             _POOL = PinnedPool()
         return _POOL
-
-
-class CopiesAhead:
-    """The device-to-host copies one thread has queued and not yet seen complete, kept within
-    ``limit`` bytes (one copy at least; default :data:`COPY_AHEAD_BYTES`), so the encoder's read
-    backs wait for little. When a copy would pass the limit, the thread waits until the queue
-    has drained to ``refill_at`` of it: it wakes once per several copies, not once per copy (it
-    needs the GIL each time, which the encoding thread mostly holds)."""
-
-    def __init__(self, limit: int | None = None, refill_at: float | None = None) -> None:
-        self.limit = COPY_AHEAD_BYTES if limit is None else limit
-        self.refill_at = COPY_REFILL_AT if refill_at is None else refill_at
-        self._queued: collections.deque[tuple[torch.cuda.Event, int]] = collections.deque()
-        self._bytes = 0
-
-    def wait_for_room(self, nbytes: int) -> None:
-        """Block until ``nbytes`` more may be queued."""
-        if self._bytes + nbytes <= self.limit:
-            return
-        while self._queued and (self._bytes > self.limit * self.refill_at or self._bytes + nbytes > self.limit):
-            done, n = self._queued.popleft()
-            done.synchronize()
-            self._bytes -= n
-
-    def queued(self, done: torch.cuda.Event, nbytes: int) -> None:
-        """A copy of ``nbytes`` was queued; ``done`` completes after it."""
-        self._queued.append((done, nbytes))
-        self._bytes += nbytes
 
 
 def copy_stream(device: torch.device) -> torch.cuda.Stream:

@@ -35,7 +35,7 @@ from .parts import encode_part, plane_count, ranges, stream_codecs, worth_parts
 from .plan import Limit, batch_bytes, packed, work_device
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
-from .staging import CopiesAhead, PinnedPool, copy_stream, pinned_pool
+from .staging import PinnedPool, copy_stream, pinned_pool
 from .threads import cpu_workers
 
 BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
@@ -219,10 +219,10 @@ class _Job:
 
 
 def _stage(positions: list[int], names: list[str], tensors: list[_Meta], batch: EncodedBatch,
-           pool: PinnedPool | None, encoded: torch.cuda.Event | None, ahead: CopiesAhead) -> Iterator[_Job]:
+           pool: PinnedPool | None, encoded: torch.cuda.Event | None) -> Iterator[_Job]:
     """Move a batch's stored bytes and checksums to the host, a pinned buffer at a time (device
-    batches: async copies on the copy stream, after ``encoded``, only a few queued ahead
-    (``ahead``); host batches: nothing to move)."""
+    batches: large async copies on the copy stream, after ``encoded``; host batches: nothing to
+    move)."""
     stored = batch.stored
     if not stored.is_cuda:
         meta = torch.cat([batch.digests, batch.checksums])
@@ -245,7 +245,6 @@ def _stage(positions: list[int], names: list[str], tensors: list[_Meta], batch: 
         n = min(pool.buffer_bytes, stored.numel() - start)
         buffer = pool.acquire()  # waits while the writer holds every buffer
         record = None
-        ahead.wait_for_room(n)
         with torch.cuda.stream(stream):
             buffer[:n].copy_(stored[start : start + n], non_blocking=True)
             if k == len(starts) - 1:
@@ -254,7 +253,6 @@ def _stage(positions: list[int], names: list[str], tensors: list[_Meta], batch: 
                 record = _Record(positions, names, tensors, batch, host_meta)
             ready = torch.cuda.Event()
             ready.record(stream)
-        ahead.queued(ready, n)
         yield _Job((buffer, n), k == 0, record, ready)
 
 
@@ -403,12 +401,11 @@ class _Stager(_InOrder[_Batch]):
     def __init__(self, pool: PinnedPool | None, deliver: Callable[[_Job], None]) -> None:
         self._pool = pool
         self._deliver = deliver
-        self._ahead = CopiesAhead()
         super().__init__("ckptzip-stage", 1)
 
     def _handle(self, item: _Batch) -> None:
         positions, names, metas, batch, encoded = item
-        for job in _stage(positions, names, metas, batch, self._pool, encoded, self._ahead):
+        for job in _stage(positions, names, metas, batch, self._pool, encoded):
             self._deliver(job)
 
     def stage(self, positions: list[int], names: list[str], metas: list[_Meta], batch: EncodedBatch) -> None:
