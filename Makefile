@@ -27,4 +27,4 @@ test: install
 	$(BIN)/mypy  # strict on src/ckptzip and bench/ckptzip_bench ([tool.mypy] in pyproject.toml)
 	$(BIN)/python -m pytest -q
 	# the engine again, its Triton kernels run by Triton's interpreter on the CPU
-	$(if $(wildcard $(VENV)/lib/python*/site-packages/triton),TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/engine/test_engine.py)
+	$(if $(wildcard $(VENV)/lib/python*/site-packages/triton),TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/engine/test_engine.py tests/kernels/test_parts_sum.py)

@@ -28,12 +28,16 @@ def xxh3_hex(data: torch.Tensor | npt.NDArray[np.uint8] | bytes | bytearray | me
     return f"{xxhash.xxh3_64_intdigest(data.data if isinstance(data, np.ndarray) else data):016x}"
 
 
-def wsum64_array(raw: np.ndarray) -> int:
-    """``wsum64`` of a 1-D uint8 NumPy array as an unsigned int.
+def wsum64_array(raw: np.ndarray, first_word: int = 0) -> int:
+    """``wsum64`` of a 1-D uint8 NumPy array as an unsigned int, its words numbered from
+    ``first_word`` (the array a part of a larger one that starts there: the parts' sums add up,
+    modulo 2**64, to the whole's).
 
     Blocked: each row of ``_BLOCK_WORDS`` words is one integer dot product with the odd weights,
     and row ``r`` adds ``2·r·_BLOCK_WORDS`` times its plain sum (the weights' offset).
     """
+    if first_word:  # word i of the part is word first_word + i of the whole: 2·first_word·Σw more
+        return (wsum64_array(raw) + 2 * first_word * _word_sum(raw)) & MASK64
     n = raw.size
     nwords, tail = divmod(n, 8)
     total = 0
@@ -57,6 +61,20 @@ def wsum64_array(raw: np.ndarray) -> int:
         last[:tail] = raw[nwords * 8 :]
         total += int(last.view("<u8")[0]) * (2 * nwords + 1)
     return total & MASK64
+
+
+def _word_sum(raw: np.ndarray) -> int:
+    """Σ of the array's little-endian u64 words (the tail zero-padded), as an unsigned int."""
+    nwords, tail = divmod(raw.size, 8)
+    body = raw[: nwords * 8]
+    if body.ctypes.data % 8:
+        body = body.copy()
+    total = int(body.view("<u8").sum(dtype=np.uint64))
+    if tail:
+        last = np.zeros(8, dtype=np.uint8)
+        last[:tail] = raw[nwords * 8 :]
+        total += int(last.view("<u8")[0])
+    return total
 
 
 def wsum64_tensor(data: torch.Tensor) -> torch.Tensor:

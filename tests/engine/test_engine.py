@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import io
 import itertools
+import re
 
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, code_large_tensors_in_ranges, random_tensor, small_chunks
+from helpers import assert_same, code_large_tensors_in_ranges, random_tensor, rewrite_index, small_chunks
 
 import ckptzip
 from ckptzip.checksum import wsum64_array
@@ -269,6 +270,16 @@ def test_a_tensor_larger_than_a_slice_decodes_in_parts_into_its_output(device: s
     data[chunk.offset] ^= 1
     with pytest.raises(ckptzip.CorruptCheckpointError, match=r"tensor 'big' stream 0 chunk \d+ .* is damaged"):
         ckptzip.load(bytes(data), map_location=device)
+    # the tensor is checked through its parts' checksums, which add up to its own: a wrong one is caught
+    with ckptzip.open(buf.getvalue()) as reader:
+        checksum = reader.entries()[0].checksum
+
+    def other_checksum(index: dict) -> None:
+        index["tensors"][0]["checksum"] = checksum[:-1] + ("0" if checksum[-1] != "0" else "1")
+
+    with pytest.raises(ckptzip.CorruptCheckpointError, match=r"tensor 'big': decoded bytes have checksum "
+                       + re.escape(checksum)):
+        ckptzip.load(rewrite_index(buf.getvalue(), other_checksum), map_location=device)
 
 
 def test_a_gpu_only_codec_without_a_gpu_says_what_is_missing() -> None:

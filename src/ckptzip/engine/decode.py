@@ -125,13 +125,15 @@ def verify_digests(entries: list[TensorEntry], streams: list[tuple[int, int]], c
 
 
 def decode_batch(entries: list[TensorEntry], region: torch.Tensor, runs: Runs, backend: str,
-                 *, digests: bool, outs: list[torch.Tensor | None] | None = None
-                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
+                 *, digests: bool, outs: list[torch.Tensor | None] | None = None,
+                 first_words: np.ndarray | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Decode the tensors whose stored bytes fill ``region`` (laid out as ``runs`` say).
 
     Returns their bytes (1-D uint8 on the region's device; into ``outs[i]`` where given) and their
-    wsum64 (int64, for the caller to verify). ``digests``: check each chunk's wsum64 here (files of format 2); files of format 1
-    carry XXH3 digests, which the reader checks on the host before the bytes get here.
+    wsum64 (int64, for the caller to verify), each numbered from ``first_words[i]`` (entries that
+    are element ranges of a larger tensor: their sums add up to the tensor's; default 0).
+    ``digests``: check each chunk's wsum64 here (files of format 2); files of format 1 carry XXH3
+    digests, which the reader checks on the host before the bytes get here.
     """
     device = region.device
     chunks, streams = _columns(entries, runs)
@@ -158,7 +160,8 @@ def decode_batch(entries: list[TensorEntry], region: torch.Tensor, runs: Runs, b
         verify_digests(entries, streams, chunks, found.cpu().numpy())  # before any decoder runs
     decoded, stream_at = _decode_coded(entries, chunks, streams, codecs, coded, region, coded_src, c_sel,
                                        c_slot, on_gpu, backend)
-    return _rebuild(entries, chunks, streams, coded, region, decoded, stream_at, outs or [None] * len(entries))
+    words = np.zeros(len(entries), dtype=np.int64) if first_words is None else first_words
+    return _rebuild(entries, chunks, streams, coded, region, decoded, stream_at, outs or [None] * len(entries), words)
 
 
 def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[int, int]], codecs: list[dict[str, Any]],
@@ -214,9 +217,10 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
 
 
 def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[int, int]], coded: np.ndarray,
-             region: torch.Tensor, decoded: torch.Tensor, stream_at: np.ndarray, given: list[torch.Tensor | None]
-             ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Merge planes (or copy single streams) into one tensor each (new, or given); their wsum64."""
+             region: torch.Tensor, decoded: torch.Tensor, stream_at: np.ndarray, given: list[torch.Tensor | None],
+             first_words: np.ndarray) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Merge planes (or copy single streams) into one tensor each (new, or given); their wsum64,
+    numbered from ``first_words`` (sparse tensors decode whole: theirs are 0)."""
     device = region.device
     outs = [torch.empty(e.nbytes, dtype=torch.uint8, device=device) if g is None else g
             for e, g in zip(entries, given)]
@@ -242,15 +246,17 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
     for k, idx in merges.items():
         plane_streams = np.array([by_tensor[t] for t in idx], dtype=np.int64)
         sums = merge_planes([outs[t] for t in idx], k, [region, decoded], source_base[plane_streams],
-                            source_offset[plane_streams])
+                            source_offset[plane_streams], first_words[idx])
         checksums[to_device(np.array(idx), device)] = sums
     if singles:
         s_of = np.array([by_tensor[t][0] for t in singles], dtype=np.int64)
         sizes = np.array([entries[t].nbytes for t in singles], dtype=np.int64)
         sums = segment_sums([region, decoded], source_base[s_of], source_offset[s_of], sizes, outs=outs,
-                            out_index=np.array(singles), out_offsets=np.zeros(len(singles), np.int64))
+                            out_index=np.array(singles), out_offsets=np.zeros(len(singles), np.int64),
+                            first_words=first_words[singles])
         checksums[to_device(np.array(singles), device)] = sums  # of the bytes copied: each whole output
     if sparse:
+        assert not first_words[sparse].any(), "a sparse tensor decodes whole"
         views = [[_view([region, decoded][source_base[s]], int(source_offset[s]), entries[t].streams[j].nbytes)
                   for j, s in enumerate(by_tensor[t])] for t in sparse]
         checksums[to_device(np.array(sparse), device)] = _scatter_sparse([entries[t] for t in sparse], views,

@@ -30,7 +30,6 @@ from ..codecs import codec_threads, cpu_threads, gpu_first_ids, has_codec
 from ..errors import CorruptCheckpointError, GpuMemoryError
 from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
 from ..format.reader import verify_xxh3
-from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
 from .ahead import Task, run_ahead
 from . import memory
@@ -129,15 +128,16 @@ def _writable_alias(data: np.ndarray) -> np.ndarray:
     return np.ctypeslib.as_array(alias)
 
 
-def _decode_cpu(reader: ContainerReader, entries: list[TensorEntry], outs: list[torch.Tensor | None], share: int
-                ) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _decode_cpu(reader: ContainerReader, entries: list[TensorEntry], outs: list[torch.Tensor | None], share: int,
+                first_words: np.ndarray) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Read and decode one CPU batch, its codecs on ``share`` threads (:func:`batch_share`)."""
     if not any(s.chunks for e in entries for s in e.streams):
         region, runs = torch.empty(0, dtype=torch.uint8), Runs.of([])
     else:
         region, runs = _host_region(reader, entries)
     with codec_threads(share):
-        return decode_batch(entries, region, runs, "cpu", digests=reader.digest_is_wsum64, outs=outs)
+        return decode_batch(entries, region, runs, "cpu", digests=reader.digest_is_wsum64, outs=outs,
+                            first_words=first_words)
 
 
 class _Uploader:
@@ -310,12 +310,12 @@ def _chunk_spans(chunks: list[tuple[TensorEntry, int, int, Any]], size: int) -> 
 
 
 def _decode_gpu(uploader: _Uploader | None, entries: list[TensorEntry], device: torch.device, digests: bool,
-                outs: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], torch.Tensor]:
+                outs: list[torch.Tensor | None], first_words: np.ndarray) -> tuple[list[torch.Tensor], torch.Tensor]:
     assert uploader is not None  # made for every plan with GPU batches
     region, runs, ready = uploader.get()
     with torch.cuda.device(device):
         torch.cuda.current_stream(device).wait_event(ready)
-        return decode_batch(entries, region, runs, "cuda", digests=digests, outs=outs)
+        return decode_batch(entries, region, runs, "cuda", digests=digests, outs=outs, first_words=first_words)
 
 
 def verify_checksums(entries: list[TensorEntry], found: list[int]) -> None:
@@ -340,6 +340,7 @@ def _slices(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | N
         return None
     ends = [np.cumsum(s.columns.raw_length) for s in entry.streams]
     common = functools.reduce(np.intersect1d, ends)
+    common = common[common * k % 8 == 0]  # parts start at whole words: their checksums add up (decode_batch)
     cuts = [0]
     for boundary in common.tolist():
         if boundary - cuts[-1] >= limit // k or boundary == ends[0][-1]:
@@ -451,15 +452,18 @@ def _read_retrying(reader: ContainerReader, entries: list[TensorEntry], devices:
 def _decode_all(tasks: Iterator[Task[list[int], tuple[list[torch.Tensor], torch.Tensor]]], workers: int,
                 into: list[tuple[int, int] | None], items: list[TensorEntry], item_entry: list[int],
                 data: dict[int, torch.Tensor], sums: list[tuple[list[TensorEntry], torch.Tensor]],
-                on_progress: Callable[[int], object]) -> None:
-    """Run the decode tasks in order; whole tensors go to ``data``, their checksums to ``sums``
-    (parts of larger tensors are checked whole afterwards)."""
+                parts: dict[int, list[torch.Tensor]], on_progress: Callable[[int], object]) -> None:
+    """Run the decode tasks in order; whole tensors go to ``data``, their checksums to ``sums``;
+    the checksums of parts of larger tensors to ``parts`` (by tensor: they add up to its own)."""
     for idx, (datas, checksums) in run_ahead(tasks, workers):
         kept = [n for n, j in enumerate(idx) if into[j] is None]
         for n in kept:
             data[item_entry[idx[n]]] = datas[n]
         if kept:
             sums.append(([items[idx[n]] for n in kept], checksums[kept] if len(kept) < len(idx) else checksums))
+        for n, j in enumerate(idx):
+            if (at := into[j]) is not None:
+                parts.setdefault(at[0], []).append(checksums[n : n + 1])
         on_progress(sum(items[j].nbytes for j in idx))
 
 
@@ -497,6 +501,8 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
             into.append((i, offset))
             item_entry.append(i)
 
+    first_words = np.array([0 if at is None else at[1] // 8 for at in into], dtype=np.int64)
+
     def outputs(idx: list[int]) -> list[torch.Tensor | None]:
         return [outs_of[item_entry[j]] if (at := into[j]) is None else whole[at[0]][at[1] : at[1] + items[j].nbytes]
                 for j in idx]
@@ -507,26 +513,25 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     digests = reader.digest_is_wsum64
     workers, share = cpu_workers(sum(backend == "cpu" for backend, _, _ in plan))
     tasks = (
-        Task(idx, functools.partial(_decode_gpu, uploader, [items[j] for j in idx], work, digests, outputs(idx)),
-             inline=True)
+        Task(idx, functools.partial(_decode_gpu, uploader, [items[j] for j in idx], work, digests, outputs(idx),
+                                    first_words[idx]), inline=True)
         if backend == "cuda" else
-        Task(idx, functools.partial(_decode_cpu, reader, [items[j] for j in idx], outputs(idx), share))
+        Task(idx, functools.partial(_decode_cpu, reader, [items[j] for j in idx], outputs(idx), share, first_words[idx]))
         for backend, work, idx in plan
     )
     data: dict[int, torch.Tensor] = {}
     sums: list[tuple[list[TensorEntry], torch.Tensor]] = []
+    part_sums: dict[int, list[torch.Tensor]] = {}
     try:
-        _decode_all(tasks, workers, into, items, item_entry, data, sums, on_progress)
+        _decode_all(tasks, workers, into, items, item_entry, data, sums, part_sums, on_progress)
     finally:
         if uploader is not None:
             uploader.close()
-    for i, buffer in whole.items():
-
-        data[i] = buffer
-        sums.append(([entries[i]], segment_sums([buffer], np.zeros(1, np.int64), np.zeros(1, np.int64),
-                                                np.array([buffer.numel()]))))
+    data.update(whole)
     for group, checksums in sums:  # one sync per batch, after all of them are queued
         verify_checksums(group, checksums.tolist())
+    for i in whole:  # a tensor decoded in parts: the sum of its parts' checksums (modulo 2**64)
+        verify_checksums([entries[i]], [sum(torch.cat(part_sums[i]).tolist())])
     out = []
     for i, (entry, device) in enumerate(zip(entries, devices)):
         raw = data[i]

@@ -1,7 +1,7 @@
 """``wsum64`` of many byte segments in one launch, optionally gathering them into one buffer.
 
 A segment is ``length`` bytes at an address; its checksum numbers words from the segment's own
-start (docs/FORMAT.md). :func:`segment_sums` serves the writer (gather the stored chunks of a
+start (docs/FORMAT.md), or from a given word where it is a part of a larger whole. :func:`segment_sums` serves the writer (gather the stored chunks of a
 batch in file order and checksum each) and the reader (checksum the stored chunks of a batch
 where they landed, before any decoder sees them).
 """
@@ -59,9 +59,11 @@ def segment_sums(
     outs: Sequence[torch.Tensor] = (),
     out_index: np.ndarray | None = None,
     out_offsets: np.ndarray | None = None,
+    first_words: np.ndarray | None = None,
 ) -> torch.Tensor:
     """``wsum64`` (int64 tensor on the bases' device, no host sync on a GPU) of each segment
-    ``bases[base_index[i]][offsets[i] : offsets[i] + lengths[i]]`` (1-D uint8 tensors).
+    ``bases[base_index[i]][offsets[i] : offsets[i] + lengths[i]]`` (1-D uint8 tensors), its words
+    numbered from ``first_words[i]`` (default 0: from its own start).
 
     With ``outs``, also copy segment i to ``outs[out_index[i]][out_offsets[i]:]`` in the same pass.
     """
@@ -70,8 +72,9 @@ def segment_sums(
     if count == 0:
         return torch.zeros(0, dtype=torch.int64, device=device)
     on_cpu = not use_triton(device)
+    words = np.zeros(count, dtype=np.int64) if first_words is None else first_words.astype(np.int64)
     if on_cpu and COMPILED is None:
-        return _segment_sums_numpy(bases, base_index, offsets, lengths, outs, out_index, out_offsets)
+        return _segment_sums_numpy(bases, base_index, offsets, lengths, outs, out_index, out_offsets, words)
     lengths = lengths.astype(np.int64)
     base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
     src = base_ptrs[base_index.astype(np.int64)] + offsets.astype(np.int64)
@@ -89,11 +92,11 @@ def segment_sums(
         owner, start, size = pieces(lengths, CPU_PIECE_BYTES)
         found = np.zeros(count, dtype=np.uint64)
         table = np.stack([src[owner] + start, dst[owner] + start if outs else np.zeros_like(owner), size, owner,
-                          start // 8], axis=1)
+                          words[owner] + start // 8], axis=1)
         COMPILED.segments(table, 1, found, compiled_threads(int(lengths.sum())))
         return torch.from_numpy(_as_signed(found))
     owner, start, size = pieces(lengths, SPAN)
-    table = np.stack([src[owner] + start, dst[owner] + start, size, start // 8], axis=1)
+    table = np.stack([src[owner] + start, dst[owner] + start, size, words[owner] + start // 8], axis=1)
     sums = torch.zeros(count, dtype=torch.int64, device=device)
     if not owner.size:
         return sums
@@ -123,6 +126,7 @@ def _check_bounds(buffers: Sequence[torch.Tensor], index: np.ndarray, offsets: n
 def _segment_sums_numpy(
     bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
     outs: Sequence[torch.Tensor], out_index: np.ndarray | None, out_offsets: np.ndarray | None,
+    first_words: np.ndarray | None = None,
 ) -> torch.Tensor:
     arrays = [b.numpy() for b in bases]
     targets = [o.numpy() for o in outs]
@@ -133,5 +137,5 @@ def _segment_sums_numpy(
             assert out_index is not None and out_offsets is not None  # given with outs
             d = int(out_offsets[i])
             targets[int(out_index[i])][d : d + n] = segment
-        sums[i] = wsum64_array(segment)
+        sums[i] = wsum64_array(segment, 0 if first_words is None else int(first_words[i]))
     return torch.from_numpy(_as_signed(sums))
