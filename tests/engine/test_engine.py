@@ -458,3 +458,19 @@ def test_a_tensor_coded_in_ranges_loads_bit_exactly_with_each_stream_back_to_bac
     damaged[data.streams[0].chunks[-1].offset] ^= 1
     with pytest.raises(ckptzip.CorruptCheckpointError, match=r"tensor 'i' stream 0 chunk 4 .* is damaged"):
         ckptzip.load(bytes(damaged))
+
+
+def test_streams_whose_codecs_decode_alike_decode_in_one_group() -> None:
+    from ckptzip.engine.decode import _decoders
+    from ckptzip.format import StreamEntry, TensorEntry
+
+    configs = [{"id": "zstd", "level": 3}, {"id": "raw"}, {"id": "zstd", "level": 19},
+               {"id": "zstd", "level": 1, "long_matches_only": True}, {"id": "lz4"}]
+    entry = TensorEntry("t", "uint8", (5,), 5, "", [], [StreamEntry(c, 1) for c in configs])
+    coded = np.array([c["id"] != "raw" for c in configs])
+    groups = _decoders([entry], [(0, j) for j in range(len(configs))], configs, coded, "cpu")
+    assert [g for g, _ in groups] == [0, -1, 0, 0, 1]
+    assert groups[0][1] is groups[2][1] is groups[3][1]  # one codec decodes the three zstd streams
+    assert groups[0][1].get_config()["id"] == "zstd" and groups[4][1].get_config() == {"id": "lz4"}
+    with pytest.raises(ckptzip.UnsupportedFormatError, match=r"^tensor 't' stream 1: unknown codec id 'nosuch'"):
+        _decoders([entry], [(0, 0), (0, 1)], [configs[0], {"id": "nosuch"}], np.array([True, True]), "cpu")

@@ -64,6 +64,12 @@ class Codec(abc.ABC):
         """JSON-able configuration with an ``"id"`` key; enough to rebuild an equal codec."""
         return {"id": self.codec_id}
 
+    def decoder_config(self) -> dict[str, Any]:
+        """The part of :meth:`get_config` a decoder needs (options that steer the encoder only
+        left out): chunks coded under configurations with equal decoder configurations decode
+        together, with the codec built from it."""
+        return self.get_config()
+
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Codec:
         """Build a codec from :meth:`get_config` output."""

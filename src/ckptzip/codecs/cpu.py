@@ -185,6 +185,9 @@ class ZstdCodec(_CpuCodec):
             config["long_matches_only"] = True
         return config
 
+    def decoder_config(self) -> dict[str, Any]:
+        return {"id": self.codec_id}  # the level and the match search steer the encoder only
+
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ZstdCodec:
         return cls(level=config.get("level", 3), long_matches_only=config.get("long_matches_only", False))

@@ -81,6 +81,9 @@ class GdeflateCpuCodec(Codec):
     def get_config(self) -> dict[str, Any]:
         return {"id": self.codec_id, "algorithm_type": self.algorithm_type}
 
+    def decoder_config(self) -> dict[str, Any]:
+        return {"id": self.codec_id}  # one bitstream whatever the algorithm type
+
     def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
         base = torch.cat(list(chunks)) if chunks else torch.empty(0, dtype=torch.uint8)

@@ -593,6 +593,9 @@ class NvcompGdeflateCodec(_NvcompCodec):
     def __init__(self, algorithm_type: int = 1) -> None:
         self._options = {"algorithm_type": _choice(self.codec_id, "algorithm_type", algorithm_type, range(6))}
 
+    def decoder_config(self) -> dict[str, Any]:
+        return {"id": self.codec_id}  # the algorithm type steers the encoder: one bitstream, one decoder
+
 
 class NvcompCascadedCodec(_NvcompCodec):
     """nvCOMP's Cascaded (RLE, delta, bit packing) for integer-like data (GPU only).

@@ -20,6 +20,7 @@ import numpy.typing as npt
 import torch
 
 from ..checksum import MASK64
+from ..codecs import Codec
 from ..errors import CkptzipError, CorruptCheckpointError, CorruptChunkError
 from ..format import TensorEntry
 from ..kernels import distinct, to_device
@@ -164,6 +165,33 @@ def decode_batch(entries: list[TensorEntry], region: torch.Tensor, runs: Runs, b
     return _rebuild(entries, chunks, streams, coded, region, decoded, stream_at, outs or [None] * len(entries), words)
 
 
+def _decoders(entries: list[TensorEntry], streams: list[tuple[int, int]], codecs: list[dict[str, Any]],
+              coded: np.ndarray, backend: str) -> list[tuple[int, Codec | None]]:
+    """Per stream, its decode group and the codec that decodes it (None for raw streams): streams
+    whose codecs decode alike (:meth:`~ckptzip.codecs.Codec.decoder_config`: gdeflate's algorithm
+    types, zstd's levels) share one group, so one call decodes them all."""
+    groups: dict[str, tuple[int, Codec]] = {}
+    known: dict[str, tuple[int, Codec]] = {}  # by a stream's own configuration
+    out: list[tuple[int, Codec | None]] = []
+    for s, config in enumerate(codecs):
+        if not coded[s]:
+            out.append((-1, None))
+            continue
+        text = json.dumps(config, sort_keys=True)
+        if text not in known:
+            t, j = streams[s]
+            try:
+                decoder = codec_for(config, backend).decoder_config()
+                key = json.dumps(decoder, sort_keys=True)
+                if key not in groups:
+                    groups[key] = (len(groups), codec_for(decoder, backend))
+            except CkptzipError as exc:
+                raise type(exc)(f"tensor {entries[t].name!r} stream {j}: {exc}") from exc
+            known[text] = groups[key]
+        out.append(known[text])
+    return out
+
+
 def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[int, int]], codecs: list[dict[str, Any]],
                   coded: np.ndarray, region: torch.Tensor, coded_src: torch.Tensor, c_sel: np.ndarray,
                   c_slot: np.ndarray, on_gpu: bool, backend: str) -> tuple[torch.Tensor, np.ndarray]:
@@ -186,19 +214,13 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
     within = within - np.repeat(within[starts], np.diff(np.r_[starts, raw.size]))
     dst = stream_at[c_stream] + within
     src, src_offsets = (coded_src, c_slot) if on_gpu else (region, chunks.offset[c_sel])
-    keys: dict[str, int] = {}
-    stream_group = np.array([keys.setdefault(json.dumps(c, sort_keys=True), len(keys)) for c in codecs], np.int64)
+    decoders = _decoders(entries, streams, codecs, coded, backend)
+    stream_group = np.array([g for g, _ in decoders], np.int64)
     chunk_group = stream_group[c_stream]
-    for g in range(len(keys)):
+    for g in np.unique(chunk_group).tolist():
         m = np.flatnonzero(chunk_group == g)
-        if not m.size:
-            continue
-        s = int(c_stream[m[0]])
-        t, j = streams[s]
-        try:
-            codec = codec_for(codecs[s], backend)
-        except CkptzipError as exc:
-            raise type(exc)(f"tensor {entries[t].name!r} stream {j}: {exc}") from exc
+        codec = decoders[int(c_stream[m[0]])][1]
+        assert codec is not None  # coded chunks belong to coded streams
         aligned = (decoded.data_ptr() + dst[m]) % codec.alignment == 0
         try:
             if aligned.all():

@@ -109,6 +109,14 @@ class CodecTests:
         codec.decode_segments(coded, coded_offsets, coded_lengths, out, offsets, lengths)
         assert torch.equal(out, base[: int(lengths.sum())])
 
+    def test_its_chunks_decode_with_the_codec_of_its_decoder_configuration(
+            self, codec: Codec, chunks: dict[str, torch.Tensor]) -> None:
+        decoder = get_codec(codec.decoder_config(), self.backend)
+        assert decoder.decoder_config() == codec.decoder_config()
+        batch = [self._fit(codec, c) for c in chunks.values()]
+        decoded = decoder.decode(codec.encode(batch), [c.numel() for c in batch])
+        assert all(torch.equal(d, c) for d, c in zip(decoded, batch))
+
     def test_its_configuration_rebuilds_an_equal_codec(self, codec: Codec) -> None:
         config = codec.get_config()
         assert config["id"] == codec.codec_id
