@@ -3,6 +3,7 @@ without credentials, the demo's arguments, a device hint naming the caller's own
 
 from __future__ import annotations
 
+import importlib.abc
 import os
 import subprocess
 import sys
@@ -56,14 +57,23 @@ def test_demo_shows_progress_and_says_its_table_is_the_largest_tensors(capsys: p
     assert "the 12 largest of 266 tensors:\ntensor " in out
 
 
+class _NoHarness(importlib.abc.MetaPathFinder):
+    """An import system on which the benchmark harness is not installed."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.split(".")[0] == "ckptzip_bench":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
 def test_bench_without_the_harness_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The harness is not in the wheel: an installed ckptzip without it (and no checkout) says so."""
     from ckptzip import cli
 
-    # As where it is not installed: not on sys.path, and not imported already by earlier tests.
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p) / "ckptzip_bench").is_dir()])
+    # As where it is not installed: not importable (an editable install finds it by a finder of
+    # its own, not by sys.path), and not imported already by earlier tests.
+    monkeypatch.setattr(sys, "meta_path", [_NoHarness(), *sys.meta_path])
     for name in [m for m in sys.modules if m.split(".")[0] == "ckptzip_bench"]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setattr(cli, "CHECKOUT_BENCH", tmp_path)
