@@ -84,26 +84,47 @@ def _aligned_layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
     return np.cumsum(slots) - slots, int(slots.sum())
 
 
-class _Streams:
-    """The streams of a batch as columns: tensor, base buffer, offset in it, size, codec."""
+WHOLE, PLANE, SPARSE = 0, 1, 2  # what a stream is: a tensor's bytes, one of its byte planes, a part of a sparse coding
+
+
+@dataclass(frozen=True)
+class Streams:
+    """The streams of a batch, in tensor order and each tensor's streams in order: per stream,
+    its tensor, the buffer it lies in (an index into the batch's buffers), its offset there, its
+    size in bytes, what it is (``WHOLE``, ``PLANE``, ``SPARSE``) and its number among its
+    tensor's streams."""
+
+    tensor: np.ndarray
+    base: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    kind: np.ndarray
+    index: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.size.size)
+
+
+class _StreamsBuilder:
+    """Collects a batch's streams buffer by buffer; :meth:`build` puts them in order."""
 
     def __init__(self) -> None:
-        self.tensor: list[np.ndarray] = []
-        self.base: list[np.ndarray] = []
-        self.offset: list[np.ndarray] = []
-        self.size: list[np.ndarray] = []
+        self._parts: list[tuple[np.ndarray, ...]] = []
 
-    def add(self, tensor: np.ndarray, base: int, offset: np.ndarray, size: np.ndarray) -> None:
-        self.tensor.append(tensor)
-        self.base.append(np.full(tensor.size, base, dtype=np.int64))
-        self.offset.append(offset)
-        self.size.append(size)
+    def add(self, tensor: np.ndarray, base: int, offset: np.ndarray, size: np.ndarray, kind: int) -> None:
+        self._parts.append((tensor, np.full(tensor.size, base, dtype=np.int64), offset, size,
+                            np.full(tensor.size, kind, dtype=np.int8)))
 
-    def columns(self) -> tuple[np.ndarray, ...]:
-        tensor, base, offset, size = (np.concatenate(parts) if parts else np.zeros(0, np.int64)
-                                      for parts in (self.tensor, self.base, self.offset, self.size))
+    def build(self) -> Streams:
+        if not self._parts:
+            empty = np.zeros(0, np.int64)
+            return Streams(empty, empty, empty, empty, np.zeros(0, np.int8), empty)
+        tensor, base, offset, size, kind = (np.concatenate(c) for c in zip(*self._parts))
         order = np.lexsort((offset, tensor))  # tensor order, then plane order (planes lie in order)
-        return tensor[order], base[order], offset[order], size[order]
+        tensor, base, offset, size, kind = (c[order] for c in (tensor, base, offset, size, kind))
+        first = np.r_[True, tensor[1:] != tensor[:-1]]
+        group_start = np.maximum.accumulate(np.where(first, np.arange(tensor.size), 0))
+        return Streams(tensor, base, offset, size, kind, np.arange(tensor.size) - group_start)
 
 
 def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
@@ -122,8 +143,7 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
     hist = _zeros((count, 8 * 256), torch.int32, device)
     checksums = _zeros((count,), torch.int64, device)
     bases: list[torch.Tensor] = []
-    streams = _Streams()
-    plane_of: dict[int, int] = {}  # stream columns later: plane number of split streams
+    streams = _StreamsBuilder()
     transforms: list[list[dict[str, Any]]] = [[] for _ in tensors]
     for k in (2, 4, 8):
         idx = np.flatnonzero(split & (itemsize == k))
@@ -133,15 +153,12 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
         planes = torch.empty(total, dtype=torch.uint8, device=device)
         checksums[to_device(idx, device)] = split_planes(
             [datas[i] for i in idx], k, planes, starts, strides, hist, idx)
-        base = len(bases)
-        bases.append(planes)
-        plane_of[base] = k
         offsets = starts[:, None] + strides[:, None] * np.arange(k)[None, :]
-        streams.add(np.repeat(idx, k), base, offsets.reshape(-1), np.repeat(nbytes[idx] // k, k))
+        streams.add(np.repeat(idx, k), len(bases), offsets.reshape(-1), np.repeat(nbytes[idx] // k, k), PLANE)
+        bases.append(planes)
         for i in idx.tolist():
             transforms[i] = [BytePlanes(k).get_config()]
     coded_sparse = np.flatnonzero(nonzero >= 0)
-    sparse_of = {len(bases)} if coded_sparse.size else set()
     if coded_sparse.size:
         checksums[to_device(coded_sparse, device)] = _sparse_streams(
             datas, coded_sparse, itemsize, nonzero, streams, bases, transforms)
@@ -154,17 +171,15 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
                             nbytes[nonempty], outs=[buffer], out_index=np.zeros(nonempty.size, np.int64),
                             out_offsets=offsets[nbytes[whole] > 0])
         checksums[to_device(nonempty, device)] = sums
-        streams.add(whole, len(bases), offsets, nbytes[whole])
+        streams.add(whole, len(bases), offsets, nbytes[whole], WHOLE)
         bases.append(buffer)
-    s_tensor, s_base, s_offset, s_size = streams.columns()
-    coded, precoded = _choose_codecs(s_tensor, s_base, s_offset, s_size, plane_of, sparse_of, hist, floating, bases,
-                                     policy, backend)
-    return _assemble(tensors, checksums, bases, s_tensor, s_base, s_offset, s_size, coded, precoded, transforms,
-                     policy, backend)
+    columns = streams.build()
+    coded, precoded = _choose_codecs(columns, hist, floating, bases, policy, backend)
+    return _assemble(tensors, checksums, bases, columns, coded, precoded, transforms, policy, backend)
 
 
 def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.ndarray, nonzero: np.ndarray,
-                    streams: _Streams, bases: list[torch.Tensor], transforms: list[list[dict[str, Any]]]
+                    streams: _StreamsBuilder, bases: list[torch.Tensor], transforms: list[list[dict[str, Any]]]
                     ) -> torch.Tensor:
     """The sparse streams of tensors ``idx`` (bitmap, value planes) into one buffer, each at an
     aligned offset, added to ``streams``; their transforms set; returns their wsum64."""
@@ -175,7 +190,7 @@ def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.nda
     pad = torch.zeros(PLANE_ALIGN, dtype=torch.uint8, device=datas[0].device)
     ends = np.r_[offsets[1:], total]
     pieces = [x for p, a, b in zip((p for ps in parts for p in ps), offsets + sizes, ends) for x in (p, pad[: b - a])]
-    streams.add(np.repeat(idx, [len(ps) for ps in parts]), len(bases), offsets, sizes)
+    streams.add(np.repeat(idx, [len(ps) for ps in parts]), len(bases), offsets, sizes, SPARSE)
     bases.append(torch.cat(pieces))
     for t, i in zip(coded, idx.tolist()):
         transforms[i] = [t.get_config()]
@@ -183,40 +198,35 @@ def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.nda
                         np.array([datas[i].numel() for i in idx], dtype=np.int64))
 
 
-def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
-                   plane_of: dict[int, int], sparse_of: set[int], hist: torch.Tensor, floating: np.ndarray,
-                   bases: list[torch.Tensor], policy: Policy, backend: str
-                   ) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
+def _choose_codecs(streams: Streams, hist: torch.Tensor, floating: np.ndarray, bases: list[torch.Tensor],
+                   policy: Policy, backend: str) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
     """The codec configuration each stream is tried with (``RAW``: stored as it is), and the
-    streams a trial already coded whole (:func:`_trial`). Streams of ``sparse_of`` (bitmaps and
-    values of sparse residues, mostly zero bytes) are coded as near-constant float planes are."""
+    streams a trial already coded whole (:func:`_trial`). ``SPARSE`` streams (bitmaps and values
+    of sparse residues, mostly zero bytes) are coded as near-constant float planes are."""
     plane_codec = policy.plane_codec(backend).get_config()
     precoded: dict[int, tuple[int, int, int]] = {}
-    if not s_tensor.size:
+    if not len(streams):
         return [], precoded
-    is_plane = np.isin(s_base, list(plane_of))
+    is_plane = streams.kind == PLANE
     if is_plane.any():
         entropies = _plane_entropies(hist)  # the one sync before coding
-        first = np.r_[True, s_tensor[1:] != s_tensor[:-1]]
-        group_start = np.maximum.accumulate(np.where(first, np.arange(s_tensor.size), 0))
-        plane_index = np.arange(s_tensor.size) - group_start
-        plane_entropy = entropies[s_tensor, np.minimum(plane_index, 7)]
+        plane_entropy = entropies[streams.tensor, np.minimum(streams.index, 7)]
     candidates = policy.plane_candidates(backend)
     low = policy.low_entropy_candidate(backend)
     configs: list[dict[str, Any]] = []
     structured: list[int] = []
     random: list[int] = []
-    for s in range(s_tensor.size):
-        size = int(s_size[s])
+    for s in range(len(streams)):
+        size = int(streams.size[s])
         if size == 0:
             configs.append(RAW)
-        elif s_base[s] in sparse_of:
+        elif streams.kind[s] == SPARSE:
             configs.append(low or candidates[0])
             if backend == "cpu" and len(candidates) > 1:
                 structured.append(s)
         elif not is_plane[s]:
             configs.append(policy.whole_codec(backend, size).get_config())
-        elif not floating[s_tensor[s]]:
+        elif not floating[streams.tensor[s]]:
             configs.append(plane_codec)
         elif low is not None and plane_entropy[s] < LOW_ENTROPY_BITS:
             configs.append(low)
@@ -232,7 +242,7 @@ def _choose_codecs(s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarra
     # where the plane codec shrinks them.
     for tried, options, sample in ((structured, candidates, STRUCTURED_TRIAL_BYTES), (random, candidates[:1], TRIAL_BYTES)):
         if tried:
-            picks, whole = _trial(np.array(tried), bases, s_base, s_offset, s_size, options, sample, policy, backend)
+            picks, whole = _trial(np.array(tried), streams, bases, options, sample, policy, backend)
             for s, config in zip(tried, picks):
                 configs[s] = config
             precoded.update(whole)
@@ -246,11 +256,10 @@ def _plane_entropies(hist: torch.Tensor) -> np.ndarray:
     return entropy_of_count_array(hist.numpy().reshape(-1, 8, 256))
 
 
-def _trial(streams: np.ndarray, bases: list[torch.Tensor], s_base: np.ndarray, s_offset: np.ndarray,
-           s_size: np.ndarray, candidates: list[dict[str, Any]], sample: int, policy: Policy, backend: str
-           ) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
-    """For each of ``streams``: the candidate that codes a sample from its middle (up to
-    ``sample`` bytes) smallest, or RAW where none shrinks it by TRIAL_MIN_GAIN. One batched codec
+def _trial(picked: np.ndarray, streams: Streams, bases: list[torch.Tensor], candidates: list[dict[str, Any]],
+           sample: int, policy: Policy, backend: str) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
+    """For each stream ``picked`` of ``streams``: the candidate that codes a sample from its
+    middle (up to ``sample`` bytes) smallest, or RAW where none shrinks it by TRIAL_MIN_GAIN. One batched codec
     call per candidate and buffer. The first two candidates code every sample; each later one
     (a slower search for matches) only those where the one before it coded smallest so far, since
     more search pays only where the matches found so far did.
@@ -258,43 +267,44 @@ def _trial(streams: np.ndarray, bases: list[torch.Tensor], s_base: np.ndarray, s
     A sample that is a whole stream of one chunk was coded as the stream is stored: such streams
     are returned too, as stream -> (index in ``bases``, offset, length) of the picked coding,
     whose output buffers are appended to ``bases``, so they are not coded again."""
-    n = np.minimum(s_size[streams], sample)
-    start = s_offset[streams] + (s_size[streams] - n) // 2
-    coded = np.full((len(candidates), streams.size), np.iinfo(np.int64).max, dtype=np.int64)
-    where = np.empty((2, len(candidates), streams.size), dtype=np.int64)  # output buffer, offset
+    s_base, s_size = streams.base, streams.size
+    n = np.minimum(s_size[picked], sample)
+    start = streams.offset[picked] + (s_size[picked] - n) // 2
+    coded = np.full((len(candidates), picked.size), np.iinfo(np.int64).max, dtype=np.int64)
+    where = np.empty((2, len(candidates), picked.size), dtype=np.int64)  # output buffer, offset
     outputs: list[torch.Tensor] = []
     for c, config in enumerate(candidates):
         codec = codec_for(config, backend)
-        tried = np.ones(streams.size, dtype=bool) if c < 2 else coded[c - 1] < coded[: c - 1].min(axis=0)
-        for base in distinct(s_base[streams[tried]])[0].tolist():
-            sel = tried & (s_base[streams] == base)
+        tried = np.ones(picked.size, dtype=bool) if c < 2 else coded[c - 1] < coded[: c - 1].min(axis=0)
+        for base in distinct(s_base[picked[tried]])[0].tolist():
+            sel = tried & (s_base[picked] == base)
             out, where[1, c, sel], coded[c, sel] = codec.encode_segments(bases[base], start[sel], n[sel])
             where[0, c, sel] = len(outputs)
             outputs.append(out)
     best = coded.argmin(axis=0)  # ties: the first candidate (the fastest)
-    cols = np.arange(streams.size)
+    cols = np.arange(picked.size)
     shrinks = coded[best, cols] < (1 - TRIAL_MIN_GAIN) * n
     picks = [candidates[b] if ok else RAW for b, ok in zip(best.tolist(), shrinks.tolist())]
     whole: dict[int, tuple[int, int, int]] = {}
     used: dict[int, int] = {}  # output buffer -> its index in bases
-    one_chunk = (n == s_size[streams]) & (n <= policy.chunk_sizes(candidates, backend)[best])
+    one_chunk = (n == s_size[picked]) & (n <= policy.chunk_sizes(candidates, backend)[best])
     for i in np.flatnonzero(shrinks & one_chunk).tolist():
         buffer = int(where[0, best[i], i])
         if buffer not in used:
             used[buffer] = len(bases)
             bases.append(outputs[buffer])
-        whole[int(streams[i])] = (used[buffer], int(where[1, best[i], i]), int(coded[best[i], i]))
+        whole[int(picked[i])] = (used[buffer], int(where[1, best[i], i]), int(coded[best[i], i]))
     return picks, whole
 
 
-def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[torch.Tensor],
-              s_tensor: np.ndarray, s_base: np.ndarray, s_offset: np.ndarray, s_size: np.ndarray,
+def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[torch.Tensor], streams: Streams,
               configs: list[dict[str, Any]], precoded: dict[int, tuple[int, int, int]],
               transforms: list[list[dict[str, Any]]], policy: Policy, backend: str) -> EncodedBatch:
     """Chunk every stream, code the coded ones (one call per codec and buffer; streams in
     ``precoded`` were coded by a trial, as one chunk), fall back to raw where coding did not
     shrink a stream, then gather all stored chunks in file order."""
     device = bases[0].device if bases else checksums.device
+    s_tensor, s_base, s_offset, s_size = streams.tensor, streams.base, streams.offset, streams.size
     cb = policy.chunk_sizes(configs, backend)
     nchunks = -(-s_size // np.maximum(cb, 1))
     c_stream = np.repeat(np.arange(s_size.size), nchunks)
@@ -336,11 +346,11 @@ def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[
     stored = torch.empty(int(c_length.sum()), dtype=torch.uint8, device=device)
     digests = segment_sums(bases, c_base, c_offset, c_length, outs=[stored],
                            out_index=np.zeros(c_length.size, np.int64), out_offsets=out_offsets)
-    streams: list[list[StreamRecord]] = [[] for _ in tensors]
+    records: list[list[StreamRecord]] = [[] for _ in tensors]
     for s in range(s_size.size):
         t = int(s_tensor[s])
-        streams[t].append(StreamRecord(stream_codec[s], int(s_size[s]), int(nchunks[s])))
-    return EncodedBatch(stored, out_offsets, c_length, c_raw, digests, checksums, transforms, streams)
+        records[t].append(StreamRecord(stream_codec[s], int(s_size[s]), int(nchunks[s])))
+    return EncodedBatch(stored, out_offsets, c_length, c_raw, digests, checksums, transforms, records)
 
 
 def _key(config: dict[str, Any]) -> str:
