@@ -9,6 +9,7 @@ import torch
 
 from .codecs import gpu_first_ids, gpu_only_ids
 from .format import DTYPES, BaseRef, TensorEntry
+from .transforms import Sparse
 
 
 TENSOR_CLASSES = ("weights", "exp_avg", "exp_avg_sq", "gradients", "other")
@@ -58,7 +59,7 @@ def pipeline_label(entry: TensorEntry, table: list[TensorEntry] | None = None) -
         return f"{kind} of {table[target].name if table else f'#{target}'}"
     ids = entry.codecs
     prefix = "xor+" if kind == "xor" else ""
-    if not entry.transforms:
+    if entry.transform is None:
         return prefix + (ids[0] if ids else "raw")
     runs: list[tuple[str, int]] = []
     for codec_id in ids:
@@ -69,17 +70,13 @@ def pipeline_label(entry: TensorEntry, table: list[TensorEntry] | None = None) -
     return prefix + _transform_label(entry) + "[" + ",".join(c if n == 1 else f"{c}×{n}" for c, n in runs) + "]"
 
 
-def _is_sparse(entry: TensorEntry) -> bool:
-    return bool(entry.transforms) and entry.transforms[0]["id"] == "sparse"
-
-
 def _transform_label(entry: TensorEntry) -> str:
     """'planes', or 'sparse(share of non-zero elements)'."""
-    if not _is_sparse(entry):
+    sparse = entry.transform
+    if not isinstance(sparse, Sparse):
         return "planes"
-    config = entry.transforms[0]
-    elements = entry.nbytes // config["itemsize"]
-    return f"sparse({100 * config['count'] / max(elements, 1):.2g}%)"
+    elements = entry.nbytes // sparse.itemsize
+    return f"sparse({100 * sparse.count / max(elements, 1):.2g}%)"
 
 
 def classify(entry: TensorEntry) -> str:
@@ -149,7 +146,7 @@ def sources_note(entries: list[TensorEntry], bases: list[BaseRef]) -> str:
         chosen = [e for e in entries if e.source_kind == kind]
         if chosen:
             saved = sum(e.nbytes - e.compressed_nbytes for e in chosen)
-            sparse = sum(map(_is_sparse, chosen))
+            sparse = sum(isinstance(e.transform, Sparse) for e in chosen)
             lines.append(f"{what}: {len(chosen)} tensors, {human_bytes(sum(e.nbytes for e in chosen))} "
                          f"({human_bytes(saved)} not stored{f'; {sparse} coded sparse' if sparse else ''})")
     for ref in bases:

@@ -26,7 +26,7 @@ from ..format import TensorEntry
 from ..kernels import distinct, to_device
 from ..kernels.planes import PLANE_ALIGN, merge_planes
 from ..kernels.segments import segment_sums
-from ..transforms import Sparse, get_transform
+from ..transforms import BytePlanes, Sparse
 from ..transforms.sparse import unpack_bits
 from .policy import codec_for
 from .scratch import scratch
@@ -259,9 +259,9 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
     singles: list[int] = []
     sparse: list[int] = []
     for t, entry in enumerate(entries):
-        if entry.transforms and entry.transforms[0]["id"] == Sparse.transform_id:
+        if isinstance(entry.transform, Sparse):
             sparse.append(t)
-        elif entry.transforms:
+        elif isinstance(entry.transform, BytePlanes):
             merges.setdefault(len(entry.streams), []).append(t)
         elif entry.nbytes:
             singles.append(t)
@@ -297,7 +297,7 @@ def _scatter_sparse(entries: list[TensorEntry], streams: list[list[torch.Tensor]
                     ) -> torch.Tensor:
     """Rebuild sparse tensors from their bitmaps and value planes into ``outs``; their wsum64.
     The bitmaps' counts are checked against the index first (one sync for the batch)."""
-    transforms = [cast(Sparse, get_transform(e.transforms[0])) for e in entries]
+    transforms = [cast(Sparse, e.transform) for e in entries]
     elements = [e.nbytes // t.itemsize for e, t in zip(entries, transforms)]
     masks, found = zip(*(unpack_bits(s[0], n) for s, n in zip(streams, elements)))
     for entry, transform, n, count in zip(entries, transforms, elements, torch.stack(found).tolist()):

@@ -335,8 +335,8 @@ def _slices(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | N
     the range, its byte offset in the tensor) each. None when no cut is needed or possible (sparse
     tensors, whose streams are not element ranges: they decode whole)."""
     k = len(entry.streams)
-    planes = [t["id"] for t in entry.transforms] == [BytePlanes.transform_id]
-    if entry.nbytes <= limit or not ((planes and k > 1) or (not entry.transforms and k == 1)):
+    planes = isinstance(entry.transform, BytePlanes)
+    if entry.nbytes <= limit or not ((planes and k > 1) or (entry.transform is None and k == 1)):
         return None
     ends = [np.cumsum(s.columns.raw_length) for s in entry.streams]
     common = functools.reduce(np.intersect1d, ends)

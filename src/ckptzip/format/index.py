@@ -19,7 +19,7 @@ import xxhash
 
 from .. import strictjson
 from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
-from ..transforms import get_transform
+from ..transforms import Transform, get_transform
 from .spec import (
     DTYPES, FORMAT_NAME, KNOWN_MINORS, MAX_CHUNK_RAW, MAX_DIMS, PREAMBLE_SIZE, READABLE_MAJORS, VERSION,
     VERSION_SOURCES, VERSION_SPARSE,
@@ -132,6 +132,13 @@ class TensorEntry:
     def codecs(self) -> list[str]:
         """Codec id of each stream, in order."""
         return [s.codec["id"] for s in self.streams]
+
+    @functools.cached_property
+    def transform(self) -> Transform | None:
+        """The transform the tensor's bytes went through before their streams were coded
+        (:class:`~ckptzip.transforms.BytePlanes`, :class:`~ckptzip.transforms.Sparse`), or None
+        for a tensor stored as one stream: what the decoder, the reader and ``report`` go by."""
+        return get_transform(self.transforms[0]) if self.transforms else None
 
     def to_json(self) -> dict[str, Any]:
         out = {
