@@ -20,7 +20,7 @@ from ckptzip.errors import CorruptChunkError
 from golden_state import golden_state
 from helpers import assert_same
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 needs_library = pytest.mark.skipif(not has_codec("gdeflate", "cpu"), reason="nvCOMP's CPU library is not installed")
 SIZES = [1, 2, 7, 255, 256, 257, 4095, 4096, 65535, 65536]
 
