@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import json
 import mmap
 import os
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from ckptzip_bench.results import print_and_save
 
 MADV_HUGEPAGE = 14
 MADV_POPULATE_WRITE = 23
@@ -106,10 +106,7 @@ def main() -> None:
     result = {"first_touch": [first_touch(nbytes, t, a) for a in (None, MADV_HUGEPAGE, MADV_POPULATE_WRITE)
                               for t in (1, 4, 16)],
               "file_reads": file_reads(nbytes, args.dir)}
-    print(json.dumps(result, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    print_and_save(result, args.json)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,12 @@ and the cost of pinning memory that is already there (``cudaHostRegister``). Usa
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+from ckptzip_bench.results import print_and_save
 
 PIECE = 64 << 20
 
@@ -94,10 +94,7 @@ def main() -> None:
         start = time.perf_counter()
         cudart.cudaHostUnregister(source.ctypes.data)
         out["host_unregister_gbps"] = total / (time.perf_counter() - start) / 1e9
-    print(json.dumps(out, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    print_and_save(out, args.json)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,13 @@ Rows (milliseconds, medians of ``--reps``):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from ckptzip_bench.results import print_and_save
 
 MIB = 1 << 20
 
@@ -128,10 +128,7 @@ def main() -> None:
         return round(1024 * MIB / 1e9 / (time.perf_counter() - start), 2)
 
     result["paced_gbs"] = {str(d): statistics.median(paced(d) for _ in range(3)) for d in (1, 2, 4, 16)}
-    print(json.dumps(result, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    print_and_save(result, args.json)
 
 
 if __name__ == "__main__":

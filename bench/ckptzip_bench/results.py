@@ -11,6 +11,7 @@ for ``--plot`` and is imported then.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -44,6 +45,13 @@ _CLASSES = tuple(g for g in GROUPS if g != "total")
 class BenchResultsError(CkptzipError, ValueError):
     """A benchmark JSON file cannot be read or is not one ``ckptzip bench`` wrote."""
 
+
+
+def print_and_save(result: dict[str, Any], path: str | None) -> None:
+    """A probe's result: printed as JSON, and written to ``path`` where one is given."""
+    print(json.dumps(result, indent=1))
+    if path:
+        Path(path).write_text(json.dumps(result, indent=1))
 
 def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check one benchmark JSON file."""
