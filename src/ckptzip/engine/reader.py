@@ -73,14 +73,13 @@ def cpu_batch_bytes(total: int, workers: int) -> int:
     return min(cap, max(MIN_CPU_BATCH_BYTES, -(-total // batches)))
 
 
-def plan_batches(entries: list[TensorEntry], devices: list[torch.device],
+def plan_batches(entries: list[TensorEntry], works: list[torch.device],
                  gpu_batch: Mapping[torch.device, int] | None = None, cpu_batch: int | None = None
                  ) -> list[tuple[str, torch.device, list[int]]]:
-    """Tensors decoded alike (backend and device), in file order, about ``BATCH_BYTES`` decoded
-    each (on a GPU, ``gpu_batch`` where given; on the CPU, ``cpu_batch``, which a batch exceeds
-    only with a tensor larger than it); a batch's stored bytes are one range of the file wherever
-    the writer kept them so."""
-    works = [_work_device(decode_backend(entry, device), device) for entry, device in zip(entries, devices)]
+    """Tensors decoded alike (where each is decoded: ``works``), in file order, about
+    ``BATCH_BYTES`` decoded each (on a GPU, ``gpu_batch`` where given; on the CPU, ``cpu_batch``,
+    which a batch exceeds only with a tensor larger than it); a batch's stored bytes are one range
+    of the file wherever the writer kept them so."""
     first = [e.streams[0].chunks[0].offset if e.streams and e.streams[0].chunks else -1 for e in entries]
     defaults = {**BATCH_BYTES, "cpu": cpu_batch or BATCH_BYTES["cpu"]}
     size = {w: batch_bytes(w, defaults, gpu_batch) for w in set(works)}
@@ -480,24 +479,24 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
                                                                           BATCH_BYTES["cuda"])
                  for work in {w for w in works if w.type == "cuda"}}
     items: list[TensorEntry] = []
-    item_devices: list[torch.device] = []
+    item_works: list[torch.device] = []
     into: list[tuple[int, int] | None] = []  # (tensor, byte offset) where an item decodes into a part
     item_entry: list[int] = []
     whole: dict[int, torch.Tensor] = {}
     cpu_batch = cpu_batch_bytes(sum(max(e.compressed_nbytes, e.nbytes) for e, w in zip(entries, works) if w.type == "cpu"),
                                 cpu_threads())
-    for i, (entry, device, work) in enumerate(zip(entries, devices, works)):
+    for i, (entry, work) in enumerate(zip(entries, works)):
         parts = _slices(entry, gpu_batch[work] if work.type == "cuda" else min(CPU_SLICE_BYTES, cpu_batch))
         if parts is None:
             items.append(entry)
-            item_devices.append(device)
+            item_works.append(work)
             into.append(None)
             item_entry.append(i)
             continue
         whole[i] = outs_of[i]
         for part, offset in parts:
             items.append(part)
-            item_devices.append(device)
+            item_works.append(work)
             into.append((i, offset))
             item_entry.append(i)
 
@@ -507,7 +506,7 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
         return [outs_of[item_entry[j]] if (at := into[j]) is None else whole[at[0]][at[1] : at[1] + items[j].nbytes]
                 for j in idx]
 
-    plan = plan_batches(items, item_devices, gpu_batch, cpu_batch)
+    plan = plan_batches(items, item_works, gpu_batch, cpu_batch)
     gpu = [(work, [items[j] for j in idx]) for backend, work, idx in plan if backend == "cuda"]
     uploader = _Uploader(reader, gpu) if gpu else None
     digests = reader.digest_is_wsum64
