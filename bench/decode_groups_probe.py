@@ -1,6 +1,7 @@
 """How many nvCOMP decode calls a GPU load makes, and how long it takes, with streams grouped by
-their codecs' decoder configuration (what the reader does) against grouped by their whole
-configuration (what it did before: gdeflate's two algorithm types then decoded apart).
+their codecs' decoder configuration (what the reader does) against grouped by their whole configuration (what it did
+before: gdeflate's two algorithm types then decoded apart; reproduced by giving gdeflate the
+default decoder configuration, the whole one).
 
 A synthetic training-like state of ``--gb`` GB saved with ``codec="auto"`` and loaded from bytes
 in host memory onto the GPU four times per grouping, twice over, alternately:
@@ -17,28 +18,11 @@ import statistics
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 import ckptzip
-from ckptzip.codecs import nvcomp
-from ckptzip.engine import decode
+from ckptzip.codecs import Codec, nvcomp
 from engine_probe import synthetic_state
-
-
-def by_config(entries: Any, streams: Any, codecs: list[dict[str, Any]], coded: np.ndarray, backend: str) -> list:
-    """The grouping before decoder configurations: one group per whole configuration."""
-    out: list = []
-    keys: dict[str, tuple[int, Any]] = {}
-    for s, config in enumerate(codecs):
-        if not coded[s]:
-            out.append((-1, None))
-            continue
-        text = json.dumps(config, sort_keys=True)
-        if text not in keys:
-            keys[text] = (len(keys), decode.codec_for(config, backend))
-        out.append(keys[text])
-    return out
 
 
 def main() -> None:
@@ -59,9 +43,10 @@ def main() -> None:
     data = blob.getvalue()
     with ckptzip.open(data) as reader:
         print(sorted({json.dumps(s.codec) for e in reader.entries() for s in e.streams}))
-    grouped = decode._decoders
-    for name, fn in (("by decoder", grouped), ("by config", by_config)) * 2:
-        decode._decoders = fn  # type: ignore[assignment]
+    decoder_config = nvcomp.NvcompGdeflateCodec.decoder_config
+    for name, fn in (("by decoder", decoder_config), ("by config", Codec.decoder_config)) * 2:
+        # "by config" is the grouping before decoder configurations: a gdeflate stream's whole one
+        nvcomp.NvcompGdeflateCodec.decoder_config = fn  # type: ignore[method-assign]
         seconds = []
         for _ in range(4):
             calls[0] = 0

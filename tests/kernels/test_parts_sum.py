@@ -50,8 +50,7 @@ def test_merged_parts_add_up_to_the_tensor(backend: str, itemsize: int) -> None:
     outs = [out[a:b] for a, b in itertools.pairwise(cuts)]
     words = np.array(cuts[:-1], dtype=np.int64) // 8
     if backend == "numpy":
-        sums = planes._merge_numpy(outs, itemsize, [buffer], np.zeros_like(offsets), offsets,
-                                   words * 8 // itemsize)
+        sums = planes._merge_numpy(outs, itemsize, [buffer], np.zeros_like(offsets), offsets, words)
     else:
         sums = merge_planes(outs, itemsize, [buffer], np.zeros_like(offsets), offsets, words)
     assert torch.equal(out.cpu(), whole)

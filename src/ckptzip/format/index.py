@@ -369,23 +369,25 @@ def _parse_tensor(doc: Any, i: int, chunk_lists: _ChunkLists, sources: bool = Fa
         return TensorEntry(name, dtype, tuple(shape), nbytes, checksum, [], [], device, source)
     if not (isinstance(transforms, list) and len(transforms) <= 1):
         raise _corrupt(f"{what} has transforms {transforms!r:.80}")
+    transform = get_transform(transforms[0]) if transforms else None
     sizes = [nbytes]
-    for config in transforms:
-        transform = get_transform(config)
+    if transform is not None:
         if transform.transform_id == "sparse" and not sparse:
             raise _corrupt(f"{what} has the sparse transform of format {VERSION_SPARSE[0]}.{VERSION_SPARSE[1]}, in a "
                            "file of an earlier version")
         item = getattr(transform, "itemsize", itemsize)
         if item != itemsize:
-            raise _corrupt(f"{what}: transform {config} does not match the {itemsize}-byte {dtype}")
-        sizes = [s for size in sizes for s in transform.stream_sizes(size)]
+            raise _corrupt(f"{what}: transform {transforms[0]} does not match the {itemsize}-byte {dtype}")
+        sizes = transform.stream_sizes(nbytes)
     streams = doc["streams"]
     if not isinstance(streams, list):
         raise _corrupt(f"{what} has no stream list")
     if len(streams) != len(sizes):
         raise _corrupt(f"{what} has {len(streams)} streams, its transforms make {len(sizes)}")
     parsed = [_parse_stream(s, size, f"{what} stream {j}", chunk_lists) for j, (s, size) in enumerate(zip(streams, sizes))]
-    return TensorEntry(name, dtype, tuple(shape), nbytes, checksum, transforms, parsed, device, source)
+    entry = TensorEntry(name, dtype, tuple(shape), nbytes, checksum, transforms, parsed, device, source)
+    entry.__dict__["transform"] = transform  # what the cached property would build again
+    return entry
 
 
 def _is_checksum(v: Any) -> bool:

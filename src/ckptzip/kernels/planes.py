@@ -78,11 +78,12 @@ def _launch(kernel: Any, device: torch.device, rows: list[np.ndarray], owner: np
 
 
 def _run_compiled(kernel: Any, ptrs: np.ndarray, elements: np.ndarray, plane_ptrs: np.ndarray,
-                  itemsize: int, e0: np.ndarray) -> torch.Tensor:
+                  itemsize: int, e0: np.ndarray | None = None) -> torch.Tensor:
     """Run a compiled split or merge over tensors at ``ptrs`` (rows of at most CPU_PIECE_BYTES,
-    threads split by bytes); each tensor's wsum64, its elements numbered from ``e0``."""
+    threads split by bytes); each tensor's wsum64, its elements numbered from ``e0`` (default 0)."""
     owner, first, count = pieces(elements, CPU_PIECE_BYTES // itemsize)
     sums = np.zeros(elements.size, dtype=np.uint64)
+    e0 = np.zeros(elements.size, dtype=np.int64) if e0 is None else e0
     ptrs, plane_ptrs = _numbered_from(e0, itemsize, ptrs, plane_ptrs)
     kernel(_table([ptrs[owner], first + e0[owner], count, owner, plane_ptrs[owner]], owner.size), itemsize, sums,
            compiled_threads(int(elements.sum()) * itemsize))
@@ -95,13 +96,6 @@ def _numbered_from(e0: np.ndarray, itemsize: int, ptrs: np.ndarray, plane_ptrs: 
     element ``e`` at ``address + e``, number a tensor's elements (and weigh its words) from
     ``e0``: a part of a larger tensor then sums as its part of the whole (never read there)."""
     return ptrs - e0 * itemsize, plane_ptrs - e0[:, None]
-
-
-def _first_elements(first_words: np.ndarray | None, count: int, itemsize: int) -> np.ndarray:
-    """Each tensor's first element number from its first word number (default 0)."""
-    if first_words is None:
-        return np.zeros(count, dtype=np.int64)
-    return first_words.astype(np.int64) * 8 // itemsize
 
 
 def split_planes(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Tensor, starts: np.ndarray,
@@ -119,7 +113,7 @@ def split_planes(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Ten
     if not use_triton(device):
         COMPILED.sample_counts(np.stack([src, elements, hist_rows.astype(np.int64)], axis=1), itemsize, hist.numpy(),
                                _SAMPLE_ELEMENTS)
-        return _run_compiled(COMPILED.split, src, elements, plane_ptrs, itemsize, np.zeros(len(datas), np.int64))
+        return _run_compiled(COMPILED.split, src, elements, plane_ptrs, itemsize)
     owner, first = _programs(elements)
     rows = [src[owner], elements[owner], first, hist_rows.astype(np.int64)[owner], plane_ptrs[owner]]
     return _launch(load_triton("_planes_triton").split_kernel, device, rows, owner, len(datas), hist, K=itemsize,
@@ -135,9 +129,10 @@ def merge_planes(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[to
     tensor that starts there, the parts' sums add up to the tensor's)."""
     device = outs[0].device
     elements = np.array([o.numel() // itemsize for o in outs], dtype=np.int64)
-    e0 = _first_elements(first_words, len(outs), itemsize)
     if not use_triton(device) and COMPILED is None:
-        return _merge_numpy(outs, itemsize, bases, plane_base, plane_offset, e0)
+        return _merge_numpy(outs, itemsize, bases, plane_base, plane_offset, first_words)
+    words = np.zeros(len(outs), dtype=np.int64) if first_words is None else first_words.astype(np.int64)
+    e0 = words * 8 // itemsize  # the first element of each output's first word
     dst = np.array([o.data_ptr() for o in outs], dtype=np.int64)
     base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
     plane_ptrs = base_ptrs[plane_base] + plane_offset
@@ -153,15 +148,16 @@ def merge_planes(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[to
 
 
 def _each_element_row(tensors: Sequence[torch.Tensor], itemsize: int,
-                      visit: Callable[[int, np.ndarray], None], e0: np.ndarray | None = None) -> torch.Tensor:
+                      visit: Callable[[int, np.ndarray], None], first_words: np.ndarray | None = None
+                      ) -> torch.Tensor:
     """Call ``visit(t, elements)`` with each tensor's bytes as rows of ``itemsize`` bytes (a view,
-    which ``visit`` may fill); return each tensor's wsum64, taken after the visit (its elements
-    numbered from ``e0[t]``)."""
+    which ``visit`` may fill); return each tensor's wsum64, taken after the visit (its words
+    numbered from ``first_words[t]``)."""
     sums = np.empty(len(tensors), dtype=np.uint64)
     for t, tensor in enumerate(tensors):
         raw = tensor.numpy()
         visit(t, raw.reshape(-1, itemsize))
-        sums[t] = wsum64_array(raw, 0 if e0 is None else int(e0[t]) * itemsize // 8)
+        sums[t] = wsum64_array(raw, 0 if first_words is None else int(first_words[t]))
     return torch.from_numpy(sums.view(np.int64))
 
 
@@ -185,7 +181,8 @@ def _split_numpy(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Ten
 
 
 def _merge_numpy(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[torch.Tensor],
-                 plane_base: np.ndarray, plane_offset: np.ndarray, e0: np.ndarray | None = None) -> torch.Tensor:
+                 plane_base: np.ndarray, plane_offset: np.ndarray, first_words: np.ndarray | None = None
+                 ) -> torch.Tensor:
     arrays = [b.numpy() for b in bases]
 
     def merge(t: int, elements: np.ndarray) -> None:
@@ -196,4 +193,4 @@ def _merge_numpy(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[to
             for j in range(itemsize):
                 elements[a:b, j] = planes[j][a:b]
 
-    return _each_element_row(outs, itemsize, merge, e0)
+    return _each_element_row(outs, itemsize, merge, first_words)

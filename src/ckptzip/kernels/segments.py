@@ -1,9 +1,10 @@
 """``wsum64`` of many byte segments in one launch, optionally gathering them into one buffer.
 
 A segment is ``length`` bytes at an address; its checksum numbers words from the segment's own
-start (docs/FORMAT.md), or from a given word where it is a part of a larger whole. :func:`segment_sums` serves the writer (gather the stored chunks of a
-batch in file order and checksum each) and the reader (checksum the stored chunks of a batch
-where they landed, before any decoder sees them).
+start (docs/FORMAT.md), or from a given word where it is a part of a larger whole.
+:func:`segment_sums` serves the writer (gather the stored chunks of a batch in file order and
+checksum each) and the reader (checksum the stored chunks of a batch where they landed, before
+any decoder sees them, and tensors copied from single streams).
 """
 
 from __future__ import annotations
