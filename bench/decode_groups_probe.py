@@ -30,13 +30,13 @@ def main() -> None:
     p.add_argument("--gb", type=float, default=4.0)
     args = p.parse_args()
     calls = [0]
-    run_decode = nvcomp._NvcompCodec._run_decode
+    run_decode = nvcomp._NvcompCodec._decompress
 
     def counted(self: Any, *a: Any, **k: Any) -> Any:
         calls[0] += 1
         return run_decode(self, *a, **k)
 
-    nvcomp._NvcompCodec._run_decode = counted  # type: ignore[method-assign]
+    nvcomp._NvcompCodec._decompress = counted  # type: ignore[method-assign]
     state = synthetic_state(args.gb, 8)
     blob = io.BytesIO()
     ckptzip.save(state, blob)

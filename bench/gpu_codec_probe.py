@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(
         f"{torch.cuda.get_device_name()} | torch {torch.__version__} (CUDA {torch.version.cuda}) | "
-        f"nvcomp {gpu._nv.__version__} | {args.mib} MiB per variant, median of {args.reps}, "
+        f"nvcomp {gpu._library('zstd').version} | {args.mib} MiB per variant, median of {args.reps}, "
         f"one-chunk-per-call columns on the first {args.single_mib} MiB"
     )
     header = (

@@ -24,7 +24,7 @@ import torch
 import ckptzip
 
 cuda = torch.version.cuda
-nvcomp = [d.metadata["Name"] for d in md.distributions() if d.metadata["Name"].startswith("nvidia-nvcomp-cu")]
+nvcomp = [d.metadata["Name"] for d in md.distributions() if d.metadata["Name"].startswith("nvidia-libnvcomp-cu")]
 print(f"ckptzip {ckptzip.__version__}, torch {torch.__version__} (CUDA {cuda}), nvCOMP: {nvcomp or 'none'}")
 if cuda and nvcomp and not nvcomp[0].endswith(f"cu{cuda.split('.')[0]}"):
     raise SystemExit(f"torch is built for CUDA {cuda} but {nvcomp[0]} is installed: set CKPTZIP_EXTRAS to match")

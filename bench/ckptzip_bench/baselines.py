@@ -515,9 +515,13 @@ class _Nvcomp(_BlobBaseline):
     _pin_memory = True
 
     def available(self) -> tuple[bool, str]:
-        from ckptzip.codecs.nvcomp import UNAVAILABLE_REASON
-
-        return UNAVAILABLE_REASON is None, UNAVAILABLE_REASON or ""
+        if not torch.cuda.is_available():
+            return False, "nvCOMP's baselines need a GPU: no CUDA device is visible"
+        try:
+            installed = importlib.util.find_spec("nvidia.nvcomp") is not None
+        except (ImportError, ValueError):  # no ``nvidia`` namespace package at all
+            installed = False
+        return installed, "" if installed else "nvCOMP's Python module (nvidia-nvcomp-cu12/13) is not installed"
 
     def _codec(self, dtype: torch.dtype | None = None) -> Any:
         options: dict[str, Any] = {}

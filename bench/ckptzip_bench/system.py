@@ -30,10 +30,10 @@ def _version(distribution: str) -> str | None:
 
 
 def _nvcomp_version() -> str | None:
-    """Version of the installed ``nvidia-nvcomp-cu*`` distribution, if any."""
+    """Version of the installed ``nvidia-libnvcomp-cu*`` distribution (the library ckptzip calls), if any."""
     for dist in importlib.metadata.distributions():
         name = (dist.metadata["Name"] or "").lower()
-        if name.startswith("nvidia-nvcomp"):
+        if name.startswith("nvidia-libnvcomp"):
             return f"{name} {dist.version}"
     return None
 

@@ -1,10 +1,10 @@
 """GPU codecs (nvCOMP): registration and errors on any machine; bit-exact round trips and
-CPU interchange on a CUDA machine with nvidia-nvcomp >= 6 (``pytest -m gpu``)."""
+CPU interchange on a CUDA machine with nvCOMP >= 6 (``pytest -m gpu``)."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import sys
+import ctypes.util
+import importlib.util
 import types
 import zlib
 from collections.abc import Callable
@@ -14,6 +14,7 @@ import torch
 import zstandard
 
 from ckptzip.codecs import Codec, codec_ids, get_codec, has_codec
+from ckptzip.codecs import _nvcomp_lib
 from ckptzip.codecs import nvcomp as gpu
 from ckptzip.errors import CodecUnavailableError, CorruptCheckpointError
 
@@ -38,8 +39,8 @@ def test_unavailable_codec_error_names_codec_reason_and_fix(codec_id: str) -> No
     with pytest.raises(CodecUnavailableError) as info:
         get_codec(codec_id, "cuda")
     assert str(info.value) == f"codec {codec_id!r} cannot run on the GPU here: {gpu.UNAVAILABLE_REASON}."
-    if gpu._load_nvcomp(import_it=False)[1] is not None:
-        assert "nvidia.nvcomp is not installed (pip install ckptzip[gpu]" in str(info.value)
+    if _nvcomp_lib.load()[1] is not None:
+        assert "is not usable here" in str(info.value) and "pip install ckptzip[gpu]" in str(info.value)
 
 
 @pytest.mark.skipif(gpu.UNAVAILABLE_REASON is None, reason="the GPU codecs are available here")
@@ -60,55 +61,50 @@ def test_unavailability_reasons() -> None:
     )
 
 
-def _fake_nvcomp(monkeypatch: pytest.MonkeyPatch, version: str, import_error: Exception | None = None) -> object:
-    """Install a stand-in ``nvidia.nvcomp`` of ``version`` whose import raises ``import_error``."""
-    module = types.ModuleType("nvidia.nvcomp")
-    module.__spec__ = importlib.machinery.ModuleSpec("nvidia.nvcomp", None)
-    module.__version__ = version  # type: ignore[attr-defined]
-    package = types.ModuleType("nvidia")
-    package.__path__ = []
-    if import_error is None:
-        package.nvcomp = module  # type: ignore[attr-defined]
-    else:
-
-        def fail(name: str) -> object:
-            raise import_error
-
-        package.__getattr__ = fail  # type: ignore[method-assign]
-    monkeypatch.setitem(sys.modules, "nvidia", package)
-    monkeypatch.setitem(sys.modules, "nvidia.nvcomp", module)
-    return module
+def test_nvcomp_library_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_nvcomp_lib.ENV_VAR, "/nonexistent/libnvcomp.so.6")
+    lib, problem = _nvcomp_lib._load()
+    assert lib is None
+    assert problem is not None and problem.startswith(
+        "nvCOMP's library libnvcomp.so.6 is not usable here (/nonexistent/libnvcomp.so.6: cannot open shared object file")
 
 
-def test_nvcomp_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "nvidia.nvcomp", None)
-    assert gpu._load_nvcomp(import_it=True) == (
-        None, "nvidia.nvcomp is not installed (pip install ckptzip[gpu], or ckptzip[gpu-cu13] for CUDA 13)"
-    )
+def test_a_library_that_is_not_nvcomp_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    libm = ctypes.util.find_library("m")
+    if libm is None:
+        pytest.skip("no libm to stand in for another library")
+    monkeypatch.setenv(_nvcomp_lib.ENV_VAR, libm)
+    assert _nvcomp_lib._load() == (
+        None, f"nvCOMP's library libnvcomp.so.6 is not usable here ({libm} is not nvCOMP's library "
+              "(it has no nvcompGetProperties))")
 
 
-def test_nvcomp_too_old(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_nvcomp(monkeypatch, "5.3.0")
-    assert gpu._load_nvcomp(import_it=True) == (
-        None,
-        "nvidia.nvcomp 5.3.0 is older than the 6.0 ckptzip needs; "
-        "upgrade it (pip install -U ckptzip[gpu], or ckptzip[gpu-cu13] for CUDA 13)",
-    )
+def test_nvcomp_versions() -> None:
+    assert _nvcomp_lib.version_problem("lib.so", 6000) is None
+    assert _nvcomp_lib.version_problem("lib.so", 7102) is None
+    assert _nvcomp_lib.version_problem("lib.so", 5301) == "lib.so is nvCOMP 5.3.1, older than the 6.0 ckptzip needs"
 
 
-def test_nvcomp_that_fails_to_import_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_nvcomp(monkeypatch, "6.0.0", OSError("libnvcomp.so.6: cannot open shared object file"))
-    module, problem = gpu._load_nvcomp(import_it=True)
-    assert module is None
-    assert problem == (
-        "nvidia.nvcomp fails to import (OSError: libnvcomp.so.6: cannot open shared object file); "
-        "reinstall it (pip install ckptzip[gpu], or ckptzip[gpu-cu13] for CUDA 13)"
-    )
+def test_a_missing_library_comes_with_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_nvcomp_lib, "load", lambda: (None, "it is gone"))
+    assert gpu._load_library() == (None, "it is gone; pip install ckptzip[gpu], or ckptzip[gpu-cu13] for CUDA 13")
 
 
-def test_nvcomp_6_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _fake_nvcomp(monkeypatch, "6.0.0")
-    assert gpu._load_nvcomp(import_it=True) == (fake, None)
+@pytest.mark.skipif(importlib.util.find_spec("nvidia.libnvcomp") is None, reason="nvidia-libnvcomp is not installed")
+def test_the_installed_library_takes_every_format_s_options_without_a_gpu() -> None:
+    lib, problem = _nvcomp_lib._load()
+    assert problem is None and lib is not None
+    for cls in gpu.CODECS:
+        assert lib.max_output_chunk_bytes(cls()._format, 1 << 16) >= 1 << 16
+    # the option structs reach nvCOMP by value: ANS bounds its output by the data type it codes
+    bytes_bound = lib.max_output_chunk_bytes(gpu.NvcompAnsCodec()._format, 1 << 20)
+    assert lib.max_output_chunk_bytes(gpu.NvcompAnsCodec("<f4")._format, 1 << 20) < bytes_bound
+
+
+def test_option_structs_are_nvcomp_s_64_bytes() -> None:
+    with pytest.raises(ValueError, match=r"^nvCOMP Gdeflate: option structs are 64 bytes$"):
+        _nvcomp_lib.Format("Gdeflate", bytes(60), bytes(64))
+    assert gpu.NvcompGdeflateCodec(0)._format == _nvcomp_lib.Format("Gdeflate", bytes(64), bytes(64))
 
 
 @pytest.mark.parametrize(
@@ -258,17 +254,12 @@ def test_unaligned_and_unrelated_chunks_are_packed(config: dict) -> None:
 
 @pytest.mark.gpu
 @needs_nvcomp
-def test_side_stream_and_engine_cache() -> None:
+def test_a_side_stream_codes_on_that_stream() -> None:
     codec = gpu.NvcompAnsCodec()
-    device = torch.device("cuda", torch.cuda.current_device())
-    engine = codec._engine_for(device, 1 << 16)
-    assert codec._engine_for(device, 1 << 16) is engine
-    assert codec._engine_for(device, 1 << 20) is not engine  # another chunk capacity
+    data = _bytes("float32", 1 << 20)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        assert codec._engine_for(device, 1 << 16) is not engine
-        data = _bytes("float32", 1 << 20)
         _round_trip(codec, _split(data, [1 << 18] * 4))
     torch.cuda.synchronize()
 

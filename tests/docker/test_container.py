@@ -63,7 +63,7 @@ def test_install_script_in_a_fresh_venv_then_the_demo(tmp_path: pathlib.Path) ->
     done = subprocess.run(["bash", str(context / "docker" / "install.sh"), str(context)], env=env, cwd=tmp_path,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert re.search(r"^ckptzip \S+, torch \S+ \(CUDA None\), nvCOMP: \['nvidia-nvcomp-cu13'\]$", done.stdout,
+    assert re.search(r"^ckptzip \S+, torch \S+ \(CUDA None\), nvCOMP: \['nvidia-libnvcomp-cu13'\]$", done.stdout,
                      re.MULTILINE), done.stdout[-2000:]
     demo = subprocess.run([str(venv / "bin" / "ckptzip"), "demo", "--steps", "2"], env=env, cwd=tmp_path,
                           capture_output=True, text=True)

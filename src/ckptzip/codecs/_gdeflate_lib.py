@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import os
 import threading
-from pathlib import Path
 
 import numpy as np
+
+from ._nvcomp_wheel import library_candidates
 
 ENV_VAR = "CKPTZIP_NVCOMP_CPU_LIB"
 SONAME = "libnvcomp_cpu.so.6"
@@ -54,18 +54,7 @@ def _shim_path() -> str | None:
 
 def _library_candidates() -> list[str]:
     """Paths (or the soname) to try, in order."""
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return [env]
-    found: list[str] = []
-    try:
-        spec = importlib.util.find_spec("nvidia.libnvcomp")
-    except (ImportError, ValueError):  # no ``nvidia`` namespace package at all
-        spec = None
-    for root in (spec.submodule_search_locations or []) if spec is not None else []:
-        for sub in ("lib64", "lib"):
-            found += sorted(str(p) for p in Path(root, sub).glob("libnvcomp_cpu.so*"))
-    return [*found, SONAME]
+    return library_candidates(ENV_VAR, "libnvcomp_cpu.so*", SONAME)
 
 
 class _Library:

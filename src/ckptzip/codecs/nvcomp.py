@@ -1,51 +1,52 @@
-"""GPU codecs on NVIDIA nvCOMP (``nvidia-nvcomp-cu12/cu13`` >= 6.0, ``from nvidia import nvcomp``).
+"""GPU codecs on NVIDIA nvCOMP 6 (``libnvcomp``, from the ``nvidia-libnvcomp-cu12/cu13`` wheels).
 
-Every codec stores nvCOMP's ``RAW`` bitstream: each chunk is one bare stream of its format, with no
-nvCOMP header. So ``zstd`` chunks are standard zstd frames, ``deflate`` chunks raw RFC 1951 streams
-and ``lz4`` chunks LZ4 *blocks*, interchangeable with the CPU codecs; ``ans``, ``bitcomp``,
-``gdeflate`` and ``cascaded`` are NVIDIA formats that only nvCOMP decodes. Options a RAW decoder
-needs (such as ``data_type``) live in the codec config, which the container stores.
+Every codec stores nvCOMP's raw batched bitstream: each chunk is one bare stream of its format,
+with no nvCOMP header. So ``zstd`` chunks are standard zstd frames, ``deflate`` chunks raw RFC 1951
+streams and ``lz4`` chunks LZ4 *blocks*, interchangeable with the CPU codecs; ``ans``, ``bitcomp``,
+``gdeflate`` and ``cascaded`` are NVIDIA formats that only nvCOMP decodes. Options a decoder needs
+(such as ``data_type``) live in the codec config, which the container stores.
 
 Contract, beyond :class:`~ckptzip.codecs.base.Codec`:
 
-- One ``encode``/``decode`` call hands nvCOMP the whole batch (one ``BatchArray``) on the current
-  torch CUDA stream. ``encode`` waits for the compressed sizes; ``decode`` waits for nvCOMP's
-  result so it can report a bad chunk. Nothing else synchronises with the host.
+- One call codes a whole batch with one nvCOMP launch on the current torch CUDA stream, through
+  nvCOMP's C API (:mod:`._nvcomp_lib`): the chunks' addresses and sizes go to the device in one
+  copy, and nothing is done per chunk in Python. Encoding waits for the compressed sizes; decoding
+  waits for the decoded sizes and statuses, so it names a bad chunk. Nothing else synchronises.
+- nvCOMP's scratch and outputs come from torch's caching allocator, on the current stream: from
+  the memory torch can hand out (:mod:`ckptzip.engine.memory`), never a private ``cudaMalloc``.
 - Chunks must be non-empty (``ValueError`` otherwise) and at most ``max_chunk_bytes``; with a
   multi-byte ``data_type`` their sizes must be whole elements.
 - The returned chunks are views into one buffer allocated per call, which stays alive while any
   of them does; copy them (e.g. to the host) to release it.
 - nvCOMP's zstd, deflate, gdeflate, bitcomp and cascaded decoders are only defined on valid input
   (nvCOMP known issue): verify stored bytes before decoding them.
-- nvCOMP codec objects are costly to create and not thread-safe; they are cached per thread, per
-  algorithm, options, chunk capacity, device and stream.
-- ``nvidia.nvcomp`` is imported (and CUDA asked for) when a GPU codec is first asked for
+- ``libnvcomp`` is loaded (and CUDA asked for) when a GPU codec is first asked for
   (:func:`~ckptzip.codecs.registry.declare`), never by importing ckptzip.
 """
 
 from __future__ import annotations
 
-import atexit
-import importlib.util
+import functools
+import struct
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from ..errors import CodecUnavailableError, CorruptCheckpointError, CorruptChunkError
+from . import _nvcomp_lib
 from .base import Codec
 from .registry import declare, mark_unavailable, register
 
-_MIN_NVCOMP_MAJOR = 6
-_INSTALL_HINT = "pip install {}ckptzip[gpu], or ckptzip[gpu-cu13] for CUDA 13"
+_INSTALL_HINT = "pip install ckptzip[gpu], or ckptzip[gpu-cu13] for CUDA 13"
 
 _ITEMSIZE = {"|u1": 1, "<u2": 2, "<u4": 4, "<f2": 2, "<f4": 4}
+_NVCOMP_TYPE = {"|u1": 1, "<u2": 3, "<u4": 5, "<f2": 10, "<f4": 11}  # nvcompType_t (UCHAR … FLOAT32)
+_ANY_TYPE = 0xFF  # NVCOMP_TYPE_BITS: a decoder that reads the type from the stream
 _MIN_CHUNK_CAPACITY = 1 << 16
-_SLOT_ALIGN = 256  # output slots of encode_segments start at multiples of this  # nvCOMP's default uncomp_chunk_size
-_MAX_CACHED_ENGINES = 16
+_SLOT_ALIGN = 256  # output slots of encode_segments start at multiples of this
 
 
 def _why_unavailable(cuda_available: bool, nvcomp_problem: str | None) -> str | None:
@@ -56,45 +57,26 @@ def _why_unavailable(cuda_available: bool, nvcomp_problem: str | None) -> str | 
     return " and ".join(problems) or None
 
 
-def _load_nvcomp(import_it: bool) -> tuple[Any, str | None]:
-    """Import ``nvidia.nvcomp`` (or only look for it); return the module and what is wrong with it."""
-    try:
-        installed = importlib.util.find_spec("nvidia.nvcomp") is not None
-    except (ImportError, ValueError):  # no ``nvidia`` package, or a stand-in without a spec
-        installed = False
-    if not installed:
-        return None, f"nvidia.nvcomp is not installed ({_INSTALL_HINT.format('')})"
-    if not import_it:
-        return None, None
-    try:
-        from nvidia import nvcomp as module
-    except Exception as exc:  # a broken wheel or missing libnvcomp raises more than ImportError
-        why = f"{type(exc).__name__}: {exc}"
-        return None, f"nvidia.nvcomp fails to import ({why}); reinstall it ({_INSTALL_HINT.format('')})"
-    version = str(getattr(module, "__version__", "0"))
-    major = version.split(".")[0]
-    if not major.isdigit() or int(major) < _MIN_NVCOMP_MAJOR:
-        return None, (
-            f"nvidia.nvcomp {version} is older than the {_MIN_NVCOMP_MAJOR}.0 ckptzip needs; "
-            f"upgrade it ({_INSTALL_HINT.format('-U ')})"
-        )
-    return module, None
+def _load_library() -> tuple[_nvcomp_lib.Library | None, str | None]:
+    """libnvcomp, or what is wrong with it (with the fix)."""
+    lib, problem = _nvcomp_lib.load()
+    return lib, None if problem is None else f"{problem}; {_INSTALL_HINT}"
 
 
-_nv: Any = None
+_lib: _nvcomp_lib.Library | None = None
 _LOADING = threading.Lock()
 _loaded = False
 _reason: str | None = None  # once loaded: why the GPU codecs cannot run here, or None
 
 
 def _load() -> str | None:
-    """Import nvCOMP where CUDA runs, once, and register the GPU codecs or mark them unavailable;
-    return why they cannot run here (None: they can)."""
-    global _nv, _loaded, _reason
+    """Load nvCOMP, once, and register the GPU codecs or mark them unavailable; return why they
+    cannot run here (None: they can)."""
+    global _lib, _loaded, _reason
     with _LOADING:
         if not _loaded:
             cuda = torch.cuda.is_available()
-            _nv, problem = _load_nvcomp(import_it=cuda)
+            _lib, problem = _load_library()
             _reason = _why_unavailable(cuda, problem)
             for cls in CODECS:
                 if _reason is None:
@@ -112,86 +94,19 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class _TorchBuffer:
-    """Device memory nvCOMP asked for, taken from torch's caching allocator on the calling
-    thread's current stream (nvCOMP's own, which the engine binds to it)."""
-
-    __slots__ = ("_tensor", "ptr")
-
-    def __init__(self, nbytes: int, stream: Any) -> None:
-        self._tensor = torch.empty(max(1, int(nbytes)), dtype=torch.uint8, device="cuda")
-        self.ptr = self._tensor.data_ptr()
+def _library(codec_id: str) -> _nvcomp_lib.Library:
+    """The loaded library; ``CodecUnavailableError`` saying why the codec cannot run here."""
+    reason = _load()
+    if reason is not None or _lib is None:
+        raise CodecUnavailableError(f"codec {codec_id!r} cannot run on the GPU here: {reason}.")
+    return _lib
 
 
-_ROUTED = threading.Lock()
-_routed = False
-
-
-def _route_allocations() -> None:
-    """Make nvCOMP allocate through torch's caching allocator (once per process). Its default,
-    cudaMalloc, fails while torch caches the free memory, and cudaFree synchronises the device;
-    through torch, its scratch and outputs come from the memory torch can hand out, on the stream
-    the engine works on (:mod:`ckptzip.engine.memory`)."""
-    global _routed
-    with _ROUTED:
-        if not _routed:
-            _nv.set_device_allocator(_TorchBuffer)
-            atexit.register(_unroute)
-            _routed = True
-
-
-def _unroute() -> None:
-    """At exit, drop this thread's codec objects while torch can still take their memory back."""
-    lru = getattr(_ENGINES, "lru", None)
-    if lru is not None:
-        lru.clear()
-
-
-class _Engine:
-    """One ``nvcomp.Codec`` bound to a device, a stream and a chunk capacity (not thread-safe)."""
-
-    def __init__(self, algorithm: str, options: dict[str, Any], capacity: int, device: int, stream: int) -> None:
-        _route_allocations()
-        self.stream = stream
-        self.codec = _nv.Codec(
-            algorithm=algorithm,
-            device_id=device,
-            cuda_stream=stream,
-            uncomp_chunk_size=capacity,
-            bitstream_kind=_nv.BitstreamKind.RAW,
-            **options,
-        )
-        self.capacity = capacity
-        self.device = device
-        self._slot_bytes: int | None = None
-
-    def slot_bytes(self) -> int:
-        """Output room nvCOMP requires for every chunk of a batch: the compressed-size bound of a
-        full ``capacity`` chunk, whatever the chunk's own size (nvCOMP 6 checks each output
-        against it)."""
-        if self._slot_bytes is None:
-            probe = torch.empty(self.capacity, dtype=torch.uint8, device=f"cuda:{self.device}")
-            array = _nv.as_array(probe, cuda_stream=self.stream)
-            self._slot_bytes = int(self.codec.get_max_comp_buffer_size(array))
-        return self._slot_bytes
-
-
-_ENGINES = threading.local()
-
-
-def _engine(key: tuple[Any, ...], make: Callable[[], _Engine]) -> _Engine:
-    """The calling thread's engine for ``key``, created on first use (small LRU)."""
-    engines: OrderedDict[tuple[Any, ...], _Engine] | None = getattr(_ENGINES, "lru", None)
-    if engines is None:
-        engines = _ENGINES.lru = OrderedDict()
-    engine = engines.get(key)
-    if engine is None:
-        engine = engines[key] = make()
-        if len(engines) > _MAX_CACHED_ENGINES:
-            engines.popitem(last=False)
-    else:
-        engines.move_to_end(key)
-    return engine
+@functools.lru_cache(maxsize=64)
+def _slot_bytes(lib: _nvcomp_lib.Library, fmt: _nvcomp_lib.Format, capacity: int) -> int:
+    """Output room nvCOMP requires for every chunk of a batch coded with chunks of up to
+    ``capacity`` bytes: the compressed-size bound of a full chunk, whatever the chunk's own size."""
+    return lib.max_output_chunk_bytes(fmt, capacity)
 
 
 def _slots(sizes: Sequence[int], alignment: int) -> tuple[list[int], int]:
@@ -201,19 +116,6 @@ def _slots(sizes: Sequence[int], alignment: int) -> tuple[list[int], int]:
         offsets.append(end)
         end += -(-size // alignment) * alignment
     return offsets, end
-
-
-def _retry_out_of_memory(call: Callable[[], Any]) -> Any:
-    """``call()``; once more after emptying PyTorch's cache if nvCOMP ran out of device memory
-    (an allocation nvCOMP makes itself, outside :class:`_TorchBuffer`, cannot take blocks PyTorch
-    caches)."""
-    try:
-        return call()
-    except RuntimeError as exc:
-        if "out of memory" not in str(exc):
-            raise
-        torch.cuda.empty_cache()
-        return call()
 
 
 def _views(buffer: torch.Tensor, offsets: Sequence[int], sizes: Sequence[int]) -> list[torch.Tensor]:
@@ -232,16 +134,15 @@ def _pack(chunks: Sequence[torch.Tensor], sizes: Sequence[int], alignment: int) 
     return torch.cat([t for pair in zip(chunks, zeros) for t in pair]), offsets
 
 
-def _as_batch(chunks: Sequence[torch.Tensor], sizes: Sequence[int], alignment: int, stream: int) -> Any:
-    """An nvCOMP ``BatchArray`` over the chunks: zero-copy when they share one allocation at aligned
-    addresses (chunks split from one stream), else over an aligned packed copy."""
-    storage = chunks[0].untyped_storage()
-    base_ptr = storage.data_ptr()
-    if all(c.untyped_storage().data_ptr() == base_ptr and c.data_ptr() % alignment == 0 for c in chunks):
-        base = torch.empty(0, dtype=torch.uint8, device=chunks[0].device).set_(storage)
-        return _nv.as_arrays(base, [c.data_ptr() - base_ptr for c in chunks], list(sizes), cuda_stream=stream)
+def _addresses(chunks: Sequence[torch.Tensor], sizes: Sequence[int], alignment: int
+               ) -> tuple[torch.Tensor | None, np.ndarray]:
+    """Device addresses of the chunks: where they are when all are aligned, else in an aligned
+    packed copy (returned, to be kept alive while nvCOMP reads it)."""
+    ptrs = np.array([c.data_ptr() for c in chunks], dtype=np.uint64)
+    if not (ptrs % alignment).any():
+        return None, ptrs
     packed, offsets = _pack(chunks, sizes, alignment)
-    return _nv.as_arrays(packed, offsets, list(sizes), cuda_stream=stream)
+    return packed, np.uint64(packed.data_ptr()) + np.array(offsets, dtype=np.uint64)
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -256,11 +157,24 @@ def _choice(codec_id: str, name: str, value: Any, allowed: Sequence[int] | Seque
     return value
 
 
+def _read(results: torch.Tensor, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sizes, statuses) of a launch's chunks (:meth:`_NvcompCodec._launch`): the one wait for the GPU."""
+    host: np.ndarray = results.cpu().numpy()
+    return host[:count], host[count:].view(np.int32)[:count]
+
+
+def _at(tensor: torch.Tensor, offsets: np.ndarray) -> np.ndarray:
+    """Device addresses ``tensor.data_ptr() + offsets``."""
+    addresses: np.ndarray = offsets.astype(np.uint64) + np.uint64(tensor.data_ptr())
+    return addresses
+
+
 class _NvcompCodec(Codec):
-    """Batched nvCOMP codec on CUDA tensors; subclasses name the format and validate options."""
+    """Batched nvCOMP codec on CUDA tensors; subclasses name the format, validate options and
+    lay out nvCOMP's option structs (nvCOMP 6.0 headers)."""
 
     backend: ClassVar[str] = "cuda"
-    algorithm: ClassVar[str]  # nvCOMP's algorithm name
+    algorithm: ClassVar[str]  # the format's name in nvCOMP's C functions
     # Each format declares its own (nvCOMP 6.0 headers): max_chunk_bytes, the largest chunk it
     # accepts (nvcomp<Format>CompressionMaxAllowedChunkSize); alignment, the larger of its
     # compression and decompression alignment for every input and output chunk
@@ -293,50 +207,55 @@ class _NvcompCodec(Codec):
     def _itemsize(self) -> int:
         return _ITEMSIZE[self._options.get("data_type", "|u1")]
 
+    def _compress_opts(self) -> bytes:
+        """nvCOMP's compression options for this configuration (its 64-byte struct)."""
+        return bytes(64)
+
+    def _decompress_opts(self) -> bytes:
+        """nvCOMP's decompression options (the default backend; formats with more fields override)."""
+        return struct.pack("<i60x", 0)
+
+    @functools.cached_property
+    def _format(self) -> _nvcomp_lib.Format:
+        return _nvcomp_lib.Format(self.algorithm, self._compress_opts(), self._decompress_opts())
+
     def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Compress each chunk; returns exact-size views into one new buffer."""
         chunks = list(chunks)
         if not chunks:
             return []
-        self._require_nvcomp()
+        lib = _library(self.codec_id)
         device = self._check_chunks(chunks)
-        sizes = [c.numel() for c in chunks]
+        sizes = np.array([c.numel() for c in chunks], dtype=np.int64)
         self._check_sizes(sizes, ValueError, "has")
         with torch.cuda.device(device):
-            engine = self._engine_for(device, max(sizes))
-            source = _as_batch(chunks, sizes, self.alignment, engine.stream)
-            bounds = [engine.slot_bytes()] * len(chunks)
-            offsets, total = _slots(bounds, self.alignment)
-            out = torch.zeros(total, dtype=torch.uint8, device=device)  # see encode_segments
-            target = _nv.as_arrays(out, offsets, bounds, cuda_stream=engine.stream)
-            encoded = engine.codec.encode(source, out=target)
-            compressed = [int(n) for n in encoded.buffer_sizes]  # waits for the sizes
-        return _views(out, offsets, compressed)
+            _packed, ptrs = _addresses(chunks, sizes.tolist(), self.alignment)  # kept until the sizes are read
+            out, offsets, compressed = self._compress(lib, device, ptrs, sizes)
+        return _views(out, offsets.tolist(), compressed.tolist())
 
     def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
         """Decompress each chunk to exactly ``raw_sizes[i]`` bytes; views into one new buffer.
 
-        Raises ``CorruptCheckpointError`` naming the chunk when nvCOMP rejects one or reports
-        another decoded size.
+        Raises ``CorruptChunkError`` naming the chunk when nvCOMP rejects one or reports another
+        decoded size.
         """
-        chunks, raw_sizes = list(chunks), [int(n) for n in raw_sizes]
-        if len(chunks) != len(raw_sizes):
-            raise ValueError(f"codec {self.codec_id!r}: {len(chunks)} chunks but {len(raw_sizes)} raw sizes")
+        chunks = list(chunks)
+        raw = np.array([int(n) for n in raw_sizes], dtype=np.int64)
+        if len(chunks) != raw.size:
+            raise ValueError(f"codec {self.codec_id!r}: {len(chunks)} chunks but {raw.size} raw sizes")
         if not chunks:
             return []
-        self._require_nvcomp()
+        lib = _library(self.codec_id)
         device = self._check_chunks(chunks)
-        self._check_sizes(raw_sizes, CorruptCheckpointError, "decodes to")
-        for index, chunk in enumerate(chunks):
-            if chunk.numel() == 0:
-                raise CorruptCheckpointError(f"{self.codec_id} chunk {index} is empty; a compressed chunk has bytes")
-        def run() -> tuple[tuple[torch.Tensor, list[int]], list[int]]:
-            out, offsets, decoded = self._decode_batch(device, chunks, raw_sizes)
-            return (out, offsets), decoded
-
+        self._check_sizes(raw, CorruptCheckpointError, "decodes to")
+        lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
+        self._check_nonempty(lengths)
+        offsets, total = _slots(raw.tolist(), self.alignment)
         with torch.cuda.device(device):
-            out, offsets = self._decode_checked(device, lambda: chunks, raw_sizes, run)
-        return _views(out, offsets, raw_sizes)
+            _packed, ptrs = _addresses(chunks, lengths.tolist(), self.alignment)  # kept until decoded
+            out = torch.empty(total, dtype=torch.uint8, device=device)
+            self._decompress(lib, device, ptrs, lengths, _at(out, np.array(offsets, dtype=np.int64)), raw)
+        return _views(out, offsets, raw.tolist())
 
     def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
                         ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
@@ -344,25 +263,13 @@ class _NvcompCodec(Codec):
         alignment); the outputs lie in slots of the compressed-size bound, one sync for the sizes."""
         if not len(lengths):
             return base.new_empty(0), offsets, lengths
-        self._require_nvcomp()
+        lib = _library(self.codec_id)
         device = self._check_chunks([base])
-        sizes = lengths.tolist()
-        self._check_sizes(sizes, ValueError, "has")
+        self._check_sizes(lengths, ValueError, "has")
+        self._check_within(base, offsets, lengths, ValueError, "input")
         self._check_aligned(base, offsets)
         with torch.cuda.device(device):
-            engine = self._engine_for(device, max(sizes))
-            source = _nv.as_arrays(base, offsets.tolist(), sizes, cuda_stream=engine.stream)
-            slot = -(-engine.slot_bytes() // _SLOT_ALIGN) * _SLOT_ALIGN
-            out_offsets = np.arange(len(sizes), dtype=np.int64) * slot
-            # Zeroed: whatever nvCOMP leaves unwritten within a chunk's reported size would
-            # otherwise carry stale device memory into the file, and files would differ with the
-            # process's allocation history (a memset: ~0.5 ms per GiB on an H200).
-            out = torch.zeros(slot * len(sizes), dtype=torch.uint8, device=device)
-            target = _nv.as_arrays(out, out_offsets.tolist(), [engine.slot_bytes()] * len(sizes),
-                                   cuda_stream=engine.stream)
-            encoded = _retry_out_of_memory(lambda: engine.codec.encode(source, out=target))
-            compressed = np.array(encoded.buffer_sizes, dtype=np.int64)  # waits for the sizes
-        return out, out_offsets, compressed
+            return self._compress(lib, device, _at(base, offsets), lengths)
 
     def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
                         dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
@@ -370,46 +277,83 @@ class _NvcompCodec(Codec):
         the codec's alignment; chunk sizes checked against ``raw_lengths``."""
         if not len(raw_lengths):
             return
-        self._require_nvcomp()
+        lib = _library(self.codec_id)
         device = self._check_chunks([src, dst])
-        raw = raw_lengths.tolist()
-        self._check_sizes(raw, CorruptCheckpointError, "decodes to")
-        if (src_lengths <= 0).any():
-            index = int(np.argmax(src_lengths <= 0))
-            raise CorruptCheckpointError(f"{self.codec_id} chunk {index} is empty; a compressed chunk has bytes")
+        self._check_sizes(raw_lengths, CorruptCheckpointError, "decodes to")
+        self._check_nonempty(src_lengths)
+        self._check_within(src, src_offsets, src_lengths, ValueError, "input")
+        self._check_within(dst, dst_offsets, raw_lengths, ValueError, "output")
         self._check_aligned(src, src_offsets)
         self._check_aligned(dst, dst_offsets)
         with torch.cuda.device(device):
-            engine = self._engine_for(device, max(raw))
-            source = _nv.as_arrays(src, src_offsets.tolist(), src_lengths.tolist(), cuda_stream=engine.stream)
-            target = _nv.as_arrays(dst, dst_offsets.tolist(), raw, cuda_stream=engine.stream)
-            self._decode_checked(
-                device,
-                lambda: [src[o : o + n] for o, n in zip(src_offsets.tolist(), src_lengths.tolist())],
-                raw,
-                lambda: (None, self._run_decode(engine, source, target, raw)),
-            )
+            self._decompress(lib, device, _at(src, src_offsets), src_lengths, _at(dst, dst_offsets), raw_lengths)
 
-    def _decode_checked(self, device: torch.device, chunks: Callable[[], list[torch.Tensor]], raw_sizes: list[int],
-                        run: Callable[[], tuple[Any, list[int]]]) -> Any:
-        """``run()`` a batched decode returning (value, decoded sizes); return the value. A batch
-        nvCOMP rejects is decoded chunk by chunk to name the bad chunk; a chunk that decodes to
-        another size than ``raw_sizes`` says is named too (``CorruptChunkError``)."""
-        try:
-            value, decoded = run()
-        except torch.OutOfMemoryError:
-            raise
-        except (RuntimeError, ValueError) as exc:  # what nvCOMP raises for a stream it rejects
-            culprit = self._find_corrupt(device, chunks(), raw_sizes)
-            if culprit is None:
-                raise
-            raise culprit from exc
-        for index, (got, expected) in enumerate(zip(decoded, raw_sizes)):
-            if got != expected:
-                raise CorruptChunkError(
-                    f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {expected}", index
-                )
-        return value
+    def _compress(self, lib: _nvcomp_lib.Library, device: torch.device, ins: np.ndarray, sizes: np.ndarray
+                  ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """One launch over chunks at the device addresses ``ins``: (output buffer, each chunk's
+        offset in it, compressed sizes). Outputs lie in slots of the compressed-size bound,
+        zeroed: whatever nvCOMP leaves unwritten within a chunk's reported size would otherwise
+        carry stale device memory into the file, and files would differ with the process's
+        allocation history (a memset: ~0.5 ms per GiB on an H200)."""
+        capacity = self._capacity(int(sizes.max()))
+        slot = -(-_slot_bytes(lib, self._format, capacity) // _SLOT_ALIGN) * _SLOT_ALIGN
+        out_offsets = np.arange(sizes.size, dtype=np.int64) * slot
+        out = torch.zeros(slot * sizes.size, dtype=torch.uint8, device=device)
+        results = self._launch(lib, device, False, [ins, sizes, _at(out, out_offsets)], capacity, int(sizes.sum()))
+        compressed, statuses = _read(results, sizes.size)
+        failed = np.flatnonzero(statuses)
+        if failed.size:
+            index = int(failed[0])
+            raise _nvcomp_lib.LibraryError(f"nvCOMP {self.codec_id} could not compress chunk {index} of "
+                                           f"{int(sizes[index])} bytes: {_nvcomp_lib.status_name(int(statuses[index]))}")
+        return out, out_offsets, compressed.copy()
+
+    def _decompress(self, lib: _nvcomp_lib.Library, device: torch.device, ins: np.ndarray, in_sizes: np.ndarray, outs: np.ndarray,
+                    raw: np.ndarray) -> None:
+        """One launch decoding the chunks at ``ins`` into room of exactly ``raw`` bytes each at
+        ``outs``; a chunk nvCOMP rejects, or that decodes to another size, is a ``CorruptChunkError``."""
+        results = self._launch(lib, device, True, [ins, in_sizes, raw, outs], int(raw.max()), int(raw.sum()))
+        decoded, statuses = _read(results, raw.size)
+        failed = np.flatnonzero(statuses)
+        if failed.size:
+            index = int(failed[0])
+            why = _nvcomp_lib.status_name(int(statuses[index]))
+            raise CorruptChunkError(f"{self.codec_id} chunk {index} does not decode on the GPU: nvCOMP says {why}",
+                                    index)
+        wrong = np.flatnonzero(decoded != raw)
+        if wrong.size:
+            index = int(wrong[0])
+            raise CorruptChunkError(f"{self.codec_id} chunk {index} decoded to {int(decoded[index])} bytes on the GPU, "
+                                    f"expected {int(raw[index])}", index)
+
+    def _launch(self, lib: _nvcomp_lib.Library, device: torch.device, decompress: bool, columns: list[np.ndarray],
+                max_chunk: int, total: int) -> torch.Tensor:
+        """Queue one batched call on the current stream. ``columns`` (addresses and sizes, one
+        entry per chunk, in the order of nvCOMP's arguments) reach the device in one copy from
+        pinned memory; returns the device buffer nvCOMP writes each chunk's size and status into
+        (:func:`_read`). Every buffer is allocated on this stream, so torch reuses none of them
+        before the call has run."""
+        count = columns[0].size
+        table = torch.from_numpy(np.stack([c.astype(np.uint64, copy=False) for c in columns]).view(np.int64))
+        table = table.pin_memory().to(device, non_blocking=True)
+        results = torch.zeros(2 * count, dtype=torch.int64, device=device)
+        temp_bytes = lib.temp_bytes(self._format, decompress, count, max_chunk, total)
+        temp = torch.empty(max(temp_bytes, 1), dtype=torch.uint8, device=device)
+        at = [table.data_ptr() + 8 * count * k for k in range(len(columns))]
+        sizes, statuses = results.data_ptr(), results.data_ptr() + 8 * count
+        stream = torch.cuda.current_stream(device).cuda_stream
+        if decompress:
+            lib.decompress(self._format, at[0], at[1], at[2], sizes, count, temp.data_ptr(), temp_bytes, at[3],
+                           statuses, stream)
+        else:
+            lib.compress(self._format, at[0], at[1], max_chunk, count, temp.data_ptr(), temp_bytes, at[2], sizes,
+                         statuses, stream)
+        return results
+
+    def _capacity(self, largest: int) -> int:
+        """The chunk capacity nvCOMP is configured with for chunks of up to ``largest`` bytes (a
+        power of two, so few distinct bounds are asked for)."""
+        return min(max(_MIN_CHUNK_CAPACITY, 1 << (largest - 1).bit_length()), self.max_chunk_bytes)
 
     def _check_aligned(self, base: torch.Tensor, offsets: np.ndarray) -> None:
         misaligned = (base.data_ptr() + offsets) % self.alignment != 0
@@ -420,56 +364,19 @@ class _NvcompCodec(Codec):
                 f"addresses; chunk {index} is at offset {int(offsets[index])}"
             )
 
-    def _run_decode(self, engine: _Engine, source: Any, target: Any, raw_sizes: list[int]) -> list[int]:
-        if self.sizes_in_stream:
-            # nvCOMP parses the sizes the streams declare, so a size that differs from the index is caught.
-            decoded = _retry_out_of_memory(lambda: engine.codec.decode(source, out=target))
-        else:
-            # A config built from the raw sizes spares nvCOMP a synchronising parse of every stream;
-            # the output sizes still bound every write, and the tensor checksum checks the content.
-            config = engine.codec.decompression_config(engine.codec.compression_config(raw_sizes))
-            decoded = _retry_out_of_memory(lambda: engine.codec.decode(source, out=target, decompression_config=config))
-        return [int(n) for n in decoded.buffer_sizes]  # waits for nvCOMP's result
+    def _check_within(self, buffer: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray,
+                      error: type[ValueError], what: str) -> None:
+        """Every chunk ``[offsets[i], offsets[i] + lengths[i])`` lies inside ``buffer``."""
+        outside = (offsets < 0) | (offsets + lengths > buffer.numel())
+        if outside.any():
+            index = int(np.argmax(outside))
+            raise error(f"codec {self.codec_id!r} (cuda): {what} chunk {index} at offset {int(offsets[index])} "
+                        f"({int(lengths[index])} bytes) lies outside its buffer of {buffer.numel()} bytes")
 
-    def _decode_batch(
-        self, device: torch.device, chunks: list[torch.Tensor], raw_sizes: list[int]
-    ) -> tuple[torch.Tensor, list[int], list[int]]:
-        """Decode into one new buffer; return it, the chunk offsets and the sizes nvCOMP reports."""
-        engine = self._engine_for(device, max(raw_sizes))
-        source = _as_batch(chunks, [c.numel() for c in chunks], self.alignment, engine.stream)
-        offsets, total = _slots(raw_sizes, self.alignment)
-        out = torch.empty(total, dtype=torch.uint8, device=device)
-        target = _nv.as_arrays(out, offsets, raw_sizes, cuda_stream=engine.stream)
-        return out, offsets, self._run_decode(engine, source, target, raw_sizes)
-
-    def _find_corrupt(
-        self, device: torch.device, chunks: list[torch.Tensor], raw_sizes: list[int]
-    ) -> CorruptChunkError | None:
-        """After a failed batch, decode chunk by chunk to name the bad one (None: none fails alone)."""
-        for index, (chunk, raw_size) in enumerate(zip(chunks, raw_sizes)):
-            try:
-                _, _, (got,) = self._decode_batch(device, [chunk], [raw_size])
-            except torch.OutOfMemoryError:
-                raise
-            except (RuntimeError, ValueError) as exc:
-                return CorruptChunkError(f"{self.codec_id} chunk {index} does not decode on the GPU: {exc}", index)
-            if got != raw_size:
-                return CorruptChunkError(
-                    f"{self.codec_id} chunk {index} decoded to {got} bytes on the GPU, expected {raw_size}", index
-                )
-        return None
-
-    def _require_nvcomp(self) -> None:
-        reason = _load()
-        if reason is not None:
-            raise CodecUnavailableError(f"codec {self.codec_id!r} cannot run on the GPU here: {reason}.")
-
-    def _engine_for(self, device: torch.device, largest: int) -> _Engine:
-        """The cached engine for this codec on the current stream, sized for chunks of ``largest`` bytes."""
-        capacity = min(max(_MIN_CHUNK_CAPACITY, 1 << (largest - 1).bit_length()), self.max_chunk_bytes)
-        stream = torch.cuda.current_stream(device).cuda_stream
-        key = (self.algorithm, tuple(sorted(self._options.items())), capacity, device.index, stream)
-        return _engine(key, lambda: _Engine(self.algorithm, self._options, capacity, device.index, stream))
+    def _check_nonempty(self, lengths: np.ndarray) -> None:
+        if (lengths <= 0).any():
+            index = int(np.argmax(lengths <= 0))
+            raise CorruptCheckpointError(f"{self.codec_id} chunk {index} is empty; a compressed chunk has bytes")
 
     def _check_chunks(self, chunks: list[torch.Tensor]) -> torch.device:
         """The one CUDA device of the chunks; ``ValueError`` unless all are 1-D contiguous uint8 on it."""
@@ -482,22 +389,25 @@ class _NvcompCodec(Codec):
                 )
         return device
 
-    def _check_sizes(self, sizes: list[int], error: type[ValueError], verb: str) -> None:
-        """Reject empty, oversized or partial-element chunk sizes with ``error``."""
+    def _check_sizes(self, sizes: np.ndarray, error: type[ValueError], verb: str) -> None:
+        """Reject empty, oversized or partial-element chunk sizes with ``error`` (the first one)."""
         itemsize = self._itemsize
-        for index, size in enumerate(sizes):
-            if size <= 0:
-                raise error(f"codec {self.codec_id!r} (cuda) needs non-empty chunks; chunk {index} {verb} {size} bytes")
-            if size > self.max_chunk_bytes:
-                raise error(
-                    f"codec {self.codec_id!r} (cuda) takes chunks of at most {self.max_chunk_bytes} bytes; "
-                    f"chunk {index} {verb} {size}: use smaller chunks"
-                )
-            if size % itemsize:
-                raise error(
-                    f"codec {self.codec_id!r} (cuda) with data_type {self._options['data_type']!r} needs chunks of "
-                    f"whole {itemsize}-byte elements; chunk {index} {verb} {size} bytes"
-                )
+        bad = (sizes <= 0) | (sizes > self.max_chunk_bytes) | (sizes % itemsize != 0)
+        if not bad.any():
+            return
+        index = int(np.argmax(bad))
+        size = int(sizes[index])
+        if size <= 0:
+            raise error(f"codec {self.codec_id!r} (cuda) needs non-empty chunks; chunk {index} {verb} {size} bytes")
+        if size > self.max_chunk_bytes:
+            raise error(
+                f"codec {self.codec_id!r} (cuda) takes chunks of at most {self.max_chunk_bytes} bytes; "
+                f"chunk {index} {verb} {size}: use smaller chunks"
+            )
+        raise error(
+            f"codec {self.codec_id!r} (cuda) with data_type {self._options['data_type']!r} needs chunks of "
+            f"whole {itemsize}-byte elements; chunk {index} {verb} {size} bytes"
+        )
 
 
 class NvcompZstdCodec(_NvcompCodec):
@@ -528,6 +438,12 @@ class NvcompDeflateCodec(_NvcompCodec):
     def __init__(self, algorithm_type: int = 1) -> None:
         self._options = {"algorithm_type": _choice(self.codec_id, "algorithm_type", algorithm_type, range(6))}
 
+    def _compress_opts(self) -> bytes:
+        return struct.pack("<i60x", self._options["algorithm_type"])
+
+    def _decompress_opts(self) -> bytes:
+        return struct.pack("<ii56x", 0, 0)  # default backend, no sorting for hardware decompression
+
 
 class NvcompLz4Codec(_NvcompCodec):
     """LZ4 block format on the GPU; interchangeable with the CPU ``lz4`` codec."""
@@ -536,6 +452,12 @@ class NvcompLz4Codec(_NvcompCodec):
     algorithm = "LZ4"
     max_chunk_bytes = 1 << 24
     alignment = 4
+
+    def _compress_opts(self) -> bytes:
+        return struct.pack("<ii56x", 0, 0)  # bytes (NVCOMP_TYPE_CHAR), no bitshuffle
+
+    def _decompress_opts(self) -> bytes:
+        return struct.pack("<iiii48x", 0, 0, 0, 0)
 
 
 class NvcompAnsCodec(_NvcompCodec):
@@ -553,6 +475,12 @@ class NvcompAnsCodec(_NvcompCodec):
 
     def __init__(self, data_type: str = "|u1") -> None:
         self._options = {"data_type": _choice(self.codec_id, "data_type", data_type, ("|u1", "<f2", "<f4"))}
+
+    def _compress_opts(self) -> bytes:  # rANS, the data type, nvCOMP's defaults for the rest
+        return struct.pack("<iiBBB53x", 0, _NVCOMP_TYPE[self._options["data_type"]], 0, 0, 0)
+
+    def _decompress_opts(self) -> bytes:
+        return struct.pack("<iiBBB53x", 0, _ANY_TYPE, 0, 0, 0)
 
 
 class NvcompBitcompCodec(_NvcompCodec):
@@ -574,6 +502,9 @@ class NvcompBitcompCodec(_NvcompCodec):
             "data_type": _choice(self.codec_id, "data_type", data_type, tuple(_ITEMSIZE)),
         }
 
+    def _compress_opts(self) -> bytes:  # algorithm, data type, delta (lossy only), lossless mode
+        return struct.pack("<iidi44x", self._options["algorithm_type"], _NVCOMP_TYPE[self._options["data_type"]], 0.0, 0)
+
 
 class NvcompGdeflateCodec(_NvcompCodec):
     """nvCOMP's GDeflate, a GPU-friendly DEFLATE variant (GPU only).
@@ -582,7 +513,7 @@ class NvcompGdeflateCodec(_NvcompCodec):
     """
 
     codec_id = "gdeflate"
-    algorithm = "GDeflate"
+    algorithm = "Gdeflate"
     # On an H200 (exponent-like plane, Huffman only): 256 KiB chunks encode at 118 GB/s against 93
     # at 64 KiB and 73 at 1 MiB, at the best ratio of the three. CPU gdeflate decodes any size.
     chunk_bytes = 256 << 10
@@ -595,6 +526,9 @@ class NvcompGdeflateCodec(_NvcompCodec):
 
     def decoder_config(self) -> dict[str, Any]:
         return {"id": self.codec_id}  # the algorithm type steers the encoder: one bitstream, one decoder
+
+    def _compress_opts(self) -> bytes:
+        return struct.pack("<i60x", self._options["algorithm_type"])
 
 
 class NvcompCascadedCodec(_NvcompCodec):
@@ -611,6 +545,14 @@ class NvcompCascadedCodec(_NvcompCodec):
 
     def __init__(self, data_type: str = "|u1") -> None:
         self._options = {"data_type": _choice(self.codec_id, "data_type", data_type, ("|u1", "<u2", "<u4"))}
+
+    def _compress_opts(self) -> bytes:
+        # data type; nvCOMP's defaults: asymmetric mode, bit packing last, no coarse encoding,
+        # every fine-grained encoding (delta, RLE, frame of reference), compression level 3
+        return struct.pack("<iiQQQB31x", _NVCOMP_TYPE[self._options["data_type"]], 1, 1, 0, 7, 3)
+
+    def _decompress_opts(self) -> bytes:  # default backend; type and mode read from the stream
+        return struct.pack("<i4xiiQQ32x", 0, _ANY_TYPE, 0, 0, 0)
 
 
 CODECS: tuple[type[_NvcompCodec], ...] = (
