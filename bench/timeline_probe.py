@@ -24,8 +24,10 @@ from typing import Any
 import torch
 
 import ckptzip
+from ckptzip import api
 from ckptzip.codecs import nvcomp
 from ckptzip.engine import decode, encode, reader, staging, writer
+from ckptzip.format import index
 from ckptzip.format import writer as container
 from ckptzip_bench.pipeline import DiscardSink
 from engine_probe import synthetic_state
@@ -80,6 +82,18 @@ STAGES: list[tuple[Any, str, str]] = [
     (decode, "_decode_coded", "decode: codecs"),
     (decode, "_rebuild", "decode: rebuild"),
     (reader, "verify_checksums", "load: verify checksums"),
+    (api, "flatten", "save: flatten"),
+    (writer, "write_state", "save: other"),
+    (writer, "rewrite_table", "save: duplicates and casts"),
+    (writer.GpuLimits, "of", "save: memory budget"),
+    (writer, "plan_batches", "save: plan"),
+    (writer, "_encode_all", "save: encoding loop"),
+    (writer._InOrder, "close", "pipeline close (waits for the tail)"),
+    (api.CheckpointReader, "__init__", "load: open"),
+    (index.Index, "parse", "load: index parse"),
+    (reader, "read_tensors", "load: other"),
+    (reader, "_decode_all", "load: decoding loop"),
+    (reader._Uploader, "close", "load: uploader close"),
 ]
 
 
@@ -128,10 +142,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--presets", default="auto,fast")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--lanes", type=int, help="GPU batches coded at once (default: the engine's choice)")
     ap.add_argument("--json")
     args = ap.parse_args()
     state = synthetic_state(args.gb, args.layers)
     install()
+    if args.lanes:
+        writer.lanes = lambda budgets, batch_cap: args.lanes
     out: dict[str, Any] = {}
     for preset in args.presets.split(","):
         out[f"{preset} save"] = measure(f"{preset} save", functools.partial(_save, state, preset), args.reps)

@@ -53,3 +53,25 @@ def test_an_error_is_raised_in_its_turn() -> None:
 
 def test_read_ahead_yields_every_item_in_order() -> None:
     assert list(read_ahead(iter(range(50)))) == list(range(50))
+
+
+def test_lanes_run_inline_tasks_two_at_a_time_on_their_threads_in_order() -> None:
+    lock = threading.Lock()
+    running, peak, threads = [0], [0], set()
+    both = threading.Barrier(2, timeout=5)
+
+    def task(i: int) -> Task[int, int]:
+        def run() -> int:
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+                threads.add(threading.current_thread().name.split("_")[0])
+            if i < 2:
+                both.wait()  # the first two can only finish together
+            with lock:
+                running[0] -= 1
+            return i
+        return Task(i, run, inline=True)
+
+    assert list(run_ahead([task(i) for i in range(6)], workers=1, lanes=2)) == [(i, i) for i in range(6)]
+    assert peak[0] == 2 and threads == {"ckptzip-lane"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import io
 import logging
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -83,6 +84,40 @@ def test_batches_are_sized_from_the_budget(monkeypatch: pytest.MonkeyPatch) -> N
     assert memory.budget(device, None, "save").batch_bytes(6, 64 * MIB) == 64 * MIB  # at most the cap
     monkeypatch.setattr(memory, "available", lambda device: 300 * MIB)
     assert memory.budget(device, None, "save").batch_bytes(6, 1 << 30) == 50 * MIB
+
+
+def test_two_gpu_batches_are_coded_at_once_only_where_every_budget_holds_them_at_full_size() -> None:
+    cap = 1 << 30
+    full = engine_writer.TWO_LANE_WORKING_SETS * cap
+    ample, short = memory.Budget(torch.device("cuda", 0), full), memory.Budget(torch.device("cuda", 1), full - MIB)
+    assert engine_writer.lanes([ample], cap) == 2
+    assert engine_writer.lanes([ample, short], cap) == 1
+    assert engine_writer.lanes([], cap) == 1  # no GPU batch
+
+
+@gpu
+@needs_cuda
+def test_two_lanes_write_the_file_one_lane_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: set[str] = set()
+    real, of = engine_writer.encode_batch, engine_writer.GpuLimits.of
+
+    def spy(*args: object, **kwargs: object) -> object:
+        threads.add(threading.current_thread().name.split("_")[0])
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_writer, "encode_batch", spy)
+    monkeypatch.setattr(engine_writer.GpuLimits, "of",  # 32 MiB batches: many of them
+                        classmethod(lambda cls, tensors, policy, gpu_memory, batch_cap=0: of(tensors, policy, gpu_memory,
+                                                                                               32 * MIB)))
+    state = _state(n=12)
+    two = io.BytesIO()
+    ckptzip.save(state, two)
+    assert "ckptzip-lane" in threads
+    monkeypatch.setattr(engine_writer, "lanes", lambda budgets, batch_cap: 1)
+    one = io.BytesIO()
+    ckptzip.save(state, one)
+    assert one.getvalue() == two.getvalue()
+    assert_same(ckptzip.load(two.getvalue()), state)
 
 
 @gpu

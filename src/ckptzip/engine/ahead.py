@@ -14,8 +14,9 @@ T = TypeVar("T")
 
 
 class Task(Generic[K, R]):
-    """``run()`` for ``key``; ``inline`` tasks run on the calling thread (GPU work stays on the
-    thread that owns the device's stream)."""
+    """``run()`` for ``key``. ``inline`` tasks run on the calling thread (GPU work stays on the
+    thread that owns the device's stream), or, where :func:`run_ahead` is given ``lanes`` above
+    one, on that many threads of their own (``run`` then sets up its device and stream itself)."""
 
     __slots__ = ("inline", "key", "run")
 
@@ -25,29 +26,33 @@ class Task(Generic[K, R]):
         self.inline = inline
 
 
-def run_ahead(tasks: Iterable[Task[K, R]], workers: int) -> Iterator[tuple[K, R]]:
+def run_ahead(tasks: Iterable[Task[K, R]], workers: int, lanes: int = 1) -> Iterator[tuple[K, R]]:
     """Yield ``(key, result)`` for each task, in order, keeping up to ``2 * workers`` in flight.
 
     ``tasks`` is consumed lazily, so preparing a task (resolving its data) also happens at most
     that far ahead. Inline tasks run one ahead of the consumer: the next one starts (queues its
     GPU work) before the previous result is yielded, and no further, since each result may hold
-    device memory until the consumer is done with it. An error in a task is raised when its turn
-    comes; later tasks are cancelled.
+    device memory until the consumer is done with it. With ``lanes`` above one they run that many
+    at a time, each on a lane thread, so one codes on the host while another waits for its device
+    (a lane's result is yielded before a further one starts). An error in a task is raised when
+    its turn comes; later tasks are cancelled.
     """
     pending: collections.deque[tuple[K, Future[R], bool]] = collections.deque()
     depth = 2 * max(1, workers)
     inline_pending = 0
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckptzip-ahead")
+    lane_pool = ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="ckptzip-lane") if lanes > 1 else None
     try:
         for task in tasks:
-            if task.inline:
+            if task.inline and lane_pool is None:
                 done: Future[R] = Future()
                 done.set_result(task.run())
                 pending.append((task.key, done, True))
-                inline_pending += 1
             else:
-                pending.append((task.key, pool.submit(task.run), False))
-            while len(pending) >= depth or inline_pending > 1:
+                pending.append((task.key, (lane_pool if task.inline and lane_pool else pool).submit(task.run),
+                                task.inline))
+            inline_pending += task.inline
+            while len(pending) >= depth or inline_pending > (1 if lane_pool is None else lanes):
                 key, future, inline = pending.popleft()
                 inline_pending -= inline
                 yield key, future.result()
@@ -56,6 +61,8 @@ def run_ahead(tasks: Iterable[Task[K, R]], workers: int) -> Iterator[tuple[K, R]
             yield key, future.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        if lane_pool is not None:
+            lane_pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _Done:

@@ -43,6 +43,9 @@ BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
 # and the pipeline holds up to two more batches' stored bytes besides: budget / 6 per batch. A
 # tensor over budget / 6 is coded in element ranges of a batch's size (.parts).
 SAVE_WORKING_SETS = 6
+# Two GPU batches are coded at once (two lanes: one does its host work while the other waits for
+# the device) where the budget holds a second batch's peak beside the others at full batch size.
+TWO_LANE_WORKING_SETS = SAVE_WORKING_SETS + 3
 WRITEBACK_BYTES = 64 << 20
 T = TypeVar("T")
 _LOG = logging.getLogger("ckptzip")
@@ -74,6 +77,7 @@ class GpuLimits:
     batch: dict[torch.device, int]
     largest: dict[torch.device, int]
     budget: dict[torch.device, int]
+    lanes: int = 1  # GPU batches coded at once
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor], policy: Policy, gpu_memory: int | None,
@@ -82,10 +86,17 @@ class GpuLimits:
         budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
         return cls({b.device: b.batch_bytes(SAVE_WORKING_SETS, batch_cap) for b in budgets},
                    {b.device: b.nbytes // SAVE_WORKING_SETS for b in budgets},
-                   {b.device: b.nbytes for b in budgets})
+                   {b.device: b.nbytes for b in budgets}, lanes(budgets, batch_cap))
 
     def fits(self, device: torch.device, tensor: torch.Tensor) -> bool:
         return tensor.numel() * tensor.element_size() <= self.largest.get(device, sys.maxsize)
+
+
+def lanes(budgets: list[memory.Budget], batch_cap: int) -> int:
+    """GPU batches a save codes at once: two where every GPU's budget holds a second batch's peak
+    at full size (``TWO_LANE_WORKING_SETS``), else one (a filled GPU codes as before)."""
+    ample = bool(budgets) and all(b.batch_bytes(TWO_LANE_WORKING_SETS, batch_cap) >= batch_cap for b in budgets)
+    return 2 if ample else 1
 
 
 def gpu_coded(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits | None = None) -> list[bool]:
@@ -429,21 +440,32 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
             for key, idx in plan_batches([tensors[i] for i in chosen], policy, limits)]
     workers, share = cpu_workers(sum(key.backend == "cpu" for key, _ in plan))
     ceiling = _Ceiling()
+    # GPU work runs on the caller's current stream (from a lane thread too): after what the caller
+    # queued, before what it queues next (so it may change the tensors at once), in the blocks
+    # the caller's stream caches
+    streams = {key.device: torch.cuda.current_stream(key.device) for key, _ in plan if key.backend == "cuda"}
     tasks = (
         Task((key, idx), functools.partial(_ranges_of, tensors[idx[0]], key, policy, limits.batch[key.device])
              if key.parts and limits else
-             functools.partial(_encode, [tensors[i] for i in idx], key, policy, share, ceiling, [counts[i] for i in idx]),
+             functools.partial(_on_stream, streams.get(key.device), _encode, [tensors[i] for i in idx], key, policy,
+                               share, ceiling, [counts[i] for i in idx]),
              inline=key.backend == "cuda")
         for key, idx in plan
     )
-    # GPU work runs on the caller's current stream: after what the caller queued, before what it
-    # queues next (so it may change the tensors at once), in the blocks the caller's stream caches
-    for (_, idx), parts in run_ahead(tasks, workers):
+    for (_, idx), parts in run_ahead(tasks, workers, limits.lanes if limits else 1):
         for positions, batch in parts:
             part = [idx[p] for p in positions]
             metas = [_Meta.of(tensors[i]) for i in part]
             stager.stage(part, [names[i] for i in part], metas, batch)
             on_progress(sum(m.nbytes for m in metas))
+
+
+def _on_stream(stream: torch.cuda.Stream | None, encode: Callable[..., _Encoded], *args: Any) -> _Encoded:
+    """``encode(*args)`` with ``stream`` current (a CPU batch: none)."""
+    if stream is None:
+        return encode(*args)
+    with torch.cuda.stream(stream):
+        return encode(*args)
 
 
 def _run_pipeline(encode: Callable[[_Stager], None], stager: _Stager, sink: _Sink | None) -> None:
