@@ -28,6 +28,7 @@ from ckptzip import api
 from ckptzip.codecs import nvcomp
 from ckptzip.engine import decode, encode, reader, staging, writer
 from ckptzip.format import index
+from ckptzip.manager import _snapshot
 from ckptzip.format import writer as container
 from ckptzip_bench.pipeline import DiscardSink
 from engine_probe import synthetic_state
@@ -94,6 +95,11 @@ STAGES: list[tuple[Any, str, str]] = [
     (reader, "read_tensors", "load: other"),
     (reader, "_decode_all", "load: decoding loop"),
     (reader._Uploader, "close", "load: uploader close"),
+    (staging.PinnedPool, "reserve", "pinned pool reserve"),
+    (staging.PinnedPool, "trim", "pinned pool trim"),
+    (_snapshot.SnapshotPool, "take", "snapshot: take (other)"),
+    (_snapshot.SnapshotPool, "_copy", "snapshot: device copies"),
+    (writer, "stage_state", "snapshot: stage (other)"),
 ]
 
 
@@ -136,6 +142,33 @@ def _load(data: bytes) -> None:
     ckptzip.load(data, map_location="cuda")
 
 
+def host_snapshots(gib: float, free: float, saves: int, wait_s: float) -> list[dict[str, Any]]:
+    """Host snapshots of a ``gib`` GiB 7B-like state with ``free`` GiB of GPU memory left:
+    ``prepare`` first, then ``saves`` saves; per save the seconds it blocked and its stages."""
+    from training_job import fill_gpu, llama_like_state
+
+    state = llama_like_state(gib)
+    filler = fill_gpu(int(free * (1 << 30)))
+    manager = ckptzip.CheckpointManager("discard://timeline-host", keep_last=1, async_save=True, snapshot="host")
+    manager.prepare(state)
+    time.sleep(wait_s)
+    rows = []
+    for step in range(saves):
+        torch.cuda.synchronize()
+        _totals.clear()
+        start = time.perf_counter()
+        manager.save(step, state)
+        torch.cuda.synchronize()
+        blocked = time.perf_counter() - start
+        stages = {f"{t} | {n}": round(v, 4) for (t, n), v in sorted(_totals.items()) if v >= 0.002}
+        manager.wait()
+        rows.append({"save": step, "blocked_s": round(blocked, 4), "stages_s": stages})
+        print(json.dumps(rows[-1]), flush=True)
+    manager.close()
+    del filler
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gb", type=float, default=12.0)
@@ -143,14 +176,24 @@ def main() -> None:
     ap.add_argument("--presets", default="auto,fast")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--lanes", type=int, help="GPU batches coded at once (default: the engine's choice)")
+    ap.add_argument("--batch-mib", type=int, help="GPU batch size of saves (default: the engine's)")
+    ap.add_argument("--host-gib", type=float, help="also: host snapshots of a 7B-like state this large")
+    ap.add_argument("--host-free", type=float, default=3.0, help="GiB of GPU memory left free for them")
+    ap.add_argument("--host-saves", type=int, default=4)
     ap.add_argument("--json")
     args = ap.parse_args()
-    state = synthetic_state(args.gb, args.layers)
     install()
+    if args.batch_mib:
+        writer.BATCH_BYTES["cuda"] = args.batch_mib << 20
     if args.lanes:
         writer.lanes = lambda budgets, batch_cap: args.lanes
     out: dict[str, Any] = {}
-    for preset in args.presets.split(","):
+    if args.host_gib:
+        out["host snapshots"] = host_snapshots(args.host_gib, args.host_free, args.host_saves, 10.0)
+        torch.cuda.empty_cache()
+    presets = [p for p in args.presets.split(",") if p]
+    state = synthetic_state(args.gb, args.layers) if presets else {}
+    for preset in presets:
         out[f"{preset} save"] = measure(f"{preset} save", functools.partial(_save, state, preset), args.reps)
         blob = io.BytesIO()
         ckptzip.save(state, blob, codec=preset)

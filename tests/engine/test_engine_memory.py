@@ -14,6 +14,7 @@ import torch
 
 import ckptzip
 from ckptzip.engine import memory
+from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
 from helpers import assert_same, assert_same_tensor
 
@@ -87,12 +88,13 @@ def test_batches_are_sized_from_the_budget(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_two_gpu_batches_are_coded_at_once_only_where_every_budget_holds_them_at_full_size() -> None:
-    cap = 1 << 30
-    full = engine_writer.TWO_LANE_WORKING_SETS * cap
+    full = engine_writer.TWO_LANE_WORKING_SETS * engine_writer.BATCH_BYTES["cuda"]
     ample, short = memory.Budget(torch.device("cuda", 0), full), memory.Budget(torch.device("cuda", 1), full - MIB)
-    assert engine_writer.lanes([ample], cap) == 2
-    assert engine_writer.lanes([ample, short], cap) == 1
-    assert engine_writer.lanes([], cap) == 1  # no GPU batch
+    assert engine_writer.lanes([ample], 256 * MIB) == 2
+    assert engine_writer.lanes([ample, short], 256 * MIB) == 1
+    assert engine_writer.lanes([short], 256 * MIB) == 1  # small batches (host snapshots) on a filled GPU: one lane
+    assert engine_writer.lanes([ample], 2 * engine_writer.BATCH_BYTES["cuda"]) == 1  # larger batches need more
+    assert engine_writer.lanes([], 256 * MIB) == 1  # no GPU batch
 
 
 @gpu
@@ -107,7 +109,7 @@ def test_two_lanes_write_the_file_one_lane_writes(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(engine_writer, "encode_batch", spy)
     monkeypatch.setattr(engine_writer.GpuLimits, "of",  # 32 MiB batches: many of them
-                        classmethod(lambda cls, tensors, policy, gpu_memory, batch_cap=0: of(tensors, policy, gpu_memory,
+                        classmethod(lambda cls, tensors, policy, gpu_memory, batch_cap=None: of(tensors, policy, gpu_memory,
                                                                                                32 * MIB)))
     state = _state(n=12)
     two = io.BytesIO()
@@ -283,7 +285,6 @@ def test_a_gpu_batch_of_empty_tensors_alone_encodes() -> None:
 
 def test_a_load_that_runs_out_of_gpu_memory_tries_smaller_batches_then_says_so(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from ckptzip.engine import reader as engine_reader
 
     buf = io.BytesIO()
     ckptzip.save({"w": torch.randn(1000)}, buf)
@@ -313,7 +314,6 @@ def test_a_load_retry_reuses_the_outputs_of_the_attempt_that_ran_out_of_memory(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Allocated afresh per attempt, a retry's outputs met the failed attempt's still held (on the
     H200 a 1 GiB-free load failed its retries allocating a 500 MiB output)."""
-    from ckptzip.engine import reader as engine_reader
 
     state = {"w": torch.randn(1000), "b": torch.arange(7, dtype=torch.int64)}
     buf = io.BytesIO()
@@ -368,7 +368,6 @@ def test_prepare_reserves_host_staging_before_the_first_save(tmp_path: object) -
 
 
 def test_tensors_decoded_on_a_gpu_for_the_host_are_read_in_rounds_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ckptzip.engine import reader as engine_reader
 
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.setattr(memory, "budget", lambda device, cap, what: memory.Budget(device, 1000))
@@ -386,7 +385,6 @@ def test_a_gpu_load_that_fails_midway_gives_every_pinned_buffer_back_and_its_ret
     """Reads in flight when a load attempt failed kept their pinned buffers: after a few failed
     attempts the pool was empty and the retry waited for a buffer forever (the H200's 1 GiB-free
     loads, through ckptzip.load and DCP, hung there)."""
-    from ckptzip.engine import reader as engine_reader
     from ckptzip.engine.staging import pinned_pool
 
     state = {f"w{i}": torch.randn(1 << 20, device="cuda") for i in range(96)}

@@ -44,7 +44,8 @@ BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
 # tensor over budget / 6 is coded in element ranges of a batch's size (.parts).
 SAVE_WORKING_SETS = 6
 # Two GPU batches are coded at once (two lanes: one does its host work while the other waits for
-# the device) where the budget holds a second batch's peak beside the others at full batch size.
+# the device) where the budget holds a second batch's peak beside the others at the full batch
+# size of a save: never on a filled GPU, where two lanes make torch's allocator free and retry.
 TWO_LANE_WORKING_SETS = SAVE_WORKING_SETS + 3
 WRITEBACK_BYTES = 64 << 20
 T = TypeVar("T")
@@ -81,7 +82,8 @@ class GpuLimits:
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor], policy: Policy, gpu_memory: int | None,
-           batch_cap: int = BATCH_BYTES["cuda"]) -> GpuLimits:
+           batch_cap: int | None = None) -> GpuLimits:
+        batch_cap = BATCH_BYTES["cuda"] if batch_cap is None else batch_cap
         devices = {key.device for key in (_key(t, policy) for t in tensors) if key.backend == "cuda"}
         budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
         return cls({b.device: b.batch_bytes(SAVE_WORKING_SETS, batch_cap) for b in budgets},
@@ -93,9 +95,10 @@ class GpuLimits:
 
 
 def lanes(budgets: list[memory.Budget], batch_cap: int) -> int:
-    """GPU batches a save codes at once: two where every GPU's budget holds a second batch's peak
-    at full size (``TWO_LANE_WORKING_SETS``), else one (a filled GPU codes as before)."""
-    ample = bool(budgets) and all(b.batch_bytes(TWO_LANE_WORKING_SETS, batch_cap) >= batch_cap for b in budgets)
+    """GPU batches a save codes at once: two where every GPU's budget holds
+    ``TWO_LANE_WORKING_SETS`` batches of a save's full size (and of ``batch_cap``), else one."""
+    full = max(batch_cap, BATCH_BYTES["cuda"])
+    ample = bool(budgets) and all(b.nbytes >= TWO_LANE_WORKING_SETS * full for b in budgets)
     return 2 if ample else 1
 
 
@@ -546,6 +549,11 @@ class StagedState:
     def nbytes(self) -> int:
         """Stored bytes staged in the pool's buffers."""
         return sum(job.piece[1] for job in self.jobs)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of the pool's buffers the staged bytes occupy (a batch's last buffer is partly used)."""
+        return len(self.jobs) * self.pool.buffer_bytes
 
     def release(self) -> None:
         """Return the buffers to the pool (a write does this as it goes)."""

@@ -33,8 +33,12 @@ SnapshotMode = Literal["auto", "device", "host"]
 DEVICE_HEADROOM = 2 << 30
 # GPU batch of a host snapshot: its encoding needs a few of these beside the state.
 HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
-# Host snapshots' pinned staging is kept at this much above the last snapshot's stored bytes.
+# Host snapshots' pinned staging is kept at this much above the buffers the last snapshot occupied
+# (not its stored bytes: a pool smaller than that grows again, buffer by buffer, while a save blocks).
 STAGING_MARGIN = 1.05
+# Host snapshots stage each batch's stored bytes in buffers of this size: a batch's last buffer is
+# partly used, so smaller buffers waste less.
+STAGING_BUFFER_BYTES = 16 << 20
 _GIB = 1 << 30
 _LOG = logging.getLogger("ckptzip")
 
@@ -104,8 +108,8 @@ class SnapshotPool:
         self.last_mode: Literal["device", "host"] | None = None
         self.last_reason: str | None = None
         self._free: dict[_BufferKey, list[torch.Tensor]] = {}
-        self._staging = PinnedPool(count=sys.maxsize)
-        self._staged_bytes: int | None = None  # stored bytes of the last host snapshot
+        self._staging = PinnedPool(STAGING_BUFFER_BYTES, count=sys.maxsize)
+        self._staged_bytes: int | None = None  # staging buffers the last host snapshot occupied
         self._lock = threading.Lock()
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}  # caller thread only
         self._worker_streams: dict[torch.device, torch.cuda.Stream] = {}  # worker thread only
@@ -191,7 +195,7 @@ class SnapshotPool:
             snapshot = [sources[i] if i in encoded and coded[i] else copies[i] for i in range(len(sources))]
             staged = stage_state(names, snapshot, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base,
                                  self._gpu_memory, self._expected_staging())
-            self._staged_bytes = staged.nbytes
+            self._staged_bytes = staged.buffer_bytes
         if host and self._where == "auto" and self.last_mode != "host":
             _LOG.warning("ckptzip: taking host snapshots (compressed on the GPU in small batches, stored in pinned "
                          "host memory) instead of device copies: %s", reason)
@@ -200,8 +204,8 @@ class SnapshotPool:
         return Snapshot(flat.tree, names, copies, buffers, ready, staged, len(copied) == len(sources))
 
     def _expected_staging(self) -> int | None:
-        """Pinned staging the next host snapshot needs: the last one's stored bytes and a margin
-        (None before the first)."""
+        """Pinned staging the next host snapshot needs: the buffers the last one occupied and a
+        margin (None before the first)."""
         return None if self._staged_bytes is None else int(self._staged_bytes * STAGING_MARGIN)
 
     def _copy(self, sources: list[torch.Tensor], copies: list[torch.Tensor]) -> list[torch.cuda.Event]:
