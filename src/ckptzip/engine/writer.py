@@ -551,7 +551,7 @@ class StagedState:
         return sum(job.piece[1] for job in self.jobs)
 
     @property
-    def buffer_bytes(self) -> int:
+    def occupied_bytes(self) -> int:
         """Bytes of the pool's buffers the staged bytes occupy (a batch's last buffer is partly used)."""
         return len(self.jobs) * self.pool.buffer_bytes
 

@@ -195,7 +195,7 @@ class SnapshotPool:
             snapshot = [sources[i] if i in encoded and coded[i] else copies[i] for i in range(len(sources))]
             staged = stage_state(names, snapshot, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base,
                                  self._gpu_memory, self._expected_staging())
-            self._staged_bytes = staged.buffer_bytes
+            self._staged_bytes = staged.occupied_bytes
         if host and self._where == "auto" and self.last_mode != "host":
             _LOG.warning("ckptzip: taking host snapshots (compressed on the GPU in small batches, stored in pinned "
                          "host memory) instead of device copies: %s", reason)
