@@ -27,7 +27,7 @@ import torch
 from ..checksum import format_wsum64
 from ..codecs import codec_threads
 from ..errors import GpuMemoryError
-from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry
+from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry, digest_hexes
 from . import memory
 from .ahead import Task, run_ahead
 from .encode import EncodedBatch, Part, encode_batch, tensor_bytes
@@ -349,7 +349,7 @@ class _Sink(_InOrder[_Job]):
         digests, checksums = meta[: batch.lengths.size], meta[batch.lengths.size :]
         offsets = (start + batch.offsets).tolist()
         lengths, raws = batch.lengths.tolist(), batch.raw_lengths.tolist()
-        hexes = [f"{int(d):016x}" for d in digests.tolist()]
+        hexes = digest_hexes(digests)
         c = 0
         for t, (position, name, tensor) in enumerate(zip(job.positions, job.names, job.tensors)):
             streams = []

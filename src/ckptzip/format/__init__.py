@@ -1,6 +1,6 @@
 """The .ckz container: spec constants, index, writer and reader (docs/FORMAT.md)."""
 
-from .index import BaseRef, Chunk, Index, StreamEntry, TensorEntry, content_hash
+from .index import BaseRef, Chunk, Index, StreamEntry, TensorEntry, content_hash, digest_hexes
 from .reader import ContainerReader
 from .spec import DTYPE_NAMES, DTYPES, TORCH_DTYPES, VERSION, is_ckz
 from .writer import ContainerWriter
@@ -18,5 +18,6 @@ __all__ = [
     "StreamEntry",
     "TensorEntry",
     "content_hash",
+    "digest_hexes",
     "is_ckz",
 ]

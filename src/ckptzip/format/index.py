@@ -43,8 +43,12 @@ class Chunk(NamedTuple):
     raw_length: int
     digest: str
 
-    def to_json(self) -> list[int | str]:
-        return list(self)
+
+def digest_hexes(values: npt.NDArray[np.uint64]) -> list[str]:
+    """Chunk digests as the index writes them, 16 hex digits each (what :meth:`ChunkColumns.of`
+    reads back); one conversion for all of them."""
+    text = values.astype(">u8").tobytes().hex()
+    return [text[i : i + 16] for i in range(0, len(text), 16)]
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,8 @@ class StreamEntry:
         return sum(c.length for c in self.chunks)
 
     def to_json(self) -> dict[str, Any]:
-        return {"codec": self.codec, "nbytes": self.nbytes, "chunks": [c.to_json() for c in self.chunks]}
+        # a chunk is a tuple, which JSON writes as the array [offset, length, raw_length, digest]
+        return {"codec": self.codec, "nbytes": self.nbytes, "chunks": list(self.chunks)}
 
 
 @dataclass
