@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import CodecUnavailableError, CorruptCheckpointError, CorruptChunkError
+from ..uploads import to_device
 from . import _nvcomp_lib
 from .base import Codec
 from .registry import declare, mark_unavailable, register
@@ -142,7 +143,7 @@ def _addresses(chunks: Sequence[torch.Tensor], sizes: Sequence[int], alignment: 
     if not (ptrs % alignment).any():
         return None, ptrs
     packed, offsets = _pack(chunks, sizes, alignment)
-    return packed, np.uint64(packed.data_ptr()) + np.array(offsets, dtype=np.uint64)
+    return packed, _at(packed, np.array(offsets, dtype=np.int64))
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -332,10 +333,9 @@ class _NvcompCodec(Codec):
         entry per chunk, in the order of nvCOMP's arguments) reach the device in one copy from
         pinned memory; returns the device buffer nvCOMP writes each chunk's size and status into
         (:func:`_read`). Every buffer is allocated on this stream, so torch reuses none of them
-        before the call has run."""
+        before the call has run; the table's pinned staging is reused only once its copy ran."""
         count = columns[0].size
-        table = torch.from_numpy(np.stack([c.astype(np.uint64, copy=False) for c in columns]).view(np.int64))
-        table = table.pin_memory().to(device, non_blocking=True)
+        table = to_device(np.stack([c.astype(np.uint64, copy=False) for c in columns]).view(np.int64), device)
         results = torch.zeros(2 * count, dtype=torch.int64, device=device)
         temp_bytes = lib.temp_bytes(self._format, decompress, count, max_chunk, total)
         temp = torch.empty(max(temp_bytes, 1), dtype=torch.uint8, device=device)

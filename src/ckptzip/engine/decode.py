@@ -23,11 +23,12 @@ from ..checksum import MASK64
 from ..codecs import Codec
 from ..errors import CkptzipError, CorruptCheckpointError, CorruptChunkError
 from ..format import TensorEntry
-from ..kernels import distinct, to_device
+from ..kernels import distinct
 from ..kernels.planes import PLANE_ALIGN, merge_planes
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes, Sparse
 from ..transforms.sparse import unpack_bits
+from ..uploads import to_device
 from .policy import codec_for
 from .scratch import scratch
 

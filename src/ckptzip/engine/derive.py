@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..checksum import wsum64_tensor
-from ..kernels import to_device
+from ..uploads import to_device
 from ..kernels.segments import gather_bytes, segment_sums
 
 SAMPLES = 64  # elements compared before a whole tensor is

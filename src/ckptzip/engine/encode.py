@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..kernels import distinct, to_device
+from ..kernels import distinct
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes, Sparse
+from ..uploads import to_device
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts
 from .policy import LOW_ENTROPY_BITS, RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy, codec_for
 

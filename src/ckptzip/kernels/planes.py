@@ -22,7 +22,8 @@ import torch
 
 from ..checksum import wsum64_array
 from ..errors import CorruptCheckpointError
-from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, load_triton, pieces, to_device, use_triton
+from ..uploads import to_device
+from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, load_triton, pieces, use_triton
 
 ELEMENTS_PER_BLOCK = 4096  # elements a program handles at once
 # Few programs, so the address tables the host builds stay small (two under Triton's interpreter,

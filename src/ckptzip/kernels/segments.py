@@ -16,7 +16,8 @@ import torch
 
 from ..checksum import wsum64_array
 from ..errors import CorruptCheckpointError
-from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, load_triton, pieces, to_device, use_triton
+from ..uploads import to_device
+from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, load_triton, pieces, use_triton
 
 BLOCK = 8192  # bytes a program handles at once
 # Blocks per program: few programs, so the address tables the host builds stay small (two under
