@@ -125,6 +125,25 @@ def test_two_lanes_write_the_file_one_lane_writes(monkeypatch: pytest.MonkeyPatc
 
 @gpu
 @needs_cuda
+def test_two_lanes_decode_many_gpu_batches_bit_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = _state(n=12)
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)
+    threads: set[str] = set()
+    real = engine_reader.decode_batch
+
+    def spy(*args: object, **kwargs: object) -> object:
+        threads.add(threading.current_thread().name.split("_")[0])
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_reader, "decode_batch", spy)
+    monkeypatch.setattr(engine_reader, "BATCH_BYTES", {**engine_reader.BATCH_BYTES, "cuda": 16 * MIB})
+    assert_same(ckptzip.load(buf.getvalue()), state)
+    assert "ckptzip-lane" in threads
+
+
+@gpu
+@needs_cuda
 def test_save_and_load_work_with_the_gpu_filled_to_one_gib() -> None:
     state = _state(n=12, elements=1 << 24)  # 12 x 64 MiB of fp32 beside a bf16 tensor
     buf = io.BytesIO()

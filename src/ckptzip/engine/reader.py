@@ -9,13 +9,11 @@ already in memory. Every tensor checksum is verified before anything is returned
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import functools
 import gc
 import itertools
 import os
-import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
@@ -45,6 +43,10 @@ from .threads import cpu_workers
 BATCH_BYTES = {"cuda": 512 << 20, "cpu": 16 << 20}
 # A GPU batch's region, its decode buffers and the regions the uploader fills ahead: budget / 6.
 LOAD_WORKING_SETS = 6
+# Two GPU batches decode at once (two lanes, as saves code them) where every GPU's budget holds
+# this many batches of a load's full size.
+TWO_LANE_LOAD_WORKING_SETS = LOAD_WORKING_SETS + 3
+_AHEAD = 2  # device regions the uploader fills before a decoder takes them
 RETRY_SHRINK = (1, 4, 16)  # batch sizes (fractions of the budget's) a load tries in turn
 # Larger tensors decode in parts straight into their output, a part a batch (on a GPU: the batch
 # its budget allows), so a load needs about the decoded size plus a batch per worker (a part's
@@ -141,7 +143,8 @@ def _decode_cpu(reader: ContainerReader, entries: list[TensorEntry], outs: list[
 
 class _Uploader:
     """Reads GPU batches' stored bytes into pinned buffers and copies them to their devices, in
-    batch order, on a thread of its own; ``get`` returns each batch's device region."""
+    batch order, on a thread of its own; ``get(b)`` returns batch ``b``'s device region (from any
+    thread), at most ``_AHEAD`` regions being filled before they are taken."""
 
     def __init__(self, reader: ContainerReader, batches: list[tuple[torch.device, list[TensorEntry]]]) -> None:
         self._reader = reader
@@ -149,7 +152,10 @@ class _Uploader:
         # blocks the caller's stream caches, and back there
         self._callers = {device: torch.cuda.current_stream(device) for device, _ in batches}
         self._pool = pinned_pool()
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._handed: dict[int, Any] = {}  # batch -> (region, runs, ready), not yet taken
+        self._taken = 0  # batches taken so far
+        self._end: BaseException | None = None  # the upload's error, once it failed
+        self._done = threading.Condition()
         self._stop = False
         self._reads = ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="ckptzip-read")
         self._thread = threading.Thread(target=self._run, args=(batches,), name="ckptzip-upload", daemon=True)
@@ -164,9 +170,10 @@ class _Uploader:
         pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]] = collections.deque()
         try:
             self._upload(batches, pending)
-            self._queue.put(None)
         except BaseException as exc:
-            self._queue.put(exc)
+            with self._done:
+                self._end = exc
+                self._done.notify_all()
         finally:
             for done, buffer in pending:
                 done.synchronize()
@@ -226,7 +233,11 @@ class _Uploader:
             else:
                 region, ready = torch.empty(0, dtype=torch.uint8, device=device), torch.cuda.Event()
                 ready.record(copy_stream(device))
-            self._queue.put((region, runs, ready))
+            with self._done:  # back-pressure: at most _AHEAD regions wait for their decoder
+                while not self._stop and handed - self._taken >= _AHEAD:
+                    self._done.wait()
+                self._handed[handed] = (region, runs, ready)
+                self._done.notify_all()
             handed += 1
         return handed
 
@@ -282,17 +293,24 @@ class _Uploader:
             raise
         return b, offset, n, buffer
 
-    def get(self) -> tuple[torch.Tensor, Runs, torch.cuda.Event]:
-        item: tuple[torch.Tensor, Runs, torch.cuda.Event] | BaseException = self._queue.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
+    def get(self, batch: int) -> tuple[torch.Tensor, Runs, torch.cuda.Event]:
+        """Batch ``batch``'s device region, its runs and the event its copies complete."""
+        with self._done:
+            while batch not in self._handed and self._end is None:
+                self._done.wait()
+            if batch not in self._handed:
+                assert self._end is not None
+                raise self._end
+            self._taken += 1
+            self._done.notify_all()
+            item: tuple[torch.Tensor, Runs, torch.cuda.Event] = self._handed.pop(batch)
+            return item
 
     def close(self) -> None:
-        self._stop = True
-        while self._thread.is_alive():
-            with contextlib.suppress(queue.Empty):
-                self._queue.get(timeout=0.05)
+        with self._done:
+            self._stop = True
+            self._handed.clear()
+            self._done.notify_all()
         self._thread.join()
         self._reads.shutdown(wait=True)
 
@@ -308,12 +326,14 @@ def _chunk_spans(chunks: list[tuple[TensorEntry, int, int, Any]], size: int) -> 
     return spans
 
 
-def _decode_gpu(uploader: _Uploader | None, entries: list[TensorEntry], device: torch.device, digests: bool,
-                outs: list[torch.Tensor | None], first_words: np.ndarray) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _decode_gpu(uploader: _Uploader | None, batch: int, stream: torch.cuda.Stream, entries: list[TensorEntry],
+                device: torch.device, digests: bool, outs: list[torch.Tensor | None], first_words: np.ndarray
+                ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Decode GPU batch ``batch`` on ``stream`` (the caller's, from a lane thread too)."""
     assert uploader is not None  # made for every plan with GPU batches
-    region, runs, ready = uploader.get()
-    with torch.cuda.device(device):
-        torch.cuda.current_stream(device).wait_event(ready)
+    region, runs, ready = uploader.get(batch)
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        stream.wait_event(ready)
         return decode_batch(entries, region, runs, "cuda", digests=digests, outs=outs, first_words=first_words)
 
 
@@ -448,13 +468,14 @@ def _read_retrying(reader: ContainerReader, entries: list[TensorEntry], devices:
         f"tensors it returns, {have} can be had. Free GPU memory, or load to the CPU (map_location='cpu')")
 
 
-def _decode_all(tasks: Iterator[Task[list[int], tuple[list[torch.Tensor], torch.Tensor]]], workers: int,
+def _decode_all(tasks: Iterator[Task[list[int], tuple[list[torch.Tensor], torch.Tensor]]], workers: int, lanes: int,
                 into: list[tuple[int, int] | None], items: list[TensorEntry], item_entry: list[int],
                 data: dict[int, torch.Tensor], sums: list[tuple[list[TensorEntry], torch.Tensor]],
                 parts: dict[int, list[torch.Tensor]], on_progress: Callable[[int], object]) -> None:
     """Run the decode tasks in order; whole tensors go to ``data``, their checksums to ``sums``;
-    the checksums of parts of larger tensors to ``parts`` (by tensor: they add up to its own)."""
-    for idx, (datas, checksums) in run_ahead(tasks, workers):
+    the checksums of parts of larger tensors to ``parts`` (by tensor: they add up to its own);
+    ``lanes`` GPU batches at once."""
+    for idx, (datas, checksums) in run_ahead(tasks, workers, lanes):
         kept = [n for n, j in enumerate(idx) if into[j] is None]
         for n in kept:
             data[item_entry[idx[n]]] = datas[n]
@@ -475,9 +496,8 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     The GPU's budget left beside the outputs (:mod:`.memory`) sets the batch size. Tensors larger
     than a batch decode in parts straight into their output, so decoding needs about the decoded
     size plus a few batches, not twice the largest tensor."""
-    gpu_batch = {work: memory.budget(work, gpu_memory, "load").batch_bytes(LOAD_WORKING_SETS * shrink,
-                                                                          BATCH_BYTES["cuda"])
-                 for work in {w for w in works if w.type == "cuda"}}
+    budgets = {work: memory.budget(work, gpu_memory, "load") for work in {w for w in works if w.type == "cuda"}}
+    gpu_batch = {work: b.batch_bytes(LOAD_WORKING_SETS * shrink, BATCH_BYTES["cuda"]) for work, b in budgets.items()}
     items: list[TensorEntry] = []
     item_works: list[torch.device] = []
     into: list[tuple[int, int] | None] = []  # (tensor, byte offset) where an item decodes into a part
@@ -511,18 +531,23 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     uploader = _Uploader(reader, gpu) if gpu else None
     digests = reader.digest_is_wsum64
     workers, share = cpu_workers(sum(backend == "cpu" for backend, _, _ in plan))
+    streams = {work: torch.cuda.current_stream(work) for work in gpu_batch}
+    gpu_number = itertools.count()
     tasks = (
-        Task(idx, functools.partial(_decode_gpu, uploader, [items[j] for j in idx], work, digests, outputs(idx),
-                                    first_words[idx]), inline=True)
+        Task(idx, functools.partial(_decode_gpu, uploader, next(gpu_number), streams[work], [items[j] for j in idx],
+                                    work, digests, outputs(idx), first_words[idx]), inline=True)
         if backend == "cuda" else
         Task(idx, functools.partial(_decode_cpu, reader, [items[j] for j in idx], outputs(idx), share, first_words[idx]))
         for backend, work, idx in plan
     )
+    lanes = 2 if gpu_batch and all(
+        b.nbytes >= TWO_LANE_LOAD_WORKING_SETS * BATCH_BYTES["cuda"] for b in budgets.values()) else 1
     data: dict[int, torch.Tensor] = {}
     sums: list[tuple[list[TensorEntry], torch.Tensor]] = []
     part_sums: dict[int, list[torch.Tensor]] = {}
     try:
-        _decode_all(tasks, workers, into, items, item_entry, data, sums, part_sums, on_progress)
+        _decode_all(tasks, workers, lanes if shrink == 1 else 1, into, items, item_entry, data, sums, part_sums,
+                    on_progress)
     finally:
         if uploader is not None:
             uploader.close()

@@ -38,7 +38,7 @@ from .sources import DeltaBase, Table, rewrite_table
 from .staging import PinnedPool, copy_stream, pinned_pool
 from .threads import cpu_workers
 
-BATCH_BYTES = {"cuda": 1 << 30, "cpu": 8 << 20}
+BATCH_BYTES = {"cuda": 2 << 30, "cpu": 8 << 20}
 # A GPU batch's peak is about three times its bytes (planes, codec outputs, the stored chunks),
 # and the pipeline holds up to two more batches' stored bytes besides: budget / 6 per batch. A
 # tensor over budget / 6 is coded in element ranges of a batch's size (.parts).
