@@ -35,7 +35,6 @@ def _state(n: int = 6, elements: int = 1 << 22) -> dict[str, torch.Tensor]:
 def _give_back_the_filler() -> Iterator[None]:
     """Tests fill the GPU: hand what torch cached back to the driver for the tests after them."""
     yield
-    memory._RAN_OUT.clear()  # what a test's failed batches taught the process
     if torch.cuda.is_available():
         gc.collect()
         torch.cuda.empty_cache()
@@ -269,44 +268,6 @@ def test_a_lone_tensor_that_runs_out_of_memory_is_coded_in_ranges_and_later_batc
             if entry.name.startswith("w"):
                 assert "gdeflate" in {s.codec["id"] for s in entry.streams}  # the GPU's plane codec, not the host's
     assert_same(ckptzip.load(buf.getvalue()), state)
-
-
-def test_a_batch_that_ran_out_of_memory_sizes_the_later_calls_batches() -> None:
-    device = torch.device("cuda", 0)
-    budget = memory.Budget(device, 1200 * MIB)
-    assert memory.fitting_batch(budget, 1 << 30) == 1 << 30
-    memory.ran_out(device, 200 * MIB, 1200 * MIB)  # a sixth of the budget failed: its halves fitted
-    assert memory.fitting_batch(budget, 1 << 30) == 100 * MIB
-    assert memory.fitting_batch(memory.Budget(device, 2400 * MIB), 1 << 30) == 200 * MIB  # it scales
-    assert memory.fitting_batch(memory.Budget(device, 2400 * MIB), 64 * MIB) == 64 * MIB
-    memory.ran_out(device, 400 * MIB, 1200 * MIB)  # a larger failure teaches nothing new
-    assert memory.fitting_batch(budget, 1 << 30) == 100 * MIB
-
-
-@gpu
-@needs_cuda
-def test_a_filled_gpu_costs_a_process_one_failed_batch_not_one_a_save(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = engine_writer.encode_batch
-    tried: list[int] = []
-
-    def scarce(tensors: list[torch.Tensor], policy: object, backend: str, sparse: object = None) -> object:
-        nbytes = sum(t.nbytes for t in tensors)
-        if backend == "cuda":
-            tried.append(nbytes)
-        if backend == "cuda" and nbytes > 64 * MIB:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 192.00 MiB")
-        return real(tensors, policy, backend, sparse)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine_writer, "encode_batch", scarce)
-    state = _state(n=8, elements=1 << 22)  # eight 16 MiB fp32 tensors
-    first = io.BytesIO()
-    ckptzip.save(state, first, gpu_memory=768 * MIB)  # batches of 128 MiB
-    assert max(tried) > 64 * MIB  # the first batch failed, then its halves
-    tried.clear()
-    second = io.BytesIO()
-    ckptzip.save(state, second, gpu_memory=768 * MIB)
-    assert tried and max(tried) <= 64 * MIB  # planned to fit: nothing failed
-    assert_same(ckptzip.load(second.getvalue()), state)
 
 
 @gpu

@@ -26,8 +26,6 @@ MIN_GPU_MEMORY = 256 << 20
 ENV = "CKPTZIP_GPU_MEMORY_MB"
 _MIB = 1 << 20
 _MIN_BATCH = 8 << 20
-# per GPU: the smallest save batch that ran out of memory there, as a fraction of its call's budget
-_RAN_OUT: dict[torch.device, float] = {}
 
 
 def cap(gpu_memory: int | None) -> int | None:
@@ -90,22 +88,6 @@ def budget(device: torch.device, gpu_memory: int | None, what: str) -> Budget:
             "or move the state to the CPU first"
         )
     return Budget(device, nbytes)
-
-
-def ran_out(device: torch.device, nbytes: int, budget: int) -> None:
-    """Remember that a batch of ``nbytes`` ran out of memory on ``device`` in a call whose budget
-    was ``budget``: the process's later calls plan their batches to fit (:func:`fitting_batch`),
-    so a filled GPU costs a process one failed attempt, not one a save."""
-    device = _indexed(device)
-    fraction = nbytes / max(budget, 1)
-    _RAN_OUT[device] = min(fraction, _RAN_OUT.get(device, fraction))
-
-
-def fitting_batch(b: Budget, largest: int) -> int:
-    """``largest``, or less where a batch ran out of memory on ``b``'s device before: half the
-    share of the budget that batch had (the halves it was then coded in fitted)."""
-    fraction = _RAN_OUT.get(b.device)
-    return largest if fraction is None else min(largest, max(_MIN_BATCH, int(fraction * b.nbytes) // 2))
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -86,7 +86,7 @@ class GpuLimits:
         batch_cap = BATCH_BYTES["cuda"] if batch_cap is None else batch_cap
         devices = {key.device for key in (_key(t, policy) for t in tensors) if key.backend == "cuda"}
         budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
-        return cls({b.device: b.batch_bytes(SAVE_WORKING_SETS, memory.fitting_batch(b, batch_cap)) for b in budgets},
+        return cls({b.device: b.batch_bytes(SAVE_WORKING_SETS, batch_cap) for b in budgets},
                    {b.device: b.nbytes // SAVE_WORKING_SETS for b in budgets},
                    {b.device: b.nbytes for b in budgets}, lanes(budgets, batch_cap))
 
@@ -148,10 +148,8 @@ def _ranges_of(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes:
 class _Ceiling:
     """The smallest GPU batch of one save that ran out of memory: later batches that large are
     coded smaller before they are tried, so a filled GPU costs a save one failed attempt, not one
-    per batch (and later saves plan smaller batches: :func:`.memory.ran_out`). ``budget``: the
-    save's, per GPU."""
+    per batch."""
 
-    budget: dict[torch.device, int] = dataclasses.field(default_factory=dict)
     nbytes: int = sys.maxsize
 
 
@@ -177,7 +175,6 @@ def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: i
                 raise
         # out of the except block: the failed attempt's memory is freed with its frames
         ceiling.nbytes = nbytes
-        memory.ran_out(key.device, nbytes, ceiling.budget.get(key.device, nbytes))
         _LOG.info("ckptzip: a GPU batch of %d tensors (%d MiB) ran out of memory on %s; coding batches that "
                   "large smaller from now on", len(tensors), nbytes >> 20, key.device)
     return _smaller(tensors, key, policy, share, ceiling, sparse)
@@ -445,7 +442,7 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     plan = [(key, [chosen[i] for i in idx])
             for key, idx in plan_batches([tensors[i] for i in chosen], policy, limits)]
     workers, share = cpu_workers(sum(key.backend == "cpu" for key, _ in plan))
-    ceiling = _Ceiling(dict(limits.budget) if limits else {})
+    ceiling = _Ceiling()
     # GPU work runs on the caller's current stream (from a lane thread too): after what the caller
     # queued, before what it queues next (so it may change the tensors at once), in the blocks
     # the caller's stream caches
