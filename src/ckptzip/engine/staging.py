@@ -25,7 +25,7 @@ def _pool_buffers() -> int:
     return max(2, total // BUFFER_BYTES)
 
 
-class _Slab:
+class Slab:
     """Pageable memory made pinned by registering it with CUDA: for gigabytes several times faster
     than allocating pinned memory (pages are touched by torch's thread pool, then registered at
     about 40 GB/s). Unregistered when dropped, so nothing may use its memory after that."""
@@ -55,7 +55,7 @@ class PinnedPool:
         self.count = count or _pool_buffers()  # sys.maxsize: a pool that grows as needed
         self._free: queue.Queue[torch.Tensor] = queue.Queue()
         self._created = 0
-        self._slabs: list[_Slab] = []
+        self._slabs: list[Slab] = []
         self._lock = threading.Lock()
 
     def acquire(self) -> torch.Tensor:
@@ -82,7 +82,7 @@ class PinnedPool:
             per_slab = max(1, SLAB_BYTES // self.buffer_bytes)
             while missing > 0:
                 n = min(missing, per_slab)
-                slab = _Slab(n * self.buffer_bytes)
+                slab = Slab(n * self.buffer_bytes)
                 self._slabs.append(slab)
                 self._created += n
                 missing -= n
