@@ -46,6 +46,7 @@ COMPILED: Any = _compiled()  # the module's functions take tables of addresses (
 _HAS_TRITON: bool | None = None
 _PREPARING = threading.Lock()
 _prepared = False
+_READY = threading.Event()  # set when the background preparation (prepare_triton) has ended
 
 
 def use_triton(device: torch.device) -> bool:
@@ -59,14 +60,18 @@ def use_triton(device: torch.device) -> bool:
 
 
 def load_triton(name: str) -> ModuleType:
-    """The Triton kernels module ``name`` of this package, imported (with Triton) on first use."""
+    """The Triton kernels module ``name`` of this package, imported (with Triton) on first use,
+    after the background preparation where one runs (so Triton's key is computed once)."""
+    if _prepared:
+        _READY.wait()
     return importlib.import_module(f"{__name__}.{name}")
 
 
 def prepare_triton() -> None:
-    """Where a GPU path begins: import the Triton kernels and run Triton's once-per-process hash of
-    its own compiler (its cache key: some hundred MB of files, about 0.35 s) on a background
-    thread, once, so the first launch does not wait for them (pure host work, no CUDA call)."""
+    """Where a GPU path begins: import the Triton kernels and give Triton its once-per-process
+    cache key (remembered across processes, :mod:`._triton_key`; else Triton's hash of its own
+    compiler, 0.5-1.4 s) on a background thread, once, while the caller plans its work (pure host
+    work, no CUDA call); the first launch waits for it."""
     global _prepared
     with _PREPARING:
         if _prepared or INTERPRET or not use_triton(torch.device("cuda")):
@@ -76,13 +81,14 @@ def prepare_triton() -> None:
 
 
 def _prepare() -> None:
-    for name in ("_planes_triton", "_segments_triton"):
-        load_triton(name)
     try:
-        from triton.runtime.cache import triton_key
-    except ImportError:  # another Triton layout: the first launch hashes, as it would anyway
-        return
-    triton_key()
+        from . import _triton_key
+
+        _triton_key.install()
+        for name in ("_planes_triton", "_segments_triton"):
+            importlib.import_module(f"{__name__}.{name}")
+    finally:
+        _READY.set()
 
 
 def compiled_threads(nbytes: int) -> int:
