@@ -566,18 +566,26 @@ class StagedState:
 
 def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
                 gpu_batch_bytes: int, base: DeltaBase | None = None, gpu_memory: int | None = None,
-                expected: int | None = None) -> StagedState:
+                expected: int | None = None, host_copies: dict[int, torch.Tensor] | None = None) -> StagedState:
     """Rewrite the state's table as :func:`write_state` does, encode its CUDA tensors in batches
     of about ``gpu_batch_bytes`` (so the GPU needs little memory beyond the state and the XOR
     residues) and start copying their stored bytes into ``pool``'s buffers, which must not run
     out (a growing pool, first made to hold ``expected`` bytes, by default the raw size).
     Returns once the work is queued: the caller's current streams wait for it, so its later
     kernels may change the tensors without a host sync. The host tensors of ``tensors`` are
-    encoded by :func:`write_staged`: they must not change until then."""
+    encoded by :func:`write_staged`: they must not change until then. ``host_copies``: CUDA
+    tensors of ``tensors`` (by position) that are being copied to the host, not yet complete: the
+    table is rewritten from the CUDA tensors, and those it keeps as they are are encoded from
+    their copies by :func:`write_staged`, once the copies are complete."""
     limits = GpuLimits.of(tensors, policy, gpu_memory, gpu_batch_bytes)
     table = rewrite_table(names, tensors, base)
-    cuda = [i for i, (t, on_gpu) in enumerate(zip(table.tensors, gpu_coded(table.tensors, policy, limits)))
-            if t.is_cuda and on_gpu]
+    for k, position in enumerate(table.positions):
+        copy = (host_copies or {}).get(position)
+        if copy is not None and table.tensors[k] is tensors[position]:  # not a residue: the copy is its bytes
+            table.tensors[k] = table.originals[position] = copy
+    # every CUDA tensor is coded now (those the budget sends to the host, copied there now): the
+    # caller may change them once this returns
+    cuda = [i for i, t in enumerate(table.tensors) if t.is_cuda]
     # stored bytes are at most about the raw size: slabs for them are quicker than many buffers
     pool.reserve(sum(table.tensors[i].numel() * table.tensors[i].element_size() for i in cuda)
                  if expected is None else expected)

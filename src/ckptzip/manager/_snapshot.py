@@ -228,9 +228,10 @@ class SnapshotPool:
         staged = None
         try:
             if encoded:  # the GPUs code while the copies cross the link; the host codes the copies later
-                snapshot = [sources[i] if i in encoded and coded[i] else copies[i] for i in range(len(sources))]
+                snapshot = [sources[i] if i in encoded else copies[i] for i in range(len(sources))]
                 staged = stage_state(names, snapshot, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base,
-                                     self._gpu_memory, self._expected_staging())
+                                     self._gpu_memory, self._expected_staging(),
+                                     {i: copies[i] for i in encoded if not coded[i]})
                 self._staged_bytes = staged.occupied_bytes
         finally:
             for device, done in copying:  # later kernels of the caller may overwrite the sources
