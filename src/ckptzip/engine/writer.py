@@ -566,7 +566,8 @@ class StagedState:
 
 def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
                 gpu_batch_bytes: int, base: DeltaBase | None = None, gpu_memory: int | None = None,
-                expected: int | None = None, host_copies: dict[int, torch.Tensor] | None = None) -> StagedState:
+                expected: int | None = None, host_copies: dict[int, torch.Tensor] | None = None,
+                on_table: Callable[[], object] | None = None) -> StagedState:
     """Rewrite the state's table as :func:`write_state` does, encode its CUDA tensors in batches
     of about ``gpu_batch_bytes`` (so the GPU needs little memory beyond the state and the XOR
     residues) and start copying their stored bytes into ``pool``'s buffers, which must not run
@@ -576,13 +577,17 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
     encoded by :func:`write_staged`: they must not change until then. ``host_copies``: CUDA
     tensors of ``tensors`` (by position) that are being copied to the host, not yet complete: the
     table is rewritten from the CUDA tensors, and those it keeps as they are are encoded from
-    their copies by :func:`write_staged`, once the copies are complete."""
+    their copies by :func:`write_staged`, once the copies are complete. ``on_table`` is called
+    once the table is rewritten, before anything is encoded (where a host snapshot starts those
+    copies: queued earlier, the rewrite's small reads would wait behind them)."""
     limits = GpuLimits.of(tensors, policy, gpu_memory, gpu_batch_bytes)
     table = rewrite_table(names, tensors, base)
     for k, position in enumerate(table.positions):
         copy = (host_copies or {}).get(position)
         if copy is not None and table.tensors[k] is tensors[position]:  # not a residue: the copy is its bytes
             table.tensors[k] = table.originals[position] = copy
+    if on_table is not None:
+        on_table()
     # every CUDA tensor is coded now (those the budget sends to the host, copied there now): the
     # caller may change them once this returns
     cuda = [i for i, t in enumerate(table.tensors) if t.is_cuda]

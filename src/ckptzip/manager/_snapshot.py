@@ -224,15 +224,21 @@ class SnapshotPool:
             for i, offset in zip(members, offsets):
                 t = sources[i]
                 copies[i] = buf[offset : offset + t.nbytes].view(t.dtype).view(t.shape)
-        copying = self._copy([sources[i] for i in copied], [copies[i] for i in copied])
+        copying: list[tuple[torch.device, torch.cuda.Event]] = []  # empty until the copies are queued
+
+        def start_copies() -> None:
+            copying.extend(self._copy([sources[i] for i in copied], [copies[i] for i in copied]))
+
         staged = None
         try:
             if encoded:  # the GPUs code while the copies cross the link; the host codes the copies later
                 snapshot = [sources[i] if i in encoded else copies[i] for i in range(len(sources))]
                 staged = stage_state(names, snapshot, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base,
                                      self._gpu_memory, self._expected_staging(),
-                                     {i: copies[i] for i in encoded if not coded[i]})
+                                     {i: copies[i] for i in encoded if not coded[i]}, start_copies)
                 self._staged_bytes = staged.occupied_bytes
+            else:
+                start_copies()
         finally:
             for device, done in copying:  # later kernels of the caller may overwrite the sources
                 torch.cuda.current_stream(device).wait_event(done)
