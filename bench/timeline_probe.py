@@ -145,7 +145,7 @@ def _load(data: bytes) -> None:
 def host_snapshots(gib: float, free: float, saves: int, wait_s: float) -> list[dict[str, Any]]:
     """Host snapshots of a ``gib`` GiB 7B-like state with ``free`` GiB of GPU memory left:
     ``prepare`` first, then ``saves`` saves; per save the seconds it blocked and its stages."""
-    from training_job import fill_gpu, llama_like_state
+    from training_job import fill_gpu, llama_like_state, written
 
     state = llama_like_state(gib)
     filler = fill_gpu(int(free * (1 << 30)))
@@ -162,7 +162,12 @@ def host_snapshots(gib: float, free: float, saves: int, wait_s: float) -> list[d
         blocked = time.perf_counter() - start
         stages = {f"{t} | {n}": round(v, 4) for (t, n), v in sorted(_totals.items()) if v >= 0.002}
         manager.wait()
-        rows.append({"save": step, "blocked_s": round(blocked, 4), "stages_s": stages})
+        snapshots = manager._snapshots
+        raw = sum(b.numel() for b in snapshots._free.get((torch.device("cpu"), True), []))
+        rows.append({"save": step, "blocked_s": round(blocked, 4), "stages_s": stages,
+                     "stored_gb": round(written("timeline-host") / 1e9, 3),
+                     "pinned_gb": round((snapshots._staging.reserved + raw) / 1e9, 3),
+                     "raw_share_gb": round(raw / 1e9, 3)})
         print(json.dumps(rows[-1]), flush=True)
     manager.close()
     del filler

@@ -191,7 +191,8 @@ class SnapshotPool:
         the host) are copied to pinned host memory and coded when the snapshot is written."""
         limits = GpuLimits.of(sources, self._policy, self._gpu_memory, HOST_SNAPSHOT_BATCH_BYTES)
         coded = gpu_coded(sources, self._policy, limits)
-        raw = raw_share([t.nbytes for t in sources], [i for i, t in enumerate(sources) if t.is_cuda and coded[i]])
+        raw = raw_share([t.nbytes for t in sources], [i for i, t in enumerate(sources) if t.is_cuda and coded[i]],
+                        HOST_RAW_SHARE)
         return [c and i not in raw for i, c in enumerate(coded)]
 
     def take(self, state: Any, base: DeltaBase | None, keep: bool) -> Snapshot:
@@ -332,7 +333,7 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def raw_share(nbytes: list[int], candidates: list[int], share: float = HOST_RAW_SHARE) -> set[int]:
+def raw_share(nbytes: list[int], candidates: list[int], share: float) -> set[int]:
     """Which of ``candidates`` (positions of tensors a host snapshot would code on a GPU, whose
     sizes ``nbytes`` gives by position) it copies raw instead: the last ones of the table, up to
     ``share`` of the candidates' bytes (a tensor that would overshoot it by more than a tenth is
