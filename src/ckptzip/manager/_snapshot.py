@@ -40,6 +40,10 @@ HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
 # those tensors on the host when the snapshot is written, in the background. Host memory: 0.4 raw
 # plus 0.6 stored, about 1.1x the stored size at a ratio of 1.25.
 HOST_RAW_SHARE = 0.4
+# Pieces of those copies, and how many may wait in the copy engine at once (other copies of the
+# device wait behind them: about 1 ms at 50 GB/s).
+TRICKLE_PIECE_BYTES = 16 << 20
+TRICKLE_AHEAD = 3
 # Host snapshots' pinned staging is kept at this much above the buffers the last snapshot occupied
 # (not its stored bytes: a pool smaller than that grows again, buffer by buffer, while a save blocks).
 STAGING_MARGIN = 1.05
@@ -95,6 +99,57 @@ def _copy_batched(dst: list[torch.Tensor], src: list[torch.Tensor], *, non_block
         if bits is not None:
             into, out_of = [t.view(bits) for t in into], [t.view(bits) for t in out_of]
         torch._foreach_copy_(into, out_of, non_blocking=non_blocking)
+
+
+_Copied = tuple[torch.device, torch.cuda.Event]  # a device, and the event after its snapshot copies
+
+
+def _queued(device: torch.device, done: torch.cuda.Event) -> Callable[[], _Copied]:
+    """For copies queued already: a function that gives their device and the event after them."""
+    return lambda: (device, done)
+
+
+class _Trickle:
+    """Copies of one GPU's tensors to pinned host memory, queued on ``stream`` by a thread of
+    their own :data:`TRICKLE_PIECE_BYTES` at a time, at most :data:`TRICKLE_AHEAD` pieces ahead
+    of the copy engine: queued at once, gigabytes of them would hold up every other copy of the
+    device (a host snapshot's small reads and its batches' stored bytes wait behind them)."""
+
+    def __init__(self, device: torch.device, stream: torch.cuda.Stream, dst: list[torch.Tensor],
+                 src: list[torch.Tensor]) -> None:
+        self._device = device
+        self._done = torch.cuda.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(stream, dst, src), name="ckptzip-trickle",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, stream: torch.cuda.Stream, dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+        try:
+            with torch.cuda.device(self._device), torch.cuda.stream(stream):
+                queued: collections.deque[torch.cuda.Event] = collections.deque()
+                for into, out_of in zip(dst, src):
+                    if not out_of.is_contiguous():  # whole, through integers where floats would change bits
+                        _copy_batched([into], [out_of], non_blocking=True)
+                        continue
+                    a, b = into.reshape(-1).view(torch.uint8), out_of.reshape(-1).view(torch.uint8)
+                    for start in range(0, b.numel(), TRICKLE_PIECE_BYTES):
+                        a[start : start + TRICKLE_PIECE_BYTES].copy_(b[start : start + TRICKLE_PIECE_BYTES],
+                                                                   non_blocking=True)
+                        queued.append(torch.cuda.Event())
+                        queued[-1].record(stream)
+                        if len(queued) > TRICKLE_AHEAD:
+                            queued.popleft().synchronize()
+                self._done.record(stream)
+        except BaseException as exc:  # handed to the caller by finish()
+            self._error = exc
+
+    def finish(self) -> _Copied:
+        """Once every copy is queued: the device and the event after them."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._device, self._done
 
 
 class SnapshotPool:
@@ -225,7 +280,7 @@ class SnapshotPool:
             for i, offset in zip(members, offsets):
                 t = sources[i]
                 copies[i] = buf[offset : offset + t.nbytes].view(t.dtype).view(t.shape)
-        copying: list[tuple[torch.device, torch.cuda.Event]] = []  # empty until the copies are queued
+        copying: list[Callable[[], _Copied]] = []  # empty until the copies are started
 
         def start_copies() -> None:
             copying.extend(self._copy([sources[i] for i in copied], [copies[i] for i in copied]))
@@ -241,9 +296,10 @@ class SnapshotPool:
             else:
                 start_copies()
         finally:
-            for device, done in copying:  # later kernels of the caller may overwrite the sources
+            copied_events = [finish() for finish in copying]
+            for device, done in copied_events:  # later kernels of the caller may overwrite the sources
                 torch.cuda.current_stream(device).wait_event(done)
-        ready = [done for _, done in copying]
+        ready = [done for _, done in copied_events]
         if host and self._where == "auto" and self.last_mode != "host":
             _LOG.warning("ckptzip: taking host snapshots (compressed on the GPU in small batches, stored in pinned "
                          "host memory) instead of device copies: %s", reason)
@@ -256,29 +312,33 @@ class SnapshotPool:
         margin (None before the first)."""
         return None if self._staged_bytes is None else int(self._staged_bytes * STAGING_MARGIN)
 
-    def _copy(self, sources: list[torch.Tensor], copies: list[torch.Tensor]
-              ) -> list[tuple[torch.device, torch.cuda.Event]]:
+    def _copy(self, sources: list[torch.Tensor], copies: list[torch.Tensor]) -> list[Callable[[], _Copied]]:
         """Copy ``sources`` into ``copies``: host tensors now, CUDA tensors on a side stream per
-        device after the caller's queued work; returns each device's event after its copies,
-        which the caller's current stream must wait for before it changes the sources."""
+        device after the caller's queued work (to the host, a few pieces at a time: :class:`_Trickle`).
+        Returns per device a function that gives the event after its copies (once they are all
+        queued), which the caller's current stream must wait for before it changes the sources."""
         by_device: dict[torch.device, list[int]] = collections.defaultdict(list)
         for i, t in enumerate(sources):
             by_device[t.device].append(i)
-        ready = []
+        ready: list[Callable[[], _Copied]] = []
         for device, members in by_device.items():
+            into, out_of = [copies[i] for i in members], [sources[i] for i in members]
             if device.type != "cuda":
-                _copy_batched([copies[i] for i in members], [sources[i] for i in members], non_blocking=False)
+                _copy_batched(into, out_of, non_blocking=False)
                 continue
             current = torch.cuda.current_stream(device)
             side = self._side_streams.get(device)
             if side is None:
                 side = self._side_streams[device] = torch.cuda.Stream(device)
             side.wait_stream(current)  # the state is final once the caller's queued kernels ran
+            if into[0].device.type == "cpu":  # a host snapshot's: all its copies go to pinned memory
+                ready.append(_Trickle(device, side, into, out_of).finish)
+                continue
             with torch.cuda.stream(side):
-                _copy_batched([copies[i] for i in members], [sources[i] for i in members], non_blocking=True)
+                _copy_batched(into, out_of, non_blocking=True)
             done = torch.cuda.Event()
             done.record(side)
-            ready.append((device, done))
+            ready.append(_queued(device, done))
         return ready
 
     @contextlib.contextmanager
