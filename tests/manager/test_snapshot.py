@@ -52,3 +52,18 @@ def test_a_host_snapshot_codes_its_raw_share_on_the_host_and_restores_bit_exactl
     raw = [f"w{i}" for i in range(10 - round(10 * HOST_RAW_SHARE), 10)]
     assert all("zstd" in codecs[name] for name in raw)  # coded on the host
     assert all("gdeflate" in codecs[name] for name in codecs if name not in raw)  # on the GPU
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_save_right_after_prepare_uses_the_reserved_buffer_not_a_second_one(tmp_path: Path) -> None:
+    g = torch.Generator(device="cuda").manual_seed(8)
+    state = {f"w{i}": torch.randn(1 << 22, device="cuda", generator=g) for i in range(10)}
+    with CheckpointManager(tmp_path, snapshot="host") as manager:
+        manager.prepare(state)
+        manager.save(1, state)  # before the reservation can have finished
+        manager.wait()
+        pinned = manager._snapshots._free[(torch.device("cpu"), True)]
+        assert len(pinned) == 1
+        assert pinned[0].numel() >= sum(state[f"w{i}"].nbytes for i in range(5, 10))
+        assert_same(manager.restore(1, map_location="cpu"), {k: v.cpu() for k, v in state.items()})
