@@ -22,6 +22,7 @@ from ..engine.policy import Policy
 from ..engine.sources import DeltaBase
 from ..engine.staging import PinnedPool, Slab
 from ..engine.writer import GpuLimits, StagedState, gpu_coded, stage_state, write_staged
+from ..errors import GpuMemoryError
 from ..format import TensorEntry
 from ..tree import flatten, unflatten
 
@@ -224,7 +225,10 @@ class SnapshotPool:
         bytes of ``sources`` on a background thread (a save's staging waits for it)."""
         if self._where == "device" or (self._where == "auto" and self._device_room(sources) is None):
             return None
-        coded = self._host_plan(sources)
+        try:
+            coded = self._host_plan(sources)
+        except GpuMemoryError:  # no room to plan with now: reserve for coding it all, the save will say why
+            coded = [t.is_cuda for t in sources]
         nbytes = self._expected_staging() or sum(t.nbytes for t, c in zip(sources, coded) if c)
         copies = sum(_aligned(t.nbytes) for t, c in zip(sources, coded) if t.is_cuda and not c)
         if not nbytes and not copies:
