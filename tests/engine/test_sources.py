@@ -369,6 +369,31 @@ def test_a_staged_save_rewrites_its_table_as_a_save_does(delta: bool) -> None:
         assert_same(load_bytes(via_stage.getvalue()), state)
 
 
+def test_a_staged_table_is_rewritten_from_the_sources_not_from_copies_still_in_flight() -> None:
+    """A host snapshot's raw share is being copied while the table is rewritten: the search for
+    duplicates and casts reads the sources (two copies not yet filled would look alike), and the
+    tensors it keeps are then written from their copies; a duplicate of a copied tensor stays a
+    reference."""
+    from ckptzip.engine.policy import Policy
+    from ckptzip.engine.staging import PinnedPool
+    from ckptzip.engine.writer import stage_state, write_staged
+    from ckptzip.tree import flatten
+
+    state = _mixed_state()
+    flat = flatten(state)
+    names, sources = [i.name for i in flat.tensors], [i.tensor for i in flat.tensors]
+    in_flight = {names.index(name): torch.zeros_like(state[name]) for name in ("dup", "other")}
+    policy = Policy.parse("auto")
+    staged = stage_state(names, sources, policy, PinnedPool(), 1 << 20, host_copies=in_flight)
+    for position, copy in in_flight.items():  # the copies complete before the snapshot is written
+        copy.copy_(sources[position])
+    f = io.BytesIO()
+    write_staged(f, staged, flat.tree, policy)
+    kinds = {name: e.source_kind for name, e in _entries(f.getvalue()).items()}
+    assert kinds == {"master": None, "w": "cast", "dup": "copy", "other": None}
+    assert_same(load_bytes(f.getvalue()), state)
+
+
 def test_the_delta_decision_is_made_per_tensor_in_one_batch() -> None:
     """Slowly moving tensors of several sizes and dtypes pay as deltas, fresh noise does not;
     tensors smaller than the sample and larger ones are decided in one call."""

@@ -45,7 +45,9 @@ def test_a_host_snapshot_codes_its_raw_share_on_the_host_and_restores_bit_exactl
             for v in state.values():
                 v.mul_(2.0)  # queued right behind the snapshot: it must not reach the copies
             manager.wait()
-            assert_same(manager.restore(step, map_location="cpu"), expected)
+            restored = manager.restore(step)  # where it was saved from: the raw share too, though coded on the host
+            assert {str(v.device) for v in restored.values()} == {"cuda:0"}
+            assert_same({k: v.cpu() for k, v in restored.items()}, expected)
             expected = {k: v.cpu() for k, v in state.items()}
     with ckptzip.open(tmp_path / STEP_NAME.format(2)) as reader:
         codecs = {e.name: {s.codec["id"] for s in e.streams} for e in reader.entries()}

@@ -56,6 +56,12 @@ class Table:
             return VERSION_SPARSE
         return VERSION_SOURCES if self.sources else VERSION
 
+    @property
+    def recorded(self) -> list[torch.Tensor]:
+        """Per encoded tensor, the tensor whose dtype, shape and device its entry records: the
+        state's own (``tensors`` may hold an XOR residue, or a host copy of it, instead)."""
+        return [self.originals[p] for p in self.positions]
+
     def complete(self, stored: Sequence[TensorEntry]) -> list[TensorEntry]:
         """The whole table, in position order, from the entries of the encoded tensors."""
         entries: list[TensorEntry | None] = [None] * self.count

@@ -432,11 +432,13 @@ class _Stager(_InOrder[_Batch]):
 
 
 def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, stager: _Stager,
-                on_progress: Callable[[int], object], limits: GpuLimits | None = None,
+                on_progress: Callable[[int], object], recorded: list[torch.Tensor], limits: GpuLimits | None = None,
                 only: list[int] | None = None, sparse: list[int | None] | None = None) -> None:
     """Encode every batch of the state (of tensors ``only``, where given) and hand it to
-    ``stager``, in file order. ``sparse``: per tensor, its non-zero count where it is coded
-    sparse (:attr:`.sources.Table.sparse`); a tensor coded in element ranges is not."""
+    ``stager``, in file order. ``recorded``: per tensor, the one whose dtype, shape and device
+    its entry records (:attr:`.sources.Table.recorded`). ``sparse``: per tensor, its non-zero
+    count where it is coded sparse (:attr:`.sources.Table.sparse`); a tensor coded in element
+    ranges is not."""
     chosen = list(range(len(tensors))) if only is None else only
     counts = sparse or [None] * len(tensors)
     plan = [(key, [chosen[i] for i in idx])
@@ -458,7 +460,7 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     for (_, idx), parts in run_ahead(tasks, workers, limits.lanes if limits else 1):
         for positions, batch in parts:
             part = [idx[p] for p in positions]
-            metas = [_Meta.of(tensors[i]) for i in part]
+            metas = [_Meta.of(recorded[i]) for i in part]
             stager.stage(part, [names[i] for i in part], metas, batch)
             on_progress(sum(m.nbytes for m in metas))
 
@@ -511,7 +513,7 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
     pool = pinned_pool() if any(t.is_cuda for t in tensors) else None
     sink = _Sink(writer, pool, f, len(tensors))
     with _out_of_memory_named("save", limits):
-        _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress, limits,
+        _run_pipeline(lambda stager: _encode_all(names, tensors, policy, stager, on_progress, table.recorded, limits,
                                                  sparse=table.sparse),
                       _Stager(pool, sink.put), sink)
     return _finish(writer, sink, tree, table)
@@ -585,7 +587,7 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
     for k, position in enumerate(table.positions):
         copy = (host_copies or {}).get(position)
         if copy is not None and table.tensors[k] is tensors[position]:  # not a residue: the copy is its bytes
-            table.tensors[k] = table.originals[position] = copy
+            table.tensors[k] = copy  # its entry still records the CUDA tensor's device (Table.recorded)
     if on_table is not None:
         on_table()
     # every CUDA tensor is coded now (those the budget sends to the host, copied there now): the
@@ -597,7 +599,7 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
     jobs: list[_Job] = []
     with _out_of_memory_named("snapshot", limits):
         _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
-                                                 limits, cuda, table.sparse),
+                                                 table.recorded, limits, cuda, table.sparse),
                       _Stager(pool, jobs.append), None)
     chosen = set(cuda)
     return StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen])
@@ -615,7 +617,7 @@ def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) ->
         for job in jobs:
             sink.put(job)
         if staged.rest:
-            _encode_all(table.names, table.tensors, policy, stager, lambda _: None, only=staged.rest,
+            _encode_all(table.names, table.tensors, policy, stager, lambda _: None, table.recorded, only=staged.rest,
                         sparse=table.sparse)
 
     _run_pipeline(encode, _Stager(None, sink.put), sink)
