@@ -7,15 +7,20 @@ writer, so a test that edits a file checks the reader against the spec, not agai
 from __future__ import annotations
 
 import collections
+import importlib.machinery
 import io
 import json
 import math
 import struct
+import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 import xxhash
 
@@ -348,3 +353,32 @@ def code_large_tensors_in_ranges(monkeypatch: Any) -> None:
     cpu = torch.device("cpu")
     monkeypatch.setattr(engine_writer.GpuLimits, "of", classmethod(
         lambda cls, *a, **k: cls({cpu: 1 << 14}, {cpu: 0}, {cpu: 96 << 14})))
+
+
+STAND_IN_TRITON_KEY = "9.9.0-" + "ab" * 8
+
+
+def stand_in_triton(root: Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    """A Triton install of two files under ``root`` in place of the real one (``sys.modules``),
+    whose ``triton_key`` returns :data:`STAND_IN_TRITON_KEY` and counts its calls."""
+    (root / "_C").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "_C" / "libtriton.so").write_bytes(b"\0" * 64)
+    calls: list[int] = []
+
+    def triton_key() -> str:
+        calls.append(1)
+        return STAND_IN_TRITON_KEY
+
+    package = types.ModuleType("triton")
+    package.__spec__ = importlib.machinery.ModuleSpec("triton", None)  # what find_spec answers
+    package.__file__ = str(root / "__init__.py")
+    package.__version__ = "9.9.0"  # type: ignore[attr-defined]
+    runtime = types.ModuleType("triton.runtime")
+    cache = types.ModuleType("triton.runtime.cache")
+    cache.triton_key = triton_key  # type: ignore[attr-defined]
+    runtime.cache = cache  # type: ignore[attr-defined]
+    package.runtime = runtime  # type: ignore[attr-defined]
+    for name, module in (("triton", package), ("triton.runtime", runtime), ("triton.runtime.cache", cache)):
+        monkeypatch.setitem(sys.modules, name, module)
+    return types.SimpleNamespace(root=root, calls=calls, cache=cache, compute=triton_key)

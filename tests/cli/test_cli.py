@@ -88,3 +88,22 @@ def test_a_damaged_file_is_an_error_exit_naming_the_damage(tmp_path: Path, capsy
     (tmp_path / "s.ckz").write_bytes(bytes(data))
     assert main(["decompress", str(tmp_path / "s.ckz"), str(tmp_path / "s.pt")]) == 1
     assert "is damaged" in capsys.readouterr().err
+
+
+def test_warmup_keeps_tritons_key_for_the_processes_after_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from ckptzip.kernels import _triton_key
+    from helpers import STAND_IN_TRITON_KEY, stand_in_triton
+
+    triton = stand_in_triton(tmp_path / "triton", monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv(_triton_key.ENV, str(tmp_path / "cache"))
+    assert main(["warmup"]) == 0
+    out = capsys.readouterr().out
+    (kept,) = (tmp_path / "cache").iterdir()
+    assert kept.read_text() == STAND_IN_TRITON_KEY and f"Triton's cache key: kept in {kept}" in out
+    assert "no CUDA device here: the GPU kernels compile on the first GPU save or load" in out
+    assert triton.calls == [1]
+    monkeypatch.setenv(_triton_key.ENV, "")
+    assert main(["warmup"]) == 0
+    assert "Triton's cache key: not kept (CKPTZIP_CACHE_DIR is empty" in capsys.readouterr().out

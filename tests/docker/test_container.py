@@ -28,7 +28,10 @@ def instructions(name: str) -> list[str]:
 def test_dockerfile_runs_the_install_script_and_defaults_to_the_demo() -> None:
     assert instructions("FROM") == ["${CUDA_IMAGE}"]
     assert any(arg.startswith("CUDA_IMAGE=nvidia/cuda:") and "-runtime-" in arg for arg in instructions("ARG"))
-    assert any("docker/install.sh /opt/ckptzip" in run for run in instructions("RUN"))
+    runs = instructions("RUN")
+    install = next(i for i, run in enumerate(runs) if "docker/install.sh /opt/ckptzip" in run)
+    assert runs[install + 1:] == ["ckptzip warmup"]  # Triton's key kept in the image, after the install
+    assert "CKPTZIP_CACHE_DIR=/opt/ckptzip-cache" in instructions("ENV")
     assert instructions("CMD") == ['["ckptzip", "demo"]']
 
 
@@ -65,6 +68,9 @@ def test_install_script_in_a_fresh_venv_then_the_demo(tmp_path: pathlib.Path) ->
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"^ckptzip \S+, torch \S+ \(CUDA None\), nvCOMP: \['nvidia-libnvcomp-cu13'\]$", done.stdout,
                      re.MULTILINE), done.stdout[-2000:]
+    warm = subprocess.run([str(venv / "bin" / "ckptzip"), "warmup"], env={**env, "CKPTZIP_CACHE_DIR": str(tmp_path / "c")},
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert warm.returncode == 0 and "no CUDA device here" in warm.stdout, warm.stdout[-2000:] + warm.stderr[-2000:]
     demo = subprocess.run([str(venv / "bin" / "ckptzip"), "demo", "--steps", "2"], env=env, cwd=tmp_path,
                           capture_output=True, text=True)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]

@@ -5,40 +5,19 @@ changes or the kept file is not a key, and never in the way when nothing can be 
 from __future__ import annotations
 
 import os
-import sys
 import types
 from pathlib import Path
 
 import pytest
+from helpers import STAND_IN_TRITON_KEY, stand_in_triton
 
 from ckptzip.kernels import _triton_key
 
 
 @pytest.fixture
 def triton(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
-    """A Triton install of two files whose ``triton_key`` counts its calls."""
-    root = tmp_path / "triton"
-    (root / "_C").mkdir(parents=True)
-    (root / "__init__.py").write_text("")
-    (root / "_C" / "libtriton.so").write_bytes(b"\0" * 64)
-    calls: list[int] = []
-
-    def triton_key() -> str:
-        calls.append(1)
-        return "9.9.0-" + "ab" * 8
-
-    package = types.ModuleType("triton")
-    package.__file__ = str(root / "__init__.py")
-    package.__version__ = "9.9.0"  # type: ignore[attr-defined]
-    runtime = types.ModuleType("triton.runtime")
-    cache = types.ModuleType("triton.runtime.cache")
-    cache.triton_key = triton_key  # type: ignore[attr-defined]
-    runtime.cache = cache  # type: ignore[attr-defined]
-    package.runtime = runtime  # type: ignore[attr-defined]
-    for name, module in (("triton", package), ("triton.runtime", runtime), ("triton.runtime.cache", cache)):
-        monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setenv(_triton_key.ENV, str(tmp_path / "cache"))
-    return types.SimpleNamespace(root=root, calls=calls, cache=cache, compute=triton_key)
+    return stand_in_triton(tmp_path / "triton", monkeypatch)
 
 
 def _next_process(triton: types.SimpleNamespace) -> None:
@@ -46,13 +25,14 @@ def _next_process(triton: types.SimpleNamespace) -> None:
 
 
 def test_the_key_is_computed_once_and_found_again_by_the_next_process(triton: types.SimpleNamespace) -> None:
-    _triton_key.install()
+    kept = _triton_key.install()
+    assert kept is not None and kept.read_text() == STAND_IN_TRITON_KEY
     assert triton.calls == [1]
-    assert triton.cache.triton_key() == "9.9.0-" + "ab" * 8
+    assert triton.cache.triton_key() == STAND_IN_TRITON_KEY
     _next_process(triton)
-    _triton_key.install()
+    assert _triton_key.install() == kept
     assert triton.calls == [1]  # read back, not hashed again
-    assert triton.cache.triton_key() == "9.9.0-" + "ab" * 8
+    assert triton.cache.triton_key() == STAND_IN_TRITON_KEY
 
 
 def test_a_changed_install_gets_its_key_computed_again(triton: types.SimpleNamespace) -> None:
@@ -71,20 +51,20 @@ def test_a_kept_file_that_is_not_a_key_of_this_version_is_replaced(triton: types
     _next_process(triton)
     _triton_key.install()
     assert triton.calls == [1, 1]
-    assert kept.read_text() == "9.9.0-" + "ab" * 8
+    assert kept.read_text() == STAND_IN_TRITON_KEY
 
 
 def test_nothing_is_remembered_where_it_is_turned_off_or_cannot_be_written(
         triton: types.SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(_triton_key.ENV, "")
-    _triton_key.install()
+    assert _triton_key.install() is None
     assert triton.calls == [1] and triton.cache.triton_key is triton.compute  # Triton's own, already run
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv(_triton_key.ENV, str(blocker / "cache"))  # under a file: mkdir fails
-    _triton_key.install()
+    assert _triton_key.install() is None
     assert triton.calls == [1, 1]
-    assert triton.cache.triton_key() == "9.9.0-" + "ab" * 8
+    assert triton.cache.triton_key() == STAND_IN_TRITON_KEY
 
 
 def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -287,6 +287,42 @@ def _configure_demo(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_cmd_demo)
 
 
+def _configure_warmup(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--codec", default="auto", help="the preset whose GPU kernels and codecs to prepare (default auto)")
+    p.set_defaults(func=_cmd_warmup)
+
+
+def _cmd_warmup(args: argparse.Namespace) -> int:
+    """Prepare this machine, or a container image built on it, for a fast first save and load:
+    remember Triton's cache key (no GPU needed) and, on a GPU, compile the kernels into Triton's
+    kernel cache."""
+    import importlib.util
+
+    import torch
+
+    from ..engine.policy import Policy
+    from ..engine.warmup import compile_kernels
+    from ..kernels import remember_triton_key
+
+    policy = Policy.parse(args.codec)
+    if importlib.util.find_spec("triton") is None:
+        emit("Triton is not installed here: no cache key to keep (GPU saves need PyTorch's CUDA build)")
+    elif (kept := remember_triton_key()) is not None:
+        emit(f"Triton's cache key: kept in {kept}")
+    else:
+        emit("Triton's cache key: not kept (CKPTZIP_CACHE_DIR is empty, or its folder cannot be written)")
+    if not torch.cuda.is_available():
+        emit("no CUDA device here: the GPU kernels compile on the first GPU save or load (run `ckptzip "
+             "warmup` on a GPU machine, with TRITON_CACHE_DIR kept, to compile them ahead)")
+        return 0
+    device = torch.device("cuda", torch.cuda.current_device())
+    start = time.perf_counter()
+    compile_kernels(device, policy)
+    emit(f"GPU kernels for codec={args.codec!r}: ready on {device} ({torch.cuda.get_device_name(device)}) in "
+         f"{time.perf_counter() - start:.1f} s, kept in Triton's kernel cache")
+    return 0
+
+
 def _plugin(module: str) -> Configure:
     """A subcommand that lives with its subsystem: ``module`` has ``configure(parser)`` and ``run(args)``,
     and is imported only when the subcommand is chosen."""
@@ -335,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_command("inspect", "per-tensor ratio table and totals by tensor class", _configure_inspect)
     sub.add_command("verify", "decode a .ckz file and check every checksum; writes nothing", _configure_verify)
     sub.add_command("demo", "train a small model, checkpoint it, restore it bit-exactly", _configure_demo)
+    sub.add_command("warmup", "prepare this machine (or an image) for a fast first save: Triton's key, the GPU kernels",
+                    _configure_warmup)
     sub.add_command(
         "cost", "estimate idle-GPU and storage cost of checkpoint writes, with and without compression",
         _plugin("..cost"),

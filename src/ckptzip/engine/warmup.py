@@ -41,7 +41,9 @@ def _sample(device: torch.device) -> list[torch.Tensor]:
     ]
 
 
-def _run(device: torch.device, policy: Policy) -> None:
+def compile_kernels(device: torch.device, policy: Policy) -> None:
+    """Save and load the sample on ``device`` with ``policy`` now, in the calling thread: every
+    kernel compiled (or loaded from Triton's disk cache) and every codec made."""
     with torch.cuda.device(device):
         tensors = _sample(device)
         names = [f"t{i}" for i in range(len(tensors))]
@@ -75,7 +77,7 @@ def warm_up(device: torch.device | None = None, policy: Policy | None = None, *,
 
 def _quietly(device: torch.device, policy: Policy) -> None:
     try:
-        _run(device, policy)
+        compile_kernels(device, policy)
     except Exception as exc:  # a warm-up is an optimisation: the real call compiles what it needs
         logging.getLogger("ckptzip").info("kernel warm-up on %s did not finish (%s: %s); the first save or "
                                           "load compiles what it needs", device, type(exc).__name__, exc)

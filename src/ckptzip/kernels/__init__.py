@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 from ..codecs._threads import MIN_PARALLEL_BYTES, codec_thread_count
 
 __all__ = ["COMPILED", "CPU_PIECE_BYTES", "INTERPRET", "THREAD_SAFE", "compiled_threads", "distinct", "load_triton",
-           "pieces", "prepare_triton", "use_triton"]
+           "pieces", "prepare_triton", "remember_triton_key", "use_triton"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Triton's interpreter keeps global state: under it, batches run on one thread.
@@ -80,11 +81,17 @@ def prepare_triton() -> None:
     threading.Thread(target=_prepare, name="ckptzip-triton-key", daemon=True).start()
 
 
+def remember_triton_key() -> Path | None:
+    """Give this process's Triton its cache key, remembered for the processes after it
+    (:mod:`._triton_key`); the file that holds it, or None where nothing was remembered."""
+    from . import _triton_key
+
+    return _triton_key.install()
+
+
 def _prepare() -> None:
     try:
-        from . import _triton_key
-
-        _triton_key.install()
+        remember_triton_key()
         for name in ("_planes_triton", "_segments_triton"):
             importlib.import_module(f"{__name__}.{name}")
     finally:

@@ -54,9 +54,9 @@ def _read(path: Path, version: str) -> str | None:
     return key if key.startswith(version) else None  # Triton's keys begin with its version
 
 
-def _write(path: Path, key: str) -> None:
-    """``key`` into ``path`` atomically (a reader sees the whole key or none); silently nothing
-    where the directory cannot be written."""
+def _write(path: Path, key: str) -> bool:
+    """``key`` into ``path`` atomically (a reader sees the whole key or none); False (and
+    nothing written) where the directory cannot be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".triton-key-")
@@ -68,33 +68,36 @@ def _write(path: Path, key: str) -> None:
             os.unlink(temporary)
             raise
     except OSError:
-        pass
+        return False
+    return True
 
 
-def install() -> None:
+def install() -> Path | None:
     """Give this process's Triton its key: the remembered one where it exists, else computed
-    now (Triton's own way) and remembered. Without Triton, or a Triton without this cache key,
-    nothing happens."""
+    now (Triton's own way) and remembered. Returns the file that holds it, or None where
+    nothing was remembered (turned off, not writable, no Triton or a Triton without this key)."""
     try:
         import triton
         from triton.runtime import cache
     except ImportError:
-        return
+        return None
     compute = getattr(cache, "triton_key", None)
     if compute is None:
-        return
+        return None
     folder = cache_dir()
     if folder is None:
         compute()
-        return
+        return None
     version = str(getattr(triton, "__version__", ""))
     try:
         path = folder / f"triton-key-{fingerprint(os.path.dirname(os.path.abspath(triton.__file__)), version)}"
     except OSError:  # a file that cannot be looked at: Triton hashes what it can itself
         compute()
-        return
+        return None
     key = _read(path, version)
+    kept = True
     if key is None:
         key = str(compute())
-        _write(path, key)
+        kept = _write(path, key)
     cache.triton_key = lambda: key
+    return path if kept else None
