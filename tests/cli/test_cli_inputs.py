@@ -109,7 +109,7 @@ def test_top_level_help_lists_every_command_without_markup(capsys: pytest.Captur
     with pytest.raises(SystemExit):
         main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "Commands: compress, decompress, convert, inspect, verify, demo, cost, dcp-convert, bench" in out
+    assert "Commands: compress, decompress, convert, inspect, verify, demo, warmup, cost, dcp-convert, bench" in out
     assert "``" not in out
 
 
@@ -122,7 +122,8 @@ def _imported(*args: str) -> set[str]:
     return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
 
 
-@pytest.mark.parametrize("args", [("--help",), ("--version",), ("cost", "--help"), ("dcp-convert", "--help")])
+@pytest.mark.parametrize("args", [("--help",), ("--version",), ("cost", "--help"), ("dcp-convert", "--help"),
+                                  ("warmup", "--help")])
 def test_help_imports_neither_torch_nor_the_commands(args: tuple[str, ...]) -> None:
     """Issue #22: ``ckptzip --help`` took 3 s, 2 s of it importing torch; a command's modules are
     imported only when it is chosen (and these commands' help needs no torch)."""
