@@ -328,6 +328,8 @@ def test_host_snapshots_of_cuda_tensors_store_casts_duplicates_and_deltas(tmp_pa
     assert kinds == {"model.w": "cast", "master.w": "xor", "exp_avg": None, "copy": "copy"}
     whole = tmp_path / "whole.ckz"
     ckptzip.save(cuda_state(1), whole)
-    # a host snapshot's file is save()'s: the same table (compared first, to name what differs), the same bytes
+    # a host snapshot's file is save()'s: the same table (compared first, to name what differs), the same
+    # bytes (its raw share, the last tensors by bytes, falls on the cast and the copy here: references, whose
+    # host copies are not coded; a raw share of tensors stored as themselves is coded with the host's codecs)
     assert entry_reprs(tmp_path / name(1)) == entry_reprs(whole)
     assert (tmp_path / name(1)).read_bytes() == whole.read_bytes()
