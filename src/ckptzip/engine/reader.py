@@ -540,14 +540,14 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
         Task(idx, functools.partial(_decode_cpu, reader, [items[j] for j in idx], outputs(idx), share, first_words[idx]))
         for backend, work, idx in plan
     )
-    lanes = 2 if gpu_batch and all(
+    # a retry after running out of memory decodes one batch at a time
+    lanes = 2 if shrink == 1 and gpu_batch and all(
         b.nbytes >= TWO_LANE_LOAD_WORKING_SETS * BATCH_BYTES["cuda"] for b in budgets.values()) else 1
     data: dict[int, torch.Tensor] = {}
     sums: list[tuple[list[TensorEntry], torch.Tensor]] = []
     part_sums: dict[int, list[torch.Tensor]] = {}
     try:
-        _decode_all(tasks, workers, lanes if shrink == 1 else 1, into, items, item_entry, data, sums, part_sums,
-                    on_progress)
+        _decode_all(tasks, workers, lanes, into, items, item_entry, data, sums, part_sums, on_progress)
     finally:
         if uploader is not None:
             uploader.close()

@@ -584,8 +584,9 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
     copies: queued earlier, the rewrite's small reads would wait behind them)."""
     limits = GpuLimits.of(tensors, policy, gpu_memory, gpu_batch_bytes)
     table = rewrite_table(names, tensors, base)
+    copies = host_copies or {}
     for k, position in enumerate(table.positions):
-        copy = (host_copies or {}).get(position)
+        copy = copies.get(position)
         if copy is not None and table.tensors[k] is tensors[position]:  # not a residue: the copy is its bytes
             table.tensors[k] = copy  # its entry still records the CUDA tensor's device (Table.recorded)
     if on_table is not None:
