@@ -23,6 +23,7 @@ Prints one JSON object per measurement (``--json`` collects them in a file) and 
 from __future__ import annotations
 
 import argparse
+import collections
 import faulthandler
 import io
 import json
@@ -187,9 +188,13 @@ class _Count(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.count = 0
+        self.reasons: collections.Counter[str] = collections.Counter()
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.count += "ran out of memory" in record.getMessage()
+        message = record.getMessage()
+        if "ran out of memory" in message:
+            self.count += 1
+            self.reasons[message.partition("(")[2].rpartition(")")[0]] += 1
 
 
 def part_filled(args: argparse.Namespace) -> None:
@@ -214,11 +219,15 @@ def part_filled(args: argparse.Namespace) -> None:
         filler = fill_gpu(int(leave * GIB))
         row: dict[str, Any] = {"part": "filled", "free_gib": leave}
         retries.count = 0
+        retries.reasons.clear()
         try:
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
             budget = memory.available(torch.device("cuda", 0))
-            seconds = [timed(lambda: ckptzip.save(state, DiscardSink()))[0] for _ in range(3)]
+            with recording(args.trace_oom):
+                seconds = [timed(lambda: ckptzip.save(state, DiscardSink()))[0] for _ in range(3)]
+            if args.trace_oom and retries.count:
+                row["oom_trace"] = summary()
             row.update(budget_mib=mib(budget), peak_beside_state_mib=mib(torch.cuda.max_memory_allocated() - before))
             row.update(save_s=[round(s, 3) for s in seconds],
                        save_gbs=round(size / 1e9 / statistics.median(seconds), 1),
@@ -227,6 +236,7 @@ def part_filled(args: argparse.Namespace) -> None:
             row.update(save_error=f"{type(exc).__name__}: {str(exc)[:300]}")
         row["reserved_after_save_mib"] = mib(torch.cuda.memory_reserved())
         row["batches_out_of_memory"] = retries.count
+        row["out_of_memory_reasons"] = dict(retries.reasons)
         del filler
         report(**row)
     state.clear()  # loads: room for the tensors a load returns, plus ``leave``
@@ -452,7 +462,8 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--loads-only", action="store_true", help="filled: skip the saves with the GPU filled")
     p.add_argument("--trace-oom", action="store_true",
-                   help="record torch's allocator history around loads and restores; summarise it on failure")
+                   help="record torch's allocator history around filled saves, loads and restores; summarise "
+                        "it where a batch ran out of memory or a call failed")
     p.add_argument("--watchdog-s", type=float, default=0, help="dump every thread's stack and exit after this")
     args = p.parse_args()
     if args.watchdog_s:

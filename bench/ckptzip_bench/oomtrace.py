@@ -9,6 +9,7 @@ other than the caller's are what a budget that counts ``memory_reserved()`` may 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections import defaultdict
 from collections.abc import Iterator
@@ -38,11 +39,25 @@ def _frames(entry: dict[str, Any], keep: int = 8) -> list[str]:
     return [f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']} {f['name']}" for f in frames[:keep]]
 
 
+def _occupancy(segments: dict[int, int], live: dict[int, dict[str, Any]], limit: int = 12) -> list[list[float]]:
+    """Segments allocated while recording, largest first: [size, live bytes in it] in MiB, to
+    tell fragmentation (cached segments with a few live blocks) from memory really in use."""
+    starts = sorted(segments)
+    used = dict.fromkeys(starts, 0)
+    for entry in live.values():
+        i = bisect.bisect_right(starts, entry["addr"]) - 1
+        if i >= 0 and entry["addr"] < starts[i] + segments[starts[i]]:
+            used[starts[i]] += entry["size"]
+    rows = sorted(((segments[a], used[a]) for a in starts), reverse=True)[:limit]
+    return [[round(size / _MIB, 1), round(busy / _MIB, 1)] for size, busy in rows]
+
+
 def summary(limit: int = 12) -> dict[str, Any]:
     """The recorded history's out-of-memory events and what was live and cached then."""
     snap = torch.cuda.memory._snapshot()
     traces = snap["device_traces"][torch.cuda.current_device()] if snap["device_traces"] else []
     live: dict[int, dict[str, Any]] = {}
+    segments: dict[int, int] = {}  # segments the history saw allocated: address -> size
     ooms = []
     for entry in traces:
         action = entry["action"]
@@ -50,12 +65,17 @@ def summary(limit: int = 12) -> dict[str, Any]:
             live[entry["addr"]] = entry
         elif action in ("free_requested", "free_completed"):
             live.pop(entry["addr"], None)
+        elif action == "segment_alloc":
+            segments[entry["addr"]] = entry["size"]
+        elif action in ("segment_free", "segment_unmap"):
+            segments.pop(entry["addr"], None)
         elif action == "oom":
             largest = sorted(live.values(), key=lambda e: -e["size"])[:limit]
             ooms.append({"size_mib": round(entry["size"] / _MIB, 1),
                          "device_free_mib": round(entry.get("device_free", 0) / _MIB, 1),
                          "asked_by": _frames(entry),
-                         "live_largest": [(round(e["size"] / _MIB, 1), _frames(e, 3)) for e in largest]})
+                         "live_largest": [(round(e["size"] / _MIB, 1), _frames(e, 3)) for e in largest],
+                         "recorded_segments": _occupancy(segments, live)})
     streams: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for seg in snap["segments"]:
         streams[seg["stream"]][0] += seg["total_size"]

@@ -94,3 +94,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` is a GPU allocation failure (torch's, or nvCOMP's RuntimeError)."""
     return isinstance(exc, torch.OutOfMemoryError) or (
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+def failure_line(exc: BaseException) -> str:
+    """An allocation failure in one line: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"

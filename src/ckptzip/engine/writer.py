@@ -173,10 +173,11 @@ def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: i
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not memory.is_out_of_memory(exc):
                 raise
+            failure = memory.failure_line(exc)
         # out of the except block: the failed attempt's memory is freed with its frames
         ceiling.nbytes = nbytes
-        _LOG.info("ckptzip: a GPU batch of %d tensors (%d MiB) ran out of memory on %s; coding batches that "
-                  "large smaller from now on", len(tensors), nbytes >> 20, key.device)
+        _LOG.info("ckptzip: a GPU batch of %d tensors (%d MiB) ran out of memory on %s (%s); coding batches "
+                  "that large smaller from now on", len(tensors), nbytes >> 20, key.device, failure)
     return _smaller(tensors, key, policy, share, ceiling, sparse)
 
 
