@@ -254,6 +254,43 @@ def test_unaligned_and_unrelated_chunks_are_packed(config: dict) -> None:
 
 @pytest.mark.gpu
 @needs_nvcomp
+def test_launches_whose_scratch_would_not_fit_are_cut_and_stay_bit_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvCOMP's zstd asks scratch for every chunk of a launch (on an H200, 0.76 MiB a chunk to
+    decompress, 3 GiB for a 1 GiB batch): where that would not fit, a batch is coded in launches
+    of as many chunks as do, through one scratch buffer."""
+    codec = get_codec({"id": "zstd"}, "cuda")
+    lib = _nvcomp_lib.load()[0]
+    assert lib is not None
+    sizes = [1 << 16] * 40 + [4000]
+    chunks = _split(_bytes("float32", 41 << 16), sizes)
+    one = codec.scratch_bytes(1 << 16, decompress=True)
+    assert one > 0 and codec.scratch_bytes(1 << 16) > 0
+    # the auto preset's plane codec asks none, its LZ pass a little
+    assert get_codec({"id": "gdeflate", "algorithm_type": 0}, "cuda").scratch_bytes(1 << 16) == 0
+    assert get_codec({"id": "gdeflate", "algorithm_type": 1}, "cuda").scratch_bytes(1 << 16) < 1 << 20
+    launches: list[int] = []
+    real = type(lib).decompress
+
+    def counted(self: object, fmt: object, *args: int) -> None:
+        launches.append(args[4])  # the chunks of this launch
+        real(self, fmt, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(lib), "decompress", counted)
+    monkeypatch.setattr(gpu, "_SCRATCH_STEP", 0)  # allowed: a one-chunk launch's scratch, or a quarter of the room
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (0, 1 << 40))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    encoded = codec.encode(chunks)
+    decoded = codec.decode(encoded, sizes)
+    assert all(torch.equal(d, c) for d, c in zip(decoded, chunks))
+    assert len(launches) == len(sizes) and set(launches) == {1}
+    monkeypatch.setattr(gpu, "_SCRATCH_STEP", 128 << 20)
+    launches.clear()
+    assert all(torch.equal(d, c) for d, c in zip(codec.decode(encoded, sizes), chunks))
+    assert launches == [len(sizes)]
+
+
+@pytest.mark.gpu
+@needs_nvcomp
 def test_a_side_stream_codes_on_that_stream() -> None:
     codec = gpu.NvcompAnsCodec()
     data = _bytes("float32", 1 << 20)

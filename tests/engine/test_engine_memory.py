@@ -165,6 +165,29 @@ def test_save_and_load_work_with_the_gpu_filled_to_one_gib() -> None:
 
 @gpu
 @needs_cuda
+def test_a_codec_whose_scratch_does_not_fit_codes_on_the_host(caplog: pytest.LogCaptureFixture) -> None:
+    """nvCOMP's zstd (``portable`` on a GPU) asks about 1 GiB of scratch whatever it codes: with
+    less than that to be had, a save raised GpuMemoryError; its tensors are now coded on the host."""
+    from ckptzip.engine.policy import Policy
+
+    scratch = Policy.parse("portable").gpu_scratch_bytes()
+    assert scratch > 256 * MIB
+    state = _state(n=4)
+    filler = _fill(scratch // 2)
+    buf = io.BytesIO()
+    try:
+        with caplog.at_level(logging.INFO, logger="ckptzip"):
+            ckptzip.save(state, buf, codec="portable")
+        loaded = ckptzip.load(buf.getvalue())  # decoded on the GPU, in launches whose scratch fits
+    finally:
+        del filler
+    assert any("coding the tensors of cuda:0 on the host: codec portable needs" in r.getMessage()
+               for r in caplog.records)
+    assert_same(loaded, state)
+
+
+@gpu
+@needs_cuda
 def test_reserved_memory_does_not_grow_with_saves_and_loads() -> None:
     state = _state()
     buf = io.BytesIO()

@@ -36,6 +36,11 @@ class Codec(abc.ABC):
     def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Compress each chunk independently."""
 
+    def scratch_bytes(self, chunk_bytes: int, decompress: bool = False) -> int:
+        """Device memory coding needs beside its inputs and outputs, however few chunks of
+        ``chunk_bytes`` a call holds (a GPU's budget must hold it; none for most codecs)."""
+        return 0
+
     @abc.abstractmethod
     def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
         """Decompress each chunk; ``raw_sizes[i]`` is the exact decoded size of chunk ``i``."""

@@ -48,6 +48,12 @@ _NVCOMP_TYPE = {"|u1": 1, "<u2": 3, "<u4": 5, "<f2": 10, "<f4": 11}  # nvcompTyp
 _ANY_TYPE = 0xFF  # NVCOMP_TYPE_BITS: a decoder that reads the type from the stream
 _MIN_CHUNK_CAPACITY = 1 << 16
 _SLOT_ALIGN = 256  # output slots of encode_segments start at multiples of this
+# nvCOMP's scratch for one launch grows with its chunks for some formats (zstd, on an H200: 1.05 GiB
+# plus 0.38 MiB a chunk to compress, 0.76 MiB a chunk to decompress: 3 GiB for a 1 GiB batch of
+# 256 KiB chunks; gdeflate and ans ask none). A launch whose scratch would pass this, or a quarter
+# of the room torch can have on the device, is cut into launches that fit, one after another on the
+# stream through the same scratch.
+_SCRATCH_STEP = 128 << 20
 
 
 def _why_unavailable(cuda_available: bool, nvcomp_problem: str | None) -> str | None:
@@ -337,18 +343,48 @@ class _NvcompCodec(Codec):
         count = columns[0].size
         table = to_device(np.stack([c.astype(np.uint64, copy=False) for c in columns]).view(np.int64), device)
         results = torch.zeros(2 * count, dtype=torch.int64, device=device)
-        temp_bytes = lib.temp_bytes(self._format, decompress, count, max_chunk, total)
+        step, temp_bytes = self._launch_size(lib, device, decompress, count, max_chunk, total)
         temp = torch.empty(max(temp_bytes, 1), dtype=torch.uint8, device=device)
-        at = [table.data_ptr() + 8 * count * k for k in range(len(columns))]
-        sizes, statuses = results.data_ptr(), results.data_ptr() + 8 * count
         stream = torch.cuda.current_stream(device).cuda_stream
-        if decompress:
-            lib.decompress(self._format, at[0], at[1], at[2], sizes, count, temp.data_ptr(), temp_bytes, at[3],
-                           statuses, stream)
-        else:
-            lib.compress(self._format, at[0], at[1], max_chunk, count, temp.data_ptr(), temp_bytes, at[2], sizes,
-                         statuses, stream)
+        for first in range(0, count, step):  # each launch's columns and results start at its first chunk
+            n = min(step, count - first)
+            at = [table.data_ptr() + 8 * (count * k + first) for k in range(len(columns))]
+            sizes, statuses = results.data_ptr() + 8 * first, results.data_ptr() + 8 * (count + first)
+            if decompress:
+                lib.decompress(self._format, at[0], at[1], at[2], sizes, n, temp.data_ptr(), temp_bytes, at[3],
+                               statuses, stream)
+            else:
+                lib.compress(self._format, at[0], at[1], max_chunk, n, temp.data_ptr(), temp_bytes, at[2], sizes,
+                             statuses, stream)
         return results
+
+    def _launch_size(self, lib: _nvcomp_lib.Library, device: torch.device, decompress: bool, count: int,
+                     max_chunk: int, total: int) -> tuple[int, int]:
+        """How many of ``count`` chunks one launch codes, and the scratch it needs: all of them,
+        unless their scratch would pass :data:`_SCRATCH_STEP` beside one chunk's, and a quarter of
+        the room on ``device``; then as many as stay within that."""
+        temp = lib.temp_bytes(self._format, decompress, count, max_chunk, total)
+        if temp <= _SCRATCH_STEP:
+            return count, temp
+        free, _ = torch.cuda.mem_get_info(device)
+        room = int(free) + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        allowed = max(room // 4, self.scratch_bytes(max_chunk, decompress) + _SCRATCH_STEP)
+        if temp <= allowed:
+            return count, temp
+        low, high = 1, count  # scratch grows with the chunks: the most whose scratch is allowed
+        while low < high:
+            mid = (low + high + 1) // 2
+            if lib.temp_bytes(self._format, decompress, mid, max_chunk, mid * max_chunk) <= allowed:
+                low = mid
+            else:
+                high = mid - 1
+        return low, lib.temp_bytes(self._format, decompress, low, max_chunk, low * max_chunk)
+
+    def scratch_bytes(self, chunk_bytes: int, decompress: bool = False) -> int:
+        """GPU scratch nvCOMP asks for a launch of one chunk of ``chunk_bytes``: what coding with
+        this codec needs on the device beside its buffers, however few chunks a launch holds."""
+        capacity = self._capacity(chunk_bytes)
+        return _library(self.codec_id).temp_bytes(self._format, decompress, 1, capacity, capacity)
 
     def _capacity(self, largest: int) -> int:
         """The chunk capacity nvCOMP is configured with for chunks of up to ``largest`` bytes (a

@@ -64,6 +64,8 @@ class BatchKey:
 def _key(tensor: torch.Tensor, policy: Policy, limits: GpuLimits | None = None) -> BatchKey:
     backend = policy.backend(tensor.device)
     device = work_device(backend, tensor.device)
+    if backend == "cuda" and limits is not None and device in limits.host:
+        return BatchKey("cpu", torch.device("cpu"))
     if backend == "cuda" and limits is not None and not limits.fits(device, tensor):
         # more than a batch of the GPU's budget: in element ranges on it, or (small) on the host
         return BatchKey("cuda", device, True) if worth_parts(tensor) else BatchKey("cpu", torch.device("cpu"))
@@ -79,16 +81,27 @@ class GpuLimits:
     largest: dict[torch.device, int]
     budget: dict[torch.device, int]
     lanes: int = 1  # GPU batches coded at once
+    host: frozenset[torch.device] = frozenset()  # GPUs whose tensors are coded on the host
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor], policy: Policy, gpu_memory: int | None,
            batch_cap: int | None = None) -> GpuLimits:
+        """The limits of a save's GPUs: each budget less the scratch the policy's GPU codecs need
+        beside the batches; a GPU whose budget leaves less than half the minimum beside that
+        scratch codes on the host."""
         batch_cap = BATCH_BYTES["cuda"] if batch_cap is None else batch_cap
         devices = {key.device for key in (_key(t, policy) for t in tensors) if key.backend == "cuda"}
         budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
+        scratch = policy.gpu_scratch_bytes() if budgets else 0
+        host = frozenset(b.device for b in budgets if b.nbytes - scratch < memory.MIN_GPU_MEMORY // 2)
+        for device in sorted(host, key=str):
+            _LOG.info("ckptzip: coding the tensors of %s on the host: codec %s needs %d MiB of scratch there beside "
+                      "its batches, and %d MiB can be had", device, policy, scratch >> 20,
+                      next(b.nbytes for b in budgets if b.device == device) >> 20)
+        budgets = [memory.Budget(b.device, b.nbytes - scratch) for b in budgets if b.device not in host]
         return cls({b.device: b.batch_bytes(SAVE_WORKING_SETS, batch_cap) for b in budgets},
                    {b.device: b.nbytes // SAVE_WORKING_SETS for b in budgets},
-                   {b.device: b.nbytes for b in budgets}, lanes(budgets, batch_cap))
+                   {b.device: b.nbytes for b in budgets}, lanes(budgets, batch_cap), host)
 
     def fits(self, device: torch.device, tensor: torch.Tensor) -> bool:
         return tensor.numel() * tensor.element_size() <= self.largest.get(device, sys.maxsize)
