@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from .. import blocks
 from ..errors import CodecUnavailableError, CorruptCheckpointError, CorruptChunkError
 from ..uploads import to_device
 from . import _nvcomp_lib
@@ -305,7 +306,7 @@ class _NvcompCodec(Codec):
         capacity = self._capacity(int(sizes.max()))
         slot = -(-_slot_bytes(lib, self._format, capacity) // _SLOT_ALIGN) * _SLOT_ALIGN
         out_offsets = np.arange(sizes.size, dtype=np.int64) * slot
-        out = torch.zeros(slot * sizes.size, dtype=torch.uint8, device=device)
+        out = blocks.zeros(slot * sizes.size, device)
         results = self._launch(lib, device, False, [ins, sizes, _at(out, out_offsets)], capacity, int(sizes.sum()))
         compressed, statuses = _read(results, sizes.size)
         failed = np.flatnonzero(statuses)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import blocks
 from ..kernels import distinct
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
@@ -146,12 +147,15 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
     bases: list[torch.Tensor] = []
     streams = _StreamsBuilder()
     transforms: list[list[dict[str, Any]]] = [[] for _ in tensors]
-    for k in (2, 4, 8):
-        idx = np.flatnonzero(split & (itemsize == k))
-        if not idx.size:
-            continue
-        starts, strides, total = plane_layout(nbytes[idx], k)
-        planes = torch.empty(total, dtype=torch.uint8, device=device)
+    # one buffer holds every plane and every whole stream, in sections (one per item size, then
+    # the whole streams), each at a multiple of PLANE_ALIGN
+    layouts = [(k, idx, *plane_layout(nbytes[idx], k)) for k in (2, 4, 8)
+               if (idx := np.flatnonzero(split & (itemsize == k))).size]
+    whole = np.flatnonzero(~split & (nonzero < 0))
+    whole_offsets, whole_total = _aligned_layout(nbytes[whole])
+    sizes = [layout[4] for layout in layouts] + ([max(whole_total, 1)] if whole.size else [])
+    sections = list(blocks.empty(sum(sizes), device).split(sizes)) if sizes else []
+    for (k, idx, starts, strides, _), planes in zip(layouts, sections):
         checksums[to_device(idx, device)] = split_planes(
             [datas[i] for i in idx], k, planes, starts, strides, hist, idx)
         offsets = starts[:, None] + strides[:, None] * np.arange(k)[None, :]
@@ -163,10 +167,8 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
     if coded_sparse.size:
         checksums[to_device(coded_sparse, device)] = _sparse_streams(
             datas, coded_sparse, itemsize, nonzero, streams, bases, transforms)
-    whole = np.flatnonzero(~split & (nonzero < 0))
     if whole.size:
-        offsets, total = _aligned_layout(nbytes[whole])
-        buffer = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+        offsets, buffer = whole_offsets, sections[-1]
         nonempty = whole[nbytes[whole] > 0]
         sums = segment_sums([datas[i] for i in nonempty], np.arange(nonempty.size), np.zeros(nonempty.size, np.int64),
                             nbytes[nonempty], outs=[buffer], out_index=np.zeros(nonempty.size, np.int64),
@@ -344,7 +346,7 @@ def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[
     lengths_in_order = c_length[order]
     out_offsets = np.empty_like(c_length)
     out_offsets[order] = np.cumsum(lengths_in_order) - lengths_in_order
-    stored = torch.empty(int(c_length.sum()), dtype=torch.uint8, device=device)
+    stored = blocks.empty(int(c_length.sum()), device)
     digests = segment_sums(bases, c_base, c_offset, c_length, outs=[stored],
                            out_index=np.zeros(c_length.size, np.int64), out_offsets=out_offsets)
     records: list[list[StreamRecord]] = [[] for _ in tensors]

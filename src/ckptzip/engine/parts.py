@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import blocks
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
 from .encode import EncodedBatch, Part, StreamRecord, tensor_bytes
@@ -64,8 +65,10 @@ def encode_part(tensor: torch.Tensor, streams: int, stream: int, first: int, end
     """Code elements ``[first, end)`` of one stream of ``tensor`` (a batch of one tensor whose one
     stream is this range); the last part also carries the whole tensor's checksum."""
     data = tensor_bytes(tensor)
-    piece = (data.view(-1, streams)[first:end, stream].contiguous() if streams > 1 else data[first:end])
     size = end - first
+    piece = data[first:end]
+    if streams > 1:  # the range of one plane, gathered
+        piece = blocks.empty(size, data.device).copy_(data.view(-1, streams)[first:end, stream])
     cb = policy.chunk_bytes_for(codec_for(config, backend))
     raw_offsets = np.arange(0, size, cb, dtype=np.int64)
     raw_lengths = np.minimum(cb, size - raw_offsets)
@@ -74,7 +77,7 @@ def encode_part(tensor: torch.Tensor, streams: int, stream: int, first: int, end
     else:
         base, offsets, lengths = codec_for(config, backend).encode_segments(piece, raw_offsets, raw_lengths)
     out_offsets = np.cumsum(lengths) - lengths
-    stored = torch.empty(int(lengths.sum()), dtype=torch.uint8, device=data.device)
+    stored = blocks.empty(int(lengths.sum()), data.device)
     zeros = np.zeros(lengths.size, dtype=np.int64)
     digests = segment_sums([base], zeros, offsets, lengths, outs=[stored], out_index=zeros, out_offsets=out_offsets)
     checksum = (segment_sums([data], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([data.numel()]))

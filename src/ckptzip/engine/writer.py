@@ -18,7 +18,7 @@ import queue
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Generic, TypeVar
 
 import numpy as np
@@ -27,6 +27,7 @@ import torch
 from ..checksum import format_wsum64
 from ..codecs import codec_threads
 from ..errors import GpuMemoryError
+from .. import blocks
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry, digest_hexes
 from . import memory
 from .ahead import Task, run_ahead
@@ -47,6 +48,12 @@ SAVE_WORKING_SETS = 6
 # the device) where the budget holds a second batch's peak beside the others at the full batch
 # size of a save: never on a filled GPU, where two lanes make torch's allocator free and retry.
 TWO_LANE_WORKING_SETS = SAVE_WORKING_SETS + 3
+# With one lane, a batch's buffers are blocks of one size (ckptzip.blocks): its planes, up to two
+# codec outputs and its stored chunks, beside the two batches' stored chunks the pipeline holds:
+# six blocks, a batch and BLOCK_SLACK each (the planes' alignment), in a seventh of the budget
+# each, so no tensor larger than a batch is coded whole and no batch holds more.
+BLOCK_WORKING_SETS = SAVE_WORKING_SETS + 1
+BLOCK_SLACK = 2 << 20
 WRITEBACK_BYTES = 64 << 20
 T = TypeVar("T")
 _LOG = logging.getLogger("ckptzip")
@@ -82,6 +89,8 @@ class GpuLimits:
     budget: dict[torch.device, int]
     lanes: int = 1  # GPU batches coded at once
     host: frozenset[torch.device] = frozenset()  # GPUs whose tensors are coded on the host
+    # GPUs whose batches allocate their buffers in blocks of one size (:mod:`ckptzip.blocks`): that size
+    block: dict[torch.device, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor], policy: Policy, gpu_memory: int | None,
@@ -99,9 +108,15 @@ class GpuLimits:
                       "its batches, and %d MiB can be had", device, policy, scratch >> 20,
                       next(b.nbytes for b in budgets if b.device == device) >> 20)
         budgets = [memory.Budget(b.device, b.nbytes - scratch) for b in budgets if b.device not in host]
-        return cls({b.device: b.batch_bytes(SAVE_WORKING_SETS, batch_cap) for b in budgets},
-                   {b.device: b.nbytes // SAVE_WORKING_SETS for b in budgets},
-                   {b.device: b.nbytes for b in budgets}, lanes(budgets, batch_cap), host)
+        count = lanes(budgets, batch_cap)
+        # one lane on a GPU whose budget, not the batch size asked for, limits the batches: its
+        # batches' buffers in blocks of one size
+        tight = {b.device for b in budgets if count == 1 and b.nbytes // SAVE_WORKING_SETS < batch_cap}
+        batch = {b.device: b.batch_bytes(BLOCK_WORKING_SETS if b.device in tight else SAVE_WORKING_SETS, batch_cap)
+                 for b in budgets}
+        return cls(batch, {b.device: batch[b.device] if b.device in tight else b.nbytes // SAVE_WORKING_SETS
+                           for b in budgets},
+                   {b.device: b.nbytes for b in budgets}, count, host, {d: batch[d] + BLOCK_SLACK for d in tight})
 
     def fits(self, device: torch.device, tensor: torch.Tensor) -> bool:
         return tensor.numel() * tensor.element_size() <= self.largest.get(device, sys.maxsize)
@@ -128,21 +143,34 @@ def plan_batches(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits 
     a batch; the file holds batches in the order they fill."""
     keys = [_key(t, policy, limits) for t in tensors]
     gpu = None if limits is None else limits.batch
-    sizes = {key: Limit(fill=0 if key.parts else batch_bytes(key.device, BATCH_BYTES, gpu)) for key in set(keys)}
+    sizes = {key: _limit(key, batch_bytes(key.device, BATCH_BYTES, gpu), limits) for key in set(keys)}
     nbytes = [t.numel() * t.element_size() for t in tensors]
     return [(keys[idx[0]], idx) for idx in packed(range(len(tensors)), nbytes, keys, sizes)]
 
 
-def _in_ranges(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes: int
+def _limit(key: BatchKey, nbytes: int, limits: GpuLimits | None) -> Limit:
+    """Where a batch of ``key`` is cut: alone (ranges), within ``nbytes`` where its buffers are
+    blocks of one size, else once it holds ``nbytes``."""
+    if key.parts:
+        return Limit(fill=0)
+    if limits is not None and key.device in limits.block:
+        return Limit(within=nbytes)
+    return Limit(fill=nbytes)
+
+
+def _in_ranges(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes: int, block: int | None = None
                ) -> Iterator[tuple[list[int], EncodedBatch]]:
     """A lone tensor coded on its GPU in element ranges of about ``range_bytes`` (:mod:`.parts`),
-    one range at a time, in file order."""
+    one range at a time, in file order; its buffers in blocks of ``block`` bytes where given
+    (:func:`~ckptzip.blocks.uniform`)."""
     with _on(key.device):
         streams = plane_count(tensor, policy)
         configs = stream_codecs(tensor_bytes(tensor), tensor, streams, policy, key.backend)
         parts = ranges(tensor, streams, range_bytes)
         for n, (j, a, b) in enumerate(parts):
-            yield [0], encode_part(tensor, streams, j, a, b, configs[j], policy, key.backend, n == len(parts) - 1)
+            with blocks.uniform(block):
+                coded = encode_part(tensor, streams, j, a, b, configs[j], policy, key.backend, n == len(parts) - 1)
+            yield [0], coded
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -150,10 +178,11 @@ def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _ranges_of(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes: int) -> _Encoded:
+def _ranges_of(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes: int, block: int | None
+               ) -> _Encoded:
     """:func:`_in_ranges`: on a GPU lazily, each range coded as the caller's thread takes it (and
     off the GPU before the next); on the host (a pool thread's task) at once."""
-    coded = _in_ranges(tensor, key, policy, range_bytes)
+    coded = _in_ranges(tensor, key, policy, range_bytes, block)
     return coded if key.backend == "cuda" else list(coded)
 
 
@@ -170,17 +199,19 @@ _Encoded = Iterable[tuple[list[int], EncodedBatch]]
 
 
 def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int, ceiling: _Ceiling,
-            sparse: list[int | None]) -> _Encoded:
+            sparse: list[int | None], block: int | None = None) -> _Encoded:
     """Encode one batch: ``[(positions in the batch, encoded)]``, one part unless a GPU ran out of
-    memory (:func:`_smaller`). A CPU batch's codecs use ``share`` threads (:func:`batch_share`).
-    ``sparse``: the tensors' non-zero counts where they are coded sparse (:func:`encode_batch`)."""
+    memory (:func:`_smaller`, whose buffers are of their own sizes). A CPU batch's codecs use
+    ``share`` threads (:func:`batch_share`). ``sparse``: the tensors' non-zero counts where they
+    are coded sparse (:func:`encode_batch`). ``block``: a GPU batch's buffers in blocks of that
+    size (:func:`~ckptzip.blocks.uniform`)."""
     if key.backend != "cuda":
         with codec_threads(share):
             return [(list(range(len(tensors))), encode_batch([t.to("cpu") for t in tensors], policy, "cpu", sparse))]
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     if nbytes < ceiling.nbytes:
         try:
-            with _on(key.device):
+            with _on(key.device), blocks.uniform(block):
                 return [(list(range(len(tensors))),
                          encode_batch([t.to(key.device) for t in tensors], policy, "cuda", sparse))]
         except (torch.OutOfMemoryError, RuntimeError) as exc:
@@ -464,10 +495,12 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     # the caller's stream caches
     streams = {key.device: torch.cuda.current_stream(key.device) for key, _ in plan if key.backend == "cuda"}
     tasks = (
-        Task((key, idx), functools.partial(_ranges_of, tensors[idx[0]], key, policy, limits.batch[key.device])
+        Task((key, idx), functools.partial(_ranges_of, tensors[idx[0]], key, policy, limits.batch[key.device],
+                                           limits.block.get(key.device))
              if key.parts and limits else
              functools.partial(_on_stream, streams.get(key.device), _encode, [tensors[i] for i in idx], key, policy,
-                               share, ceiling, [counts[i] for i in idx]),
+                               share, ceiling, [counts[i] for i in idx],
+                               limits.block.get(key.device) if limits else None),
              inline=key.backend == "cuda")
         for key, idx in plan
     )
