@@ -24,10 +24,10 @@ from typing import Any, BinaryIO, Generic, TypeVar
 import numpy as np
 import torch
 
+from .. import blocks
 from ..checksum import format_wsum64
 from ..codecs import codec_threads
 from ..errors import GpuMemoryError
-from .. import blocks
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry, digest_hexes
 from . import memory
 from .ahead import Task, run_ahead
@@ -97,7 +97,9 @@ class GpuLimits:
            batch_cap: int | None = None) -> GpuLimits:
         """The limits of a save's GPUs: each budget less the scratch the policy's GPU codecs need
         beside the batches; a GPU whose budget leaves less than half the minimum beside that
-        scratch codes on the host."""
+        scratch codes on the host. Where one lane runs and the budget, not ``batch_cap``, limits
+        the batches, a batch is a seventh of the budget and holds no more, and its buffers are
+        blocks of one size (:data:`BLOCK_WORKING_SETS`)."""
         batch_cap = BATCH_BYTES["cuda"] if batch_cap is None else batch_cap
         devices = {key.device for key in (_key(t, policy) for t in tensors) if key.backend == "cuda"}
         budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
@@ -109,14 +111,12 @@ class GpuLimits:
                       next(b.nbytes for b in budgets if b.device == device) >> 20)
         budgets = [memory.Budget(b.device, b.nbytes - scratch) for b in budgets if b.device not in host]
         count = lanes(budgets, batch_cap)
-        # one lane on a GPU whose budget, not the batch size asked for, limits the batches: its
-        # batches' buffers in blocks of one size
         tight = {b.device for b in budgets if count == 1 and b.nbytes // SAVE_WORKING_SETS < batch_cap}
-        batch = {b.device: b.batch_bytes(BLOCK_WORKING_SETS if b.device in tight else SAVE_WORKING_SETS, batch_cap)
-                 for b in budgets}
-        return cls(batch, {b.device: batch[b.device] if b.device in tight else b.nbytes // SAVE_WORKING_SETS
-                           for b in budgets},
-                   {b.device: b.nbytes for b in budgets}, count, host, {d: batch[d] + BLOCK_SLACK for d in tight})
+        sets = {b.device: BLOCK_WORKING_SETS if b.device in tight else SAVE_WORKING_SETS for b in budgets}
+        batch = {b.device: b.batch_bytes(sets[b.device], batch_cap) for b in budgets}
+        largest = {b.device: batch[b.device] if b.device in tight else b.nbytes // SAVE_WORKING_SETS for b in budgets}
+        return cls(batch, largest, {b.device: b.nbytes for b in budgets}, count, host,
+                   {device: batch[device] + BLOCK_SLACK for device in tight})
 
     def fits(self, device: torch.device, tensor: torch.Tensor) -> bool:
         return tensor.numel() * tensor.element_size() <= self.largest.get(device, sys.maxsize)
