@@ -13,33 +13,27 @@ next one: the cache the save works in holds blocks of one size, never split.
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Iterator
 
 import torch
+
+from ._local import ThreadSetting
 
 __all__ = ["empty", "uniform", "zeros"]
 
 _SMALLEST = 1 << 20  # smaller buffers come from torch's pool of small blocks, which large ones never split
-_local = threading.local()
+_SIZE: ThreadSetting[int] = ThreadSetting()
 
 
-@contextlib.contextmanager
-def uniform(nbytes: int | None) -> Iterator[None]:
-    """On this thread, GPU buffers of :data:`_SMALLEST` to ``nbytes`` bytes are blocks of
-    ``nbytes`` (None: of their own size)."""
-    previous = getattr(_local, "nbytes", None)
-    _local.nbytes = nbytes
-    try:
-        yield
-    finally:
-        _local.nbytes = previous
+def uniform(nbytes: int | None) -> contextlib.AbstractContextManager[None]:
+    """Within: on this thread, GPU buffers of :data:`_SMALLEST` to ``nbytes`` bytes are blocks
+    of ``nbytes`` (None: of their own size)."""
+    return _SIZE.within(nbytes)
 
 
 def empty(nbytes: int, device: torch.device) -> torch.Tensor:
     """``nbytes`` of uninitialised uint8 on ``device``: a view of a block of the uniform size
     where one holds them."""
-    size = getattr(_local, "nbytes", None)
+    size = _SIZE.get()
     if size is None or device.type != "cuda" or not _SMALLEST <= nbytes <= size:
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
     return torch.empty(size, dtype=torch.uint8, device=device)[:nbytes]

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+from .._local import ThreadSetting
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 _POOL: ThreadPoolExecutor | None = None
 MIN_PARALLEL_BYTES = 1 << 20
-_SHARE = threading.local()
+_SHARE: ThreadSetting[int] = ThreadSetting()
 
 
 def cpu_threads() -> int:
@@ -27,22 +28,16 @@ def cpu_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-@contextlib.contextmanager
-def codec_threads(n: int) -> Iterator[None]:
+def codec_threads(n: int) -> contextlib.AbstractContextManager[None]:
     """Within: this thread's codec calls use at most ``n`` threads (where several batches are
     coded at once, each codec spawning threads for every core would oversubscribe them)."""
-    previous = getattr(_SHARE, "n", None)
-    _SHARE.n = n
-    try:
-        yield
-    finally:
-        _SHARE.n = previous
+    return _SHARE.within(n)
 
 
 def codec_thread_count() -> int:
     """Threads one codec call of this thread may use: its share (:func:`codec_threads`), else
     :func:`cpu_threads`."""
-    n: int | None = getattr(_SHARE, "n", None)
+    n = _SHARE.get()
     return cpu_threads() if n is None else n
 
 
