@@ -194,7 +194,7 @@ def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.nda
     ends = np.r_[offsets[1:], total]
     pieces = [x for p, a, b in zip((p for ps in parts for p in ps), offsets + sizes, ends) for x in (p, pad[: b - a])]
     streams.add(np.repeat(idx, [len(ps) for ps in parts]), len(bases), offsets, sizes, SPARSE)
-    bases.append(torch.cat(pieces))
+    bases.append(torch.cat(pieces, out=blocks.empty(total, datas[0].device)))
     for t, i in zip(coded, idx.tolist()):
         transforms[i] = [t.get_config()]
     return segment_sums([datas[i] for i in idx], np.arange(idx.size), np.zeros(idx.size, np.int64),
