@@ -194,7 +194,8 @@ class _Count(logging.Handler):
         message = record.getMessage()
         if "ran out of memory" in message:
             self.count += 1
-            self.reasons[message.partition("(")[2].rpartition(")")[0]] += 1
+            # "... ran out of memory on cuda:0 (<the failure>); coding batches ..."
+            self.reasons[message.partition(" ran out of memory on ")[2].partition(" (")[2].rpartition("); ")[0]] += 1
 
 
 def part_filled(args: argparse.Namespace) -> None:

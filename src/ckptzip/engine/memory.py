@@ -97,6 +97,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def failure_line(exc: BaseException) -> str:
-    """An allocation failure in one line: its type and the first line of its message."""
+    """An allocation failure in one line: the first line of its message (its type, where it has none)."""
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return lines[0] if lines else type(exc).__name__

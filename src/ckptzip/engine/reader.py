@@ -457,7 +457,7 @@ def _read_retrying(reader: ContainerReader, entries: list[TensorEntry], devices:
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not memory.is_out_of_memory(exc):
                 raise
-            failures.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            failures.append(memory.failure_line(exc))
         # out of the except block: the failed attempt's buffers are freed with its frames
         gc.collect()  # and with any cycle that holds them (a worker's future, the uploader's queue)
     failure = failures[0] + (f"; at last: {failures[-1]}" if failures[-1] != failures[0] else "")

@@ -105,10 +105,10 @@ class GpuLimits:
         budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
         scratch = policy.gpu_scratch_bytes() if budgets else 0
         host = frozenset(b.device for b in budgets if b.nbytes - scratch < memory.MIN_GPU_MEMORY // 2)
-        for device in sorted(host, key=str):
-            _LOG.info("ckptzip: coding the tensors of %s on the host: codec %s needs %d MiB of scratch there beside "
-                      "its batches, and %d MiB can be had", device, policy, scratch >> 20,
-                      next(b.nbytes for b in budgets if b.device == device) >> 20)
+        for b in budgets:
+            if b.device in host:
+                _LOG.info("ckptzip: coding the tensors of %s on the host: codec %s needs %d MiB of scratch there "
+                          "beside its batches, and %d MiB can be had", b.device, policy, scratch >> 20, b.nbytes >> 20)
         budgets = [memory.Budget(b.device, b.nbytes - scratch) for b in budgets if b.device not in host]
         count = lanes(budgets, batch_cap)
         tight = {b.device for b in budgets if count == 1 and b.nbytes // SAVE_WORKING_SETS < batch_cap}
@@ -577,7 +577,7 @@ def _out_of_memory_named(what: str, limits: GpuLimits) -> Iterator[None]:
             raise
         have = ", ".join(f"{memory.available(d) >> 20} MiB on {d} (budget {n >> 20} MiB)"
                          for d, n in limits.budget.items()) or "no GPU budget"
-        raise GpuMemoryError(f"{what} ran out of GPU memory ({str(exc).splitlines()[0]}); {have} can be had "
+        raise GpuMemoryError(f"{what} ran out of GPU memory ({memory.failure_line(exc)}); {have} can be had "
                              "now. Nothing was written in place of the previous checkpoint. Free GPU memory, "
                              "or pass a smaller gpu_memory") from exc
 
