@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: demo test install
+.PHONY: demo test install kernels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,3 +28,8 @@ test: install
 	$(BIN)/python -m pytest -q
 	# the engine again, its Triton kernels run by Triton's interpreter on the CPU
 	$(if $(wildcard $(VENV)/lib/python*/site-packages/triton),TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/engine/test_engine.py tests/kernels/test_parts_sum.py)
+
+# The GPU kernels compiled ahead of time for the GPUs in ckptzip/kernels/_build.py's ARCHS (Triton's
+# compiler, no GPU needed): run after changing a Triton kernel; a test fails until then.
+kernels: install
+	$(BIN)/python -m ckptzip.kernels._build

@@ -406,7 +406,8 @@ first_save, _ = timed(lambda: ckptzip.save(state, D()))
 later_save = min(timed(lambda: ckptzip.save(state, D()))[0] for _ in range(3))
 buf = io.BytesIO(); ckptzip.save(state, buf); data = buf.getvalue()
 open(sys.argv[3], "wb").write(data)
-print(json.dumps({"first_save": round(first_save, 3), "later_save": round(later_save, 3), "cuda_init": round(init, 3)}))
+print(json.dumps({"first_save": round(first_save, 3), "later_save": round(later_save, 3), "cuda_init": round(init, 3),
+                  "triton_imported": "triton" in sys.modules}))
 """
 
 _FRESH_LOAD = r"""
@@ -421,14 +422,20 @@ def timed(f):
     torch.cuda.synchronize(); t = time.perf_counter(); r = f(); torch.cuda.synchronize(); return time.perf_counter() - t, r
 first, _ = timed(lambda: ckptzip.load(data))
 later = min(timed(lambda: ckptzip.load(data))[0] for _ in range(3))
-print(json.dumps({"first_load": round(first, 3), "later_load": round(later, 3)}))
+print(json.dumps({"first_load": round(first, 3), "later_load": round(later, 3),
+                  "load_triton_imported": "triton" in sys.modules}))
 """
 
 
 def part_fresh(args: argparse.Namespace) -> None:
-    for mode in ("cold", "warmup"):
+    """A new node: empty Triton and ckptzip caches; ``cold`` with the kernels ckptzip ships
+    compiled, ``cold-jit`` with Triton compiling them (``CKPTZIP_AOT_KERNELS=0``), ``warmup``
+    with ``ckptzip.warmup()`` at job start."""
+    for mode in ("cold", "cold-jit", "warmup"):
         with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as files:
-            env = dict(os.environ, TRITON_CACHE_DIR=cache)
+            env = dict(os.environ, TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+                       CKPTZIP_CACHE_DIR=os.path.join(cache, "ckptzip"),
+                       CKPTZIP_AOT_KERNELS="0" if mode == "cold-jit" else "1")
             path = os.path.join(files, "s.ckz")
             saved = subprocess.run([sys.executable, "-c", _FRESH, mode, str(args.job_start_s), path], env=env,
                                    capture_output=True, text=True, timeout=300)
@@ -437,7 +444,8 @@ def part_fresh(args: argparse.Namespace) -> None:
                        else {"error": saved.stderr[-500:]})
             with tempfile.TemporaryDirectory() as cache2:  # the restore of a failed job: a new node again
                 loaded = subprocess.run([sys.executable, "-c", _FRESH_LOAD, path, mode],
-                                        env=dict(os.environ, TRITON_CACHE_DIR=cache2),
+                                        env=dict(env, TRITON_CACHE_DIR=os.path.join(cache2, "triton"),
+                                                 CKPTZIP_CACHE_DIR=os.path.join(cache2, "ckptzip")),
                                         capture_output=True, text=True, timeout=300)
             row.update(json.loads(loaded.stdout.strip().splitlines()[-1]) if loaded.returncode == 0
                        else {"load_error": loaded.stderr[-500:]})

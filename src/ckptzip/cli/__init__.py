@@ -318,8 +318,11 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     start = time.perf_counter()
     compile_kernels(device, policy)
+    from ..kernels import _aot
+
+    where = "shipped compiled" if _aot.covers(device) else "kept in Triton's kernel cache"
     emit(f"GPU kernels for codec={args.codec!r}: ready on {device} ({torch.cuda.get_device_name(device)}) in "
-         f"{time.perf_counter() - start:.1f} s, kept in Triton's kernel cache")
+         f"{time.perf_counter() - start:.1f} s, {where}")
     return 0
 
 

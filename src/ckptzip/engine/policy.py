@@ -109,7 +109,7 @@ class Policy:
             return "cpu"
         elif not has_codec(self.name if not self.is_preset else _PRESET_CODECS[(self.name, "cuda")]["id"], "cuda"):
             return "cpu"
-        prepare_triton()
+        prepare_triton(device)
         return "cuda"
 
     def splits(self, itemsize: np.ndarray, nbytes: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,9 +24,10 @@ import numpy as np
 import torch
 
 from ..codecs._threads import MIN_PARALLEL_BYTES, codec_thread_count
+from . import _aot
 
 __all__ = ["COMPILED", "CPU_PIECE_BYTES", "INTERPRET", "THREAD_SAFE", "compiled_threads", "distinct", "load_triton",
-           "pieces", "prepare_triton", "remember_triton_key", "use_triton"]
+           "pieces", "prepare_triton", "remember_triton_key", "run_gpu", "use_triton"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Triton's interpreter keeps global state: under it, batches run on one thread.
@@ -68,14 +70,23 @@ def load_triton(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{name}")
 
 
-def prepare_triton() -> None:
-    """Where a GPU path begins: import the Triton kernels and give Triton its once-per-process
-    cache key (remembered across processes, :mod:`._triton_key`; else Triton's hash of its own
-    compiler, 0.5-1.4 s) on a background thread, once, while the caller plans its work (pure host
-    work, no CUDA call); the first launch waits for it."""
+def run_gpu(module: str, kernel: str, grid: int, device: torch.device, args: Sequence[torch.Tensor | int],
+            constants: Mapping[str, object]) -> None:
+    """Launch ``kernel`` of the Triton module ``module`` over ``grid`` programs on ``device``: its
+    code shipped compiled (:mod:`._aot`) where there is one for this GPU, else Triton's."""
+    if not _aot.launch(kernel, grid, device, args, constants):
+        getattr(load_triton(module), kernel)[(grid,)](*args, **constants)
+
+
+def prepare_triton(device: torch.device) -> None:
+    """Where a GPU path on ``device`` begins, unless its kernels are shipped compiled: import the
+    Triton kernels and give Triton its once-per-process cache key (remembered across processes,
+    :mod:`._triton_key`; else Triton's hash of its own compiler, 0.5-1.4 s) on a background
+    thread, once, while the caller plans its work (pure host work, no CUDA call); the first
+    launch waits for it."""
     global _prepared
     with _PREPARING:
-        if _prepared or INTERPRET or not use_triton(torch.device("cuda")):
+        if _prepared or INTERPRET or not use_triton(device) or _aot.covers(device):
             return
         _prepared = True
     threading.Thread(target=_prepare, name="ckptzip-triton-key", daemon=True).start()

@@ -23,7 +23,7 @@ import torch
 from ..checksum import wsum64_array
 from ..errors import CorruptCheckpointError
 from ..uploads import to_device
-from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, load_triton, pieces, use_triton
+from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, pieces, run_gpu, use_triton
 
 ELEMENTS_PER_BLOCK = 4096  # elements a program handles at once
 # Few programs, so the address tables the host builds stay small (two under Triton's interpreter,
@@ -31,7 +31,7 @@ ELEMENTS_PER_BLOCK = 4096  # elements a program handles at once
 BLOCKS_PER_PROGRAM = 2 if INTERPRET else 16
 ELEMENTS_PER_PROGRAM = ELEMENTS_PER_BLOCK * BLOCKS_PER_PROGRAM
 PLANE_ALIGN = 256  # bytes: plane starts in a planes buffer, so nvCOMP reads and writes them in place
-_SAMPLE_EVERY = 16  # programs whose bytes are counted into the plane histograms (GPU)
+SAMPLE_EVERY = 16  # programs whose bytes are counted into the plane histograms (GPU)
 _SAMPLE_ELEMENTS = 1 << 13  # elements sampled per tensor (CPU)
 _CPU_BLOCK = 1 << 16  # elements per step of the NumPy split/merge: its planes' slices stay in cache
 MAX_ITEMSIZE = 8
@@ -64,8 +64,8 @@ def _table(rows: list[np.ndarray], count: int) -> np.ndarray:
     return table
 
 
-def _launch(kernel: Any, device: torch.device, rows: list[np.ndarray], owner: np.ndarray, count: int,
-            *args: object, **meta: object) -> torch.Tensor:
+def _launch(kernel: str, device: torch.device, rows: list[np.ndarray], owner: np.ndarray, count: int,
+            *args: torch.Tensor, **meta: object) -> torch.Tensor:
     """Launch ``kernel`` over a table of one row per program (columns 0-3, then plane addresses);
     return the per-tensor sums of the programs' partial checksums."""
     table = _table(rows, owner.size)
@@ -73,7 +73,8 @@ def _launch(kernel: Any, device: torch.device, rows: list[np.ndarray], owner: np
     if owner.size:
         table_dev = to_device(table.reshape(-1), device)
         partial = torch.empty(owner.size, dtype=torch.int64, device=device)
-        kernel[(owner.size,)](table_dev, partial, *args, E=ELEMENTS_PER_BLOCK, ITERS=BLOCKS_PER_PROGRAM, **meta)
+        run_gpu("_planes_triton", kernel, owner.size, device, (table_dev, partial, *args),
+                {"E": ELEMENTS_PER_BLOCK, "ITERS": BLOCKS_PER_PROGRAM, **meta})
         sums.index_add_(0, to_device(owner, device), partial)
     return sums
 
@@ -117,8 +118,7 @@ def split_planes(datas: Sequence[torch.Tensor], itemsize: int, planes: torch.Ten
         return _run_compiled(COMPILED.split, src, elements, plane_ptrs, itemsize)
     owner, first = _programs(elements)
     rows = [src[owner], elements[owner], first, hist_rows.astype(np.int64)[owner], plane_ptrs[owner]]
-    return _launch(load_triton("_planes_triton").split_kernel, device, rows, owner, len(datas), hist, K=itemsize,
-                   SAMPLE_EVERY=_SAMPLE_EVERY)
+    return _launch("split_kernel", device, rows, owner, len(datas), hist, K=itemsize, SAMPLE_EVERY=SAMPLE_EVERY)
 
 
 def merge_planes(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[torch.Tensor],
@@ -145,7 +145,7 @@ def merge_planes(outs: Sequence[torch.Tensor], itemsize: int, bases: Sequence[to
     owner, first = _programs(elements)
     dst, plane_ptrs = _numbered_from(e0, itemsize, dst, plane_ptrs)
     rows = [dst[owner], (elements + e0)[owner], first + e0[owner], np.zeros_like(owner), plane_ptrs[owner]]
-    return _launch(load_triton("_planes_triton").merge_kernel, device, rows, owner, len(outs), K=itemsize)
+    return _launch("merge_kernel", device, rows, owner, len(outs), K=itemsize)
 
 
 def _each_element_row(tensors: Sequence[torch.Tensor], itemsize: int,

@@ -17,7 +17,7 @@ import torch
 from ..checksum import wsum64_array
 from ..errors import CorruptCheckpointError
 from ..uploads import to_device
-from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, load_triton, pieces, use_triton
+from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, pieces, run_gpu, use_triton
 
 BLOCK = 8192  # bytes a program handles at once
 # Blocks per program: few programs, so the address tables the host builds stay small (two under
@@ -25,6 +25,7 @@ BLOCK = 8192  # bytes a program handles at once
 ITERS = 2 if INTERPRET else 8
 SPAN = BLOCK * ITERS  # bytes per program
 WORD_ALIGN = 16  # segments at such addresses, of such lengths, take the word-wise kernel
+GATHER_BLOCK = 1024  # bytes a program of the byte gather handles
 
 def gather_bytes(bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
     """``bases[base_index[i]][offsets[i]]`` for every i (1-D uint8 tensors on one device): one
@@ -43,8 +44,8 @@ def gather_bytes(bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets:
     if len(offsets):
         base_ptrs = np.array([b.data_ptr() for b in bases], dtype=np.int64)
         addresses = to_device(base_ptrs[base_index.astype(np.int64)] + offsets.astype(np.int64), device)
-        block = 1024
-        load_triton("_segments_triton").gather_bytes_kernel[(-(-len(offsets) // block),)](addresses, out, len(offsets), BLOCK=block)
+        run_gpu("_segments_triton", "gather_bytes_kernel", -(-len(offsets) // GATHER_BLOCK), device,
+                (addresses, out, len(offsets)), {"BLOCK": GATHER_BLOCK})
     return out
 
 
@@ -105,13 +106,12 @@ def segment_sums(
     aligned = (src % WORD_ALIGN == 0) & (dst % WORD_ALIGN == 0) & (lengths % WORD_ALIGN == 0)
     fast = aligned[owner]
     partial = torch.empty(owner.size, dtype=torch.int64, device=device)
-    kernels = load_triton("_segments_triton")
-    for kernel, rows in ((kernels.segments_words_kernel, np.flatnonzero(fast)),
-                         (kernels.segments_kernel, np.flatnonzero(~fast))):
+    for kernel, rows in (("segments_words_kernel", np.flatnonzero(fast)), ("segments_kernel", np.flatnonzero(~fast))):
         if rows.size:
             table_dev = to_device(table[rows].reshape(-1), device)
             part = torch.empty(rows.size, dtype=torch.int64, device=device)
-            kernel[(rows.size,)](table_dev, part, BLOCK=BLOCK, ITERS=ITERS, GATHER=bool(outs))
+            run_gpu("_segments_triton", kernel, rows.size, device, (table_dev, part),
+                    {"BLOCK": BLOCK, "ITERS": ITERS, "GATHER": bool(outs)})
             partial[to_device(rows, device)] = part
     sums.index_add_(0, to_device(owner, device), partial)
     return sums
