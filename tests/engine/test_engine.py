@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import logging
 import re
 
 import numpy as np
@@ -431,6 +432,44 @@ def test_a_plane_a_trial_coded_whole_is_stored_as_the_trial_coded_it(monkeypatch
     damaged[chunk.offset + chunk.length // 2] ^= 1
     with pytest.raises(ckptzip.CorruptCheckpointError, match=r"tensor 'w' stream 3 chunk 0 .* is damaged"):
         ckptzip.load(bytes(damaged))
+
+
+def test_a_range_that_runs_out_of_memory_is_coded_in_quarters_and_the_file_is_the_same(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # ranges of 64 KiB a plane (engine/parts.py, run on the CPU); plane 1's fail with an allocation error
+    from ckptzip.engine import parts as engine_parts
+
+    state = {"w": torch.randn(1 << 16, generator=torch.Generator().manual_seed(9)) * 0.02}
+    code_large_tensors_in_ranges(monkeypatch)
+    expected = io.BytesIO()
+    ckptzip.save(state, expected)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(engine_writer.GpuLimits, "of", classmethod(
+        lambda cls, *a, **k: cls({cpu: 1 << 16}, {cpu: 0}, {cpu: 96 << 16})))
+    real = engine_parts.encode_part
+    tried: list[tuple[int, int]] = []
+
+    def scarce(tensor: torch.Tensor, streams: int, stream: int, first: int, end: int, *rest: object) -> object:
+        tried.append((stream, end - first))
+        if stream == 1 and end - first > engine_parts.RANGE_ALIGN:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 KiB\nmore")
+        return real(tensor, streams, stream, first, end, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_writer, "encode_part", scarce)
+    buf = io.BytesIO()
+    with caplog.at_level(logging.INFO, logger="ckptzip"):
+        ckptzip.save(state, buf)
+    assert tried == [(0, 1 << 16), (1, 1 << 16), (1, 1 << 14), (1, 1 << 14), (1, 1 << 14), (1, 1 << 14),
+                     (2, 1 << 16), (3, 1 << 16)]
+    [failure] = [r.getMessage() for r in caplog.records if "ran out of memory" in r.getMessage()]
+    assert "a range of 0 MiB of a 0 MiB tensor ran out of memory on cpu (CUDA out of memory. Tried to allocate " \
+           "64.00 KiB); coding it in quarters" in failure
+    assert_same(ckptzip.load(buf.getvalue()), state)
+    with ckptzip.open(buf.getvalue()) as reader, ckptzip.open(expected.getvalue()) as before:
+        [entry], [whole] = list(reader.entries()), list(before.entries())
+    assert [s.nbytes for s in entry.streams] == [s.nbytes for s in whole.streams] == [1 << 16] * 4
+    assert [c.raw_length for c in entry.streams[1].chunks] == [1 << 14] * 4
+    assert entry.checksum == whole.checksum
 
 
 def test_a_tensor_coded_in_ranges_loads_bit_exactly_with_each_stream_back_to_back(

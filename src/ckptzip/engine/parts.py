@@ -45,6 +45,16 @@ def ranges(tensor: torch.Tensor, streams: int, range_bytes: int) -> list[tuple[i
     return [(j, a, b) for j in range(streams) for a, b in itertools.pairwise(cuts)]
 
 
+def quarters(part: tuple[int, int, int]) -> list[tuple[int, int, int]]:
+    """A part cut in about four (at multiples of RANGE_ALIGN): what is tried after it ran out of
+    GPU memory; none when it is one RANGE_ALIGN or less."""
+    j, first, end = part
+    if end - first <= RANGE_ALIGN:
+        return []
+    step = max(RANGE_ALIGN, (end - first) // 4 // RANGE_ALIGN * RANGE_ALIGN)
+    return [(j, a, b) for a, b in itertools.pairwise([*range(first, end, step), end])]
+
+
 def stream_codecs(data: torch.Tensor, tensor: torch.Tensor, streams: int, policy: Policy, backend: str
                   ) -> list[dict[str, Any]]:
     """Each stream's codec, chosen from a sample of the tensor as a whole-tensor batch chooses

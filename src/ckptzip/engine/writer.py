@@ -32,7 +32,7 @@ from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEnt
 from . import memory
 from .ahead import Task, run_ahead
 from .encode import EncodedBatch, Part, encode_batch, tensor_bytes
-from .parts import encode_part, plane_count, ranges, stream_codecs, worth_parts
+from .parts import encode_part, plane_count, quarters, ranges, stream_codecs, worth_parts
 from .plan import Limit, batch_bytes, packed, work_device
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
@@ -162,15 +162,32 @@ def _in_ranges(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes:
                ) -> Iterator[tuple[list[int], EncodedBatch]]:
     """A lone tensor coded on its GPU in element ranges of about ``range_bytes`` (:mod:`.parts`),
     one range at a time, in file order; its buffers in blocks of ``block`` bytes where given
-    (:func:`~ckptzip.blocks.uniform`)."""
+    (:func:`~ckptzip.blocks.uniform`). A range that runs out of memory is coded in quarters
+    (:func:`~.parts.quarters`), in buffers of their own sizes, down to the smallest range."""
     with _on(key.device):
         streams = plane_count(tensor, policy)
         configs = stream_codecs(tensor_bytes(tensor), tensor, streams, policy, key.backend)
-        parts = ranges(tensor, streams, range_bytes)
-        for n, (j, a, b) in enumerate(parts):
-            with blocks.uniform(block):
-                coded = encode_part(tensor, streams, j, a, b, configs[j], policy, key.backend, n == len(parts) - 1)
-            yield [0], coded
+        todo = ranges(tensor, streams, range_bytes)[::-1]  # a stack: the next range last
+        final = todo[0]
+        while todo:
+            part = todo.pop()
+            j, a, b = part
+            try:
+                with blocks.uniform(block):
+                    coded = encode_part(tensor, streams, j, a, b, configs[j], policy, key.backend,
+                                        (j, b) == (final[0], final[2]))
+            except (torch.OutOfMemoryError, RuntimeError) as exc:
+                if not memory.is_out_of_memory(exc) or not quarters(part):
+                    raise
+                failure = memory.failure_line(exc)
+            else:
+                yield [0], coded
+                continue
+            # out of the except block: the failed attempt's memory is freed with its frames
+            _LOG.info("ckptzip: a range of %d MiB of a %d MiB tensor ran out of memory on %s (%s); coding it in "
+                      "quarters", (b - a) >> 20, tensor.nbytes >> 20, key.device, failure)
+            block = None
+            todo.extend(quarters(part)[::-1])
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
