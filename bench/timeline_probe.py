@@ -27,11 +27,12 @@ import ckptzip
 from ckptzip import api
 from ckptzip.codecs import nvcomp
 from ckptzip.engine import decode, encode, reader, staging, writer
+from ckptzip.engine.policy import Policy
 from ckptzip.format import index
 from ckptzip.manager import _snapshot
 from ckptzip.format import writer as container
 from ckptzip_bench.pipeline import DiscardSink
-from engine_probe import synthetic_state
+from engine_probe import nbytes, synthetic_state
 
 _local = threading.local()
 _totals: dict[tuple[str, str], float] = collections.defaultdict(float)
@@ -134,7 +135,23 @@ def measure(label: str, call: Callable[[], Any], reps: int) -> dict[str, Any]:
     return report(label, runs, walls)
 
 
-def _save(state: dict[str, torch.Tensor], preset: str) -> None:
+def profiled(call: Callable[[], Any]) -> None:
+    """Print where one more call's GPU time goes (torch.profiler), and how busy the GPU was."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e6
+    print(f"profiled: wall {wall:.3f} s (with the profiler), GPU busy {busy:.3f} s (kernels and copies, summed)")
+    print(events.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=60))
+
+
+def _save(state: dict[str, torch.Tensor], preset: str | Policy) -> None:
     ckptzip.save(state, DiscardSink(), codec=preset)
 
 
@@ -185,6 +202,9 @@ def main() -> None:
     ap.add_argument("--host-gib", type=float, help="also: host snapshots of a 7B-like state this large")
     ap.add_argument("--host-free", type=float, default=3.0, help="GiB of GPU memory left free for them")
     ap.add_argument("--host-saves", type=int, default=4)
+    ap.add_argument("--free", type=float, help="saves only, with the GPU filled to leave this many GiB free")
+    ap.add_argument("--chunk-kib", type=int, help="stored chunk size of every stream (default: each codec's)")
+    ap.add_argument("--profile", action="store_true", help="also: torch.profiler's table of one more save")
     ap.add_argument("--json")
     args = ap.parse_args()
     install()
@@ -198,11 +218,25 @@ def main() -> None:
         torch.cuda.empty_cache()
     presets = [p for p in args.presets.split(",") if p]
     state = synthetic_state(args.gb, args.layers) if presets else {}
-    for preset in presets:
-        out[f"{preset} save"] = measure(f"{preset} save", functools.partial(_save, state, preset), args.reps)
+    filler = None
+    if args.free is not None:
+        from training_job import fill_gpu
+
+        filler = fill_gpu(int(args.free * (1 << 30)))
+    for name in presets:
+        preset = Policy(name, args.chunk_kib << 10) if args.chunk_kib else name
+        out[f"{name} save"] = measure(f"{name} save", functools.partial(_save, state, preset), args.reps)
+        sink = DiscardSink()
+        ckptzip.save(state, sink, codec=preset)
+        out[f"{name} save"]["ratio"] = round(nbytes(state) / sink.nbytes, 5)
+        print(f"  ratio {out[f'{name} save']['ratio']}")
+        if args.profile:
+            profiled(functools.partial(_save, state, preset))
+        if filler is not None:
+            continue
         blob = io.BytesIO()
         ckptzip.save(state, blob, codec=preset)
-        out[f"{preset} load"] = measure(f"{preset} load", functools.partial(_load, blob.getvalue()), args.reps)
+        out[f"{name} load"] = measure(f"{name} load", functools.partial(_load, blob.getvalue()), args.reps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
