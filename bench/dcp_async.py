@@ -20,7 +20,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptzip.dcp import CompressedStorageReader, CompressedStorageWriter
-from training_job import fill_gpu
+from ckptzip_bench.training_job import fill_gpu
 
 
 def flat_state(gib: float) -> dict[str, torch.Tensor]:

@@ -39,7 +39,7 @@ from ckptzip_bench.pipeline import DiscardSink, first_call, timed
 from ckptzip.tree import flatten
 from engine_probe import synthetic_state
 from golden_state import golden_state
-from training_job import Memory
+from ckptzip_bench.training_job import Memory
 
 GIB = 1 << 30
 

@@ -24,7 +24,7 @@ import torch
 
 import ckptzip
 from ckptzip.engine import memory
-from training_job import fill_gpu
+from ckptzip_bench.training_job import fill_gpu
 
 MIB = 1 << 20
 

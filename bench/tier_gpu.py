@@ -42,7 +42,7 @@ from ckptzip.engine.policy import Policy
 from ckptzip.engine.sources import DeltaBase
 from ckptzip.format import BaseRef
 from ckptzip.manager import CheckpointManager
-from training_job import RESULTS, Memory, blocked_save, report, same
+from ckptzip_bench.training_job import RESULTS, Memory, blocked_save, report, same
 
 
 def _tier_bytes(path: Path) -> int:
@@ -52,7 +52,7 @@ def _tier_bytes(path: Path) -> int:
 _SAVE = r"""
 import json, os, sys, time, torch
 sys.path.insert(0, sys.argv[4])
-from training_job import blocked_save, clone_seconds, llama_like_state, nbytes
+from ckptzip_bench.training_job import blocked_save, clone_seconds, llama_like_state, nbytes
 from ckptzip.demo.training import Transformer, get_preset, load_corpus
 from ckptzip.manager import CheckpointManager, MemoryTier
 state = llama_like_state(float(sys.argv[3]))
@@ -72,7 +72,7 @@ _RESTORE = r"""
 import json, os, sys, time, torch
 sys.path.insert(0, sys.argv[4])
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()
-from training_job import llama_like_state, same
+from ckptzip_bench.training_job import llama_like_state, same
 from ckptzip.demo.training import Transformer, get_preset, load_corpus
 from ckptzip.manager import CheckpointManager, MemoryTier
 manager = CheckpointManager(sys.argv[1], memory_tier=MemoryTier(keep=1, persist_every=1000, path=sys.argv[2]))

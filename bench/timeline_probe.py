@@ -162,7 +162,8 @@ def _load(data: bytes) -> None:
 def host_snapshots(gib: float, free: float, saves: int, wait_s: float) -> list[dict[str, Any]]:
     """Host snapshots of a ``gib`` GiB 7B-like state with ``free`` GiB of GPU memory left:
     ``prepare`` first, then ``saves`` saves; per save the seconds it blocked and its stages."""
-    from training_job import fill_gpu, llama_like_state, written
+    from ckptzip_bench.discard import written
+    from ckptzip_bench.training_job import fill_gpu, llama_like_state
 
     state = llama_like_state(gib)
     filler = fill_gpu(int(free * (1 << 30)))
@@ -220,7 +221,7 @@ def main() -> None:
     state = synthetic_state(args.gb, args.layers) if presets else {}
     filler = None
     if args.free is not None:
-        from training_job import fill_gpu
+        from ckptzip_bench.training_job import fill_gpu
 
         filler = fill_gpu(int(args.free * (1 << 30)))
     for name in presets:

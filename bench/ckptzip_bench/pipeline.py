@@ -40,7 +40,8 @@ class DiscardSink(io.RawIOBase):
         return n
 
 
-def _discard() -> BinaryIO:
+def discard_sink() -> BinaryIO:
+    """A :class:`DiscardSink`, typed as the binary file it is."""
     return cast(BinaryIO, DiscardSink())  # a RawIOBase is a binary file object; typeshed says otherwise
 
 
@@ -79,8 +80,8 @@ def measure_pipeline(method: Baseline, state: Any, device: torch.device, reps: i
     ``reps`` times each after a first call reported apart. If the first load is not bit-exact the
     record is only ``{"mismatch": first differing path}``."""
     save, load = _stream(method)
-    first_save, _ = first_call(lambda: save(state, _discard()), device)
-    saves = timed(lambda: save(state, _discard()), reps, device)
+    first_save, _ = first_call(lambda: save(state, discard_sink()), device)
+    saves = timed(lambda: save(state, discard_sink()), reps, device)
     blob = _in_memory(save, state)
     first_load, loaded = first_call(lambda: load(io.BytesIO(blob), device), device)
     try:
@@ -110,6 +111,6 @@ def profile_pipeline(method: Baseline, state: Any, device: torch.device) -> dict
     save, load = _stream(method)
     blob = _in_memory(save, state)
     load(io.BytesIO(blob), device)
-    saved, _ = profile_call(lambda: save(state, _discard()), device)
+    saved, _ = profile_call(lambda: save(state, discard_sink()), device)
     loaded, _ = profile_call(lambda: load(io.BytesIO(blob), device), device)
     return {"method": method.name, "save": saved, "load": loaded}

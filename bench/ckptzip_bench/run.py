@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from . import training_job
 from .analysis import (
     CPU_REFERENCE,
     GPU_REFERENCE,
@@ -121,6 +122,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-json", help="write the results as JSON here (rewritten after every method)")
     p.add_argument("--results-md", help="write RESULTS.md here")
     p.add_argument("--plot", help="write a PNG of ratio against throughput here (needs matplotlib)")
+    suites = p.add_subparsers(dest="suite", metavar="SUITE", title="other suites (their own options follow the name)")
+    training_job.configure(suites.add_parser(
+        "training-job", help="ckptzip inside a training job: a filled GPU, many saves, the manager, fresh nodes"))
 
 
 def _relative(arg: str) -> str:
@@ -281,8 +285,11 @@ def _profile(state: Any, settings: dict[str, Any], ctx: RunContext, record: dict
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``ckptzip bench``. Returns 2 for unusable options; 1 if a method's restore was not
-    bit-exact or a ckptzip preset failed; 0 otherwise (unmet targets and failed baselines are reported)."""
+    """Run ``ckptzip bench`` (or the suite named). Returns 2 for unusable options; 1 if a method's
+    restore was not bit-exact or a ckptzip preset failed; 0 otherwise (unmet targets and failed
+    baselines are reported)."""
+    if getattr(args, "suite", None) == "training-job":
+        return training_job.run(args)
     try:
         settings = _settings(args)
     except CkptzipError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import io
 import json
 import statistics
 import sys
@@ -506,3 +507,33 @@ def test_evaluate_compares_against_disk_and_torch_save() -> None:
     assert targets["restore-vs-torch"]["met"] is False
     assert targets["portable-ratio"]["met"] is None
     assert targets["portable-ratio"]["detail"] == "ckptzip-portable was not run (add it to --methods)"
+
+
+def test_the_training_job_suite_says_what_it_measures_and_needs_a_gpu(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit) as done:
+        bench(["training-job", "--help"])
+    assert done.value.code == 0
+    assert "``fresh``: new processes with empty Triton and ckptzip caches" in capsys.readouterr().out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench(["training-job", "--parts", "fresh"]) == 2
+    assert capsys.readouterr().err.strip() == ("ckptzip bench training-job: error: it measures a GPU under a "
+                                               "training job's conditions and needs a CUDA device")
+    assert bench(["training-job", "--parts", "filled,nope"]) == 2
+    assert "unknown part(s) nope: choose from filled, repeat, manager, host, fresh" in capsys.readouterr().err
+
+
+def test_the_discard_store_counts_a_managers_checkpoint_bytes_and_keeps_its_markers() -> None:
+    import ckptzip
+    from ckptzip_bench.discard import DiscardFileSystem, written
+
+    state = {"w": torch.randn(1 << 16), "step": torch.tensor(3)}
+    with ckptzip.CheckpointManager("discard://bench-test", keep_last=2) as manager:
+        manager.save(1, state)
+        manager.wait()
+    stored = written("bench-test")
+    expected = io.BytesIO()
+    ckptzip.save(state, expected)
+    assert stored > 0 and abs(stored - len(expected.getvalue())) < 4096  # the same container, but for its header
+    kept = [path for path in DiscardFileSystem.store if "bench-test/" in path]
+    assert kept and not any(path.endswith(".ckz") and DiscardFileSystem.store[path].getvalue() for path in kept)

@@ -12,12 +12,15 @@ Parts (``--parts``, comma-separated):
   a store that discards checkpoint bytes (storage is measured separately): how long each
   ``save()`` blocked, with ``manager.prepare(state)`` called when the job starts and without it,
   the pinned staging held and the process's host RSS against the compressed size.
-- ``fresh``: new processes with an empty Triton cache: first save and first load, with and
-  without ``ckptzip.warmup()`` started when the job starts, against a warm process.
+- ``fresh``: new processes with empty Triton and ckptzip caches (a new node): first save and
+  first load with the kernels ckptzip ships compiled, with Triton compiling them
+  (``CKPTZIP_AOT_KERNELS=0``), and with ``ckptzip.warmup()`` started when the job starts, against
+  a warm process.
 
 Prints one JSON object per measurement (``--json`` collects them in a file) and a table last.
 
-    python bench/training_job.py --gib 32 --free 1,2,3 --parts filled,repeat,manager,fresh
+    ckptzip bench training-job --gib 32 --free 1,2,3 --parts filled,repeat,manager,fresh
+    python -m ckptzip_bench.training_job ...   (the same, from bench/ of a checkout)
 """
 
 from __future__ import annotations
@@ -34,17 +37,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, cast
 
-import fsspec
 import numpy as np
 import torch
-from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 import ckptzip
 from ckptzip.engine import memory
-from ckptzip_bench.oomtrace import recording, summary
-from ckptzip_bench.pipeline import DiscardSink
+from .oomtrace import recording, summary
+from .pipeline import discard_sink
 
 GIB = 1 << 30
 RESULTS: list[dict[str, Any]] = []
@@ -72,43 +73,10 @@ class Memory(io.RawIOBase):
         return view.size
 
     def data(self) -> memoryview:
-        return memoryview(self.buffer)[: self.n]
+        return memoryview(self.buffer.data)[: self.n]
 
-
-class _Counted(MemoryFile):
-    """A checkpoint file whose bytes are counted, not kept."""
-
-    def __init__(self, fs: Any, path: str) -> None:
-        super().__init__(fs, path)
-        self.written = 0
-
-    def write(self, b: Any) -> int:
-        n = memoryview(b).nbytes
-        self.written += n
-        return n
-
-    def tell(self) -> int:
-        return self.written
-
-
-class DiscardFileSystem(MemoryFileSystem):
-    """``discard://``: an in-memory store (the manager's markers and lock) that keeps no
-    checkpoint bytes, so a manager's pipeline is timed without the disk."""
-
-    protocol = "discard"
-    # fsspec's MemoryFileSystem keeps its files in these class attributes, shared by its instances
-    store: ClassVar[dict[str, Any]] = {}
-    pseudo_dirs: ClassVar[list[str]] = [""]
-
-    def _open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
-        if mode == "wb" and path.endswith(".ckz"):
-            f = _Counted(self, self._strip_protocol(path))
-            f.commit()
-            return f
-        return super()._open(path, mode, *args, **kwargs)
-
-
-fsspec.register_implementation("discard", DiscardFileSystem, clobber=True)
+    def file(self) -> BinaryIO:
+        return cast(BinaryIO, self)  # a RawIOBase is a binary file object; typeshed says otherwise
 
 
 def host_rss() -> int:
@@ -116,18 +84,12 @@ def host_rss() -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
 
 
-def written(run: str) -> int:
-    """Checkpoint bytes written so far under ``discard://run``, the newest file."""
-    files = [f for p, f in DiscardFileSystem.store.items() if f"{run}/" in p and isinstance(f, _Counted)]
-    return files[-1].written if files else 0
-
-
 def llama_like_state(gib: float, device: str = "cuda") -> dict[str, torch.Tensor]:
     """Tensors of a 7B Llama's shapes (hidden 4096, MLP 11008, vocabulary 32000), as many layers
     as ``gib`` allows: fp32 weights N(0, 0.02), AdamW moments, bf16 gradients."""
     g = torch.Generator(device=device).manual_seed(1)
-    shapes = {"embed": (32000, 4096), "head": (32000, 4096)}
-    per_layer = {"q": (4096, 4096), "k": (4096, 4096), "v": (4096, 4096), "o": (4096, 4096),
+    shapes: dict[str, tuple[int, ...]] = {"embed": (32000, 4096), "head": (32000, 4096)}
+    per_layer: dict[str, tuple[int, ...]] = {"q": (4096, 4096), "k": (4096, 4096), "v": (4096, 4096), "o": (4096, 4096),
                  "gate": (11008, 4096), "up": (11008, 4096), "down": (4096, 11008), "norm": (4096,)}
     layer_bytes = sum(int(np.prod(s)) for s in per_layer.values()) * 14
     fixed = sum(int(np.prod(s)) for s in shapes.values()) * 14
@@ -205,10 +167,10 @@ def part_filled(args: argparse.Namespace) -> None:
     state = llama_like_state(args.gib)
     size = nbytes(state)
     sink = Memory(size + (1 << 30))
-    ckptzip.save(state, sink)  # the bytes the loads read, and a first save (compiles, creates codecs)
+    ckptzip.save(state, sink.file())  # the bytes the loads read, and a first save (compiles, creates codecs)
     data = sink.data()
-    base_save = [timed(lambda: ckptzip.save(state, DiscardSink()))[0] for _ in range(3)]
-    base_load = []
+    base_save = [timed(lambda: ckptzip.save(state, discard_sink()))[0] for _ in range(3)]
+    base_load: list[float] = []
     for _ in range(2):
         seconds, out = timed(lambda: ckptzip.load(data))
         base_load.append(seconds)
@@ -226,13 +188,13 @@ def part_filled(args: argparse.Namespace) -> None:
             before = torch.cuda.memory_allocated()
             budget = memory.available(torch.device("cuda", 0))
             with recording(args.trace_oom):
-                seconds = [timed(lambda: ckptzip.save(state, DiscardSink()))[0] for _ in range(3)]
+                saves = [timed(lambda: ckptzip.save(state, discard_sink()))[0] for _ in range(3)]
             if args.trace_oom and retries.count:
                 row["oom_trace"] = summary()
             row.update(budget_mib=mib(budget), peak_beside_state_mib=mib(torch.cuda.max_memory_allocated() - before))
-            row.update(save_s=[round(s, 3) for s in seconds],
-                       save_gbs=round(size / 1e9 / statistics.median(seconds), 1),
-                       of_unconstrained=round(statistics.median(base_save) / statistics.median(seconds), 3))
+            row.update(save_s=[round(s, 3) for s in saves],
+                       save_gbs=round(size / 1e9 / statistics.median(saves), 1),
+                       of_unconstrained=round(statistics.median(base_save) / statistics.median(saves), 3))
         except Exception as exc:
             row.update(save_error=f"{type(exc).__name__}: {str(exc)[:300]}")
         row["reserved_after_save_mib"] = mib(torch.cuda.memory_reserved())
@@ -266,12 +228,12 @@ def part_repeat(args: argparse.Namespace) -> None:
     state = llama_like_state(args.repeat_gib)
     size = nbytes(state)
     sink = Memory(size + (1 << 30))
-    ckptzip.save(state, sink)
+    ckptzip.save(state, sink.file())
     data = sink.data()
     reserved: list[float] = []
     times: list[float] = []
     for _ in range(args.repeats):
-        seconds, _ = timed(lambda: ckptzip.save(state, DiscardSink()))
+        seconds, _ = timed(lambda: ckptzip.save(state, discard_sink()))
         times.append(seconds)
         reserved.append(mib(torch.cuda.memory_reserved()))
     load_reserved: list[float] = []
@@ -315,6 +277,10 @@ def blocked_save(manager: ckptzip.CheckpointManager, step: int, state: dict[str,
 
 
 def part_manager(args: argparse.Namespace) -> None:
+    import fsspec
+
+    from . import discard  # noqa: F401  (registers discard://)
+
     state = llama_like_state(args.manager_gib)
     size = nbytes(state)
     clone = clone_seconds(state)
@@ -327,7 +293,9 @@ def part_manager(args: argparse.Namespace) -> None:
         many = args.manager_saves > 10
         manager = ckptzip.CheckpointManager(f"{'discard' if many else 'memory'}://{run}", keep_last=1,
                                             async_save=True)
-        blocks, reserved, modes = [], [], []
+        blocks: list[float] = []
+        reserved: list[float] = []
+        modes: list[str | None] = []
         for step in range(args.manager_saves):
             if step % 20 == 19:
                 print(json.dumps({"progress": "manager", "free_gib": leave, "saves": step,
@@ -358,6 +326,8 @@ def part_manager(args: argparse.Namespace) -> None:
 
 
 def part_host(args: argparse.Namespace) -> None:
+    from .discard import written
+
     state = llama_like_state(args.host_gib)
     size = nbytes(state)
     for prepared in (True, False):
@@ -453,9 +423,14 @@ def part_fresh(args: argparse.Namespace) -> None:
             report(**row)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="filled,repeat,manager,fresh")
+PARTS = ("filled", "repeat", "manager", "host", "fresh")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """The training-job benchmark's arguments (``ckptzip bench training-job``, or this module run)."""
+    p.description = __doc__
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--parts", default="filled,repeat,manager,fresh", help=f"comma-separated, of {', '.join(PARTS)}")
     p.add_argument("--gib", type=float, default=32, help="size of the 7B-like state")
     p.add_argument("--free", default="3,2,1", help="GiB left free beside the state (the first also runs a load)")
     p.add_argument("--repeat-gib", type=float, default=4)
@@ -468,20 +443,30 @@ def main() -> None:
     p.add_argument("--host-saves", type=int, default=3)
     p.add_argument("--job-start-s", type=float, default=20,
                    help="seconds between warmup() (or prepare()) and the first save")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="write every measurement here as a JSON list")
     p.add_argument("--loads-only", action="store_true", help="filled: skip the saves with the GPU filled")
     p.add_argument("--trace-oom", action="store_true",
                    help="record torch's allocator history around filled saves, loads and restores; summarise "
                         "it where a batch ran out of memory or a call failed")
     p.add_argument("--watchdog-s", type=float, default=0, help="dump every thread's stack and exit after this")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parts asked for; 2 (and nothing run) without a CUDA device or for an unknown part."""
+    parts = [name for name in args.parts.split(",") if name]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not torch.cuda.is_available():
+        why = f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}" if unknown else \
+            "it measures a GPU under a training job's conditions and needs a CUDA device"
+        print(f"ckptzip bench training-job: error: {why}", file=sys.stderr)
+        return 2
     if args.watchdog_s:
         faulthandler.dump_traceback_later(args.watchdog_s, exit=True)
     args.free = [float(x) for x in args.free.split(",") if x]
     args.manager_free = [float(x) for x in args.manager_free.split(",") if x]
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                       "ckptzip": ckptzip.__version__}), flush=True)
-    for name in args.parts.split(","):
+    for name in parts:
         try:
             globals()[f"part_{name}"](args)
         except Exception as exc:  # one part's failure is a result too
@@ -490,6 +475,13 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(RESULTS, f, indent=1)
+    return 0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m ckptzip_bench.training_job")
+    configure(p)
+    sys.exit(run(p.parse_args()))
 
 
 if __name__ == "__main__":
