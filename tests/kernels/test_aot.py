@@ -6,12 +6,14 @@ saves and restores without importing Triton or writing to its cache."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +87,24 @@ def test_turned_off_or_stale_the_shipped_kernels_are_not_used(monkeypatch: pytes
         _aot.manifest.cache_clear()
         _aot._arch.cache_clear()
     assert not _aot.launch("merge_kernel", 1, torch.device("cpu"), [], {})  # nothing shipped runs on a CPU
+
+
+def test_without_a_driver_library_the_launch_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a GPU the manifest covers, in a process where libcuda.so.1 does not open
+    monkeypatch.setattr(_aot, "covers", lambda device: True)
+    monkeypatch.setattr(_aot, "_arch", lambda index: "sm90")
+    monkeypatch.setattr(_aot, "_LAUNCHER", _aot._Launcher())
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index: types.SimpleNamespace(cuda_stream=0))
+
+    def no_driver(name: str) -> object:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_driver)
+    constants = {"BLOCK": segments.GATHER_BLOCK}
+    for _ in range(2):  # the second time without trying again
+        assert not _aot.launch("gather_bytes_kernel", 1, torch.device("cuda", 0), [0, 0, 1], constants)
+    assert _aot._LAUNCHER._no_driver
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton's compiler")

@@ -164,13 +164,21 @@ class _Launcher:
         self._lock = threading.Lock()
         self._functions: dict[tuple[int, str], int | None] = {}
         self._driver: _Driver | None = None
+        self._no_driver = False  # libcuda could not be opened here: Triton launches everything
 
     def launch(self, entry: Mapping[str, Any], index: int, grid: int, args: Sequence[torch.Tensor | int],
                stream: int) -> bool:
         """Launch ``entry`` on device ``index``; False (nothing launched) where its code cannot be loaded."""
         with self._lock:
+            if self._no_driver:
+                return False
             if self._driver is None:
-                self._driver = _Driver()
+                try:
+                    self._driver = _Driver()
+                except (OSError, AttributeError) as exc:  # no libcuda.so.1 by that name, or an old one
+                    _LOG.info("the CUDA driver library did not open (%s): Triton launches the GPU kernels", exc)
+                    self._no_driver = True
+                    return False
             driver = self._driver
             key = (driver.context(index), entry["file"])
             if key not in self._functions:
