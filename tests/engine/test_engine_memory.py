@@ -76,6 +76,37 @@ def test_a_budget_below_the_minimum_names_the_numbers(monkeypatch: pytest.Monkey
     assert isinstance(ckptzip.GpuMemoryError("x"), MemoryError)
 
 
+def test_a_snapshot_whose_coding_fails_gives_its_staging_buffers_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a host snapshot's batches take pinned buffers of the manager's pool as they go; one that fails
+    # after some batches must not keep them (the pool would grow by that much with every failure)
+    class Pool:
+        buffer_bytes = 64
+
+        def __init__(self) -> None:
+            self.released: list[torch.Tensor] = []
+
+        def reserve(self, nbytes: int) -> None:
+            pass
+
+        def release(self, buffer: torch.Tensor) -> None:
+            self.released.append(buffer)
+
+    taken = [torch.zeros(64, dtype=torch.uint8) for _ in range(2)]
+
+    def failing(encode: object, stager: engine_writer._Stager, sink: object) -> None:
+        for buffer in taken:  # two batches staged, then the third runs out of memory
+            stager._deliver(engine_writer._Job((buffer, 10), first=True))
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    monkeypatch.setattr(engine_writer, "_run_pipeline", failing)
+    pool = Pool()
+    with pytest.raises(ckptzip.GpuMemoryError, match=r"^snapshot ran out of GPU memory \(CUDA out of memory\. "
+                                                      r"Tried to allocate 2\.00 MiB\)"):
+        engine_writer.stage_state(["w"], [torch.ones(4)], engine_writer.Policy.parse("auto"), pool,  # type: ignore[arg-type]
+                                  1 << 20)
+    assert [b.data_ptr() for b in pool.released] == [b.data_ptr() for b in taken]
+
+
 def test_batches_are_sized_from_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     device = torch.device("cuda", 0)
     monkeypatch.setattr(memory, "available", lambda device: 2 << 30)

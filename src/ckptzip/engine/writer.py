@@ -662,12 +662,17 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
     pool.reserve(sum(table.tensors[i].numel() * table.tensors[i].element_size() for i in cuda)
                  if expected is None else expected)
     jobs: list[_Job] = []
-    with _out_of_memory_named("snapshot", limits):
-        _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
-                                                 table.recorded, limits, cuda, table.sparse),
-                      _Stager(pool, jobs.append), None)
     chosen = set(cuda)
-    return StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen])
+    staged = StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen])
+    try:
+        with _out_of_memory_named("snapshot", limits):
+            _run_pipeline(lambda stager: _encode_all(table.names, table.tensors, policy, stager, lambda _: None,
+                                                     table.recorded, limits, cuda, table.sparse),
+                          _Stager(pool, jobs.append), None)
+    except BaseException:
+        staged.release()  # the buffers the batches before the failure took, back to the pool
+        raise
+    return staged
 
 
 def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:
