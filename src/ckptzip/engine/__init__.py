@@ -7,6 +7,7 @@ zstandard on a thread pool).
 - :mod:`.writer` / :mod:`.reader` — whole states ⇄ a container, batches overlapped with copies
   and file I/O.
 - :mod:`.staging` — pinned host buffers and copy streams; :mod:`.ahead` — ordered work-ahead.
+- :mod:`.memory` — the GPU memory a call may use (``available_gpu_memory``);
 - :mod:`.plan` — which device codes a tensor, and the one greedy packer of batches;
   :mod:`.threads` — how many threads code CPU batches.
 
@@ -17,6 +18,7 @@ harness (bench/ckptzip_bench) may use; everything else is the engine's own.
 from .decode import Runs, decode_batch
 from .encode import EncodedBatch, encode_batch
 from .estimate import entropy_of_counts
+from .memory import available as available_gpu_memory
 from .policy import SMALL_TENSOR_BYTES, Policy
 from .reader import plan_batches as plan_read_batches
 from .reader import read_tensors
@@ -24,5 +26,5 @@ from .sources import LoadPlan
 from .writer import plan_batches as plan_write_batches
 from .writer import write_state
 
-__all__ = ["SMALL_TENSOR_BYTES", "EncodedBatch", "LoadPlan", "Policy", "Runs", "decode_batch", "encode_batch",
-           "entropy_of_counts", "plan_read_batches", "plan_write_batches", "read_tensors", "write_state"]
+__all__ = ["SMALL_TENSOR_BYTES", "EncodedBatch", "LoadPlan", "Policy", "Runs", "available_gpu_memory", "decode_batch",
+           "encode_batch", "entropy_of_counts", "plan_read_batches", "plan_write_batches", "read_tensors", "write_state"]
