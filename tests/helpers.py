@@ -343,10 +343,10 @@ def code_large_tensors_in_ranges(monkeypatch: Any) -> None:
 
     real_key = engine_writer._key
 
-    def in_ranges(tensor: torch.Tensor, policy: Policy, limits: object = None) -> object:
+    def in_ranges(tensor: torch.Tensor, backend: str, limits: object) -> object:
         if tensor.numel() * tensor.element_size() >= 1 << 16:
             return engine_writer.BatchKey("cpu", torch.device("cpu"), True)
-        return real_key(tensor, policy, limits)  # type: ignore[arg-type]
+        return real_key(tensor, backend, limits)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine_writer, "_key", in_ranges)
     monkeypatch.setattr(engine_parts, "RANGE_ALIGN", 1 << 14)

@@ -68,8 +68,20 @@ class BatchKey:
     parts: bool = False  # one tensor, coded on its GPU in element ranges (:mod:`.parts`)
 
 
-def _key(tensor: torch.Tensor, policy: Policy, limits: GpuLimits | None = None) -> BatchKey:
-    backend = policy.backend(tensor.device)
+def _keys(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits | None = None) -> list[BatchKey]:
+    """Where each tensor is encoded (:func:`_key`), the policy asked once per device."""
+    backends: dict[torch.device, str] = {}
+    keys = []
+    for tensor in tensors:
+        backend = backends.get(tensor.device)
+        if backend is None:
+            backend = backends[tensor.device] = policy.backend(tensor.device)
+        keys.append(_key(tensor, backend, limits))
+    return keys
+
+
+def _key(tensor: torch.Tensor, backend: str, limits: GpuLimits | None) -> BatchKey:
+    """Where ``tensor`` is encoded, given the backend of its device."""
     device = work_device(backend, tensor.device)
     if backend == "cuda" and limits is not None and device in limits.host:
         return BatchKey("cpu", torch.device("cpu"))
@@ -101,7 +113,7 @@ class GpuLimits:
         the batches, a batch is a seventh of the budget and holds no more, and its buffers are
         blocks of one size (:data:`BLOCK_WORKING_SETS`)."""
         batch_cap = BATCH_BYTES["cuda"] if batch_cap is None else batch_cap
-        devices = {key.device for key in (_key(t, policy) for t in tensors) if key.backend == "cuda"}
+        devices = {key.device for key in _keys(tensors, policy) if key.backend == "cuda"}
         budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
         scratch = policy.gpu_scratch_bytes() if budgets else 0
         host = frozenset(b.device for b in budgets if b.nbytes - scratch < memory.MIN_GPU_MEMORY // 2)
@@ -132,7 +144,7 @@ def lanes(budgets: list[memory.Budget], batch_cap: int) -> int:
 
 def gpu_coded(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits | None = None) -> list[bool]:
     """Which of ``tensors`` a save codes on a GPU (the others: on the host)."""
-    return [_key(t, policy, limits).backend == "cuda" for t in tensors]
+    return [key.backend == "cuda" for key in _keys(tensors, policy, limits)]
 
 
 def plan_batches(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits | None = None
@@ -141,7 +153,7 @@ def plan_batches(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits 
     of their backend (on a GPU, what ``limits`` allow; a tensor coded in ranges alone). Tensors
     of other backends in between (an optimizer's CPU step counters among CUDA moments) do not cut
     a batch; the file holds batches in the order they fill."""
-    keys = [_key(t, policy, limits) for t in tensors]
+    keys = _keys(tensors, policy, limits)
     gpu = None if limits is None else limits.batch
     sizes = {key: _limit(key, batch_bytes(key.device, BATCH_BYTES, gpu), limits) for key in set(keys)}
     nbytes = [t.numel() * t.element_size() for t in tensors]
