@@ -9,6 +9,7 @@ every batch in file order and builds its index entries.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -179,15 +180,15 @@ def _in_ranges(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes:
     with _on(key.device):
         streams = plane_count(tensor, policy)
         configs = stream_codecs(tensor_bytes(tensor), tensor, streams, policy, key.backend)
-        todo = ranges(tensor, streams, range_bytes)[::-1]  # a stack: the next range last
-        final = todo[0]
+        todo = collections.deque(ranges(tensor, streams, range_bytes))
+        last = todo[-1]
         while todo:
-            part = todo.pop()
+            part = todo.popleft()
             j, a, b = part
             try:
                 with blocks.uniform(block):
                     coded = encode_part(tensor, streams, j, a, b, configs[j], policy, key.backend,
-                                        (j, b) == (final[0], final[2]))
+                                        (j, b) == (last[0], last[2]))
             except (torch.OutOfMemoryError, RuntimeError) as exc:
                 if not memory.is_out_of_memory(exc) or not quarters(part):
                     raise
@@ -199,7 +200,7 @@ def _in_ranges(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes:
             _LOG.info("ckptzip: a range of %d MiB of a %d MiB tensor ran out of memory on %s (%s); coding it in "
                       "quarters", (b - a) >> 20, tensor.nbytes >> 20, key.device, failure)
             block = None
-            todo.extend(quarters(part)[::-1])
+            todo.extendleft(reversed(quarters(part)))
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:

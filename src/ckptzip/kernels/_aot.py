@@ -212,13 +212,11 @@ def launch(kernel: str, grid: int, device: torch.device, args: Sequence[torch.Te
     """Launch the shipped code of ``kernel`` with ``constants`` over ``grid`` programs on
     ``device``'s current stream; False (nothing launched) where none is shipped for it or it does
     not load, and the caller then runs Triton's."""
-    if not covers(device):
-        return False
     shipped = manifest()
-    assert shipped is not None  # covers() found it
+    if shipped is None or not covers(device):
+        return False
     index = _index(device)
-    arch = _arch(index)
-    entry = shipped["kernels"].get(variant_key(kernel, constants), {}).get(arch)
+    entry = shipped["kernels"].get(variant_key(kernel, constants), {}).get(_arch(index))
     if entry is None:
         return False
     with torch.cuda.device(index):

@@ -11,6 +11,7 @@ digest no longer matches and every GPU compiles with Triton as before (a test sa
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import shutil
@@ -52,8 +53,6 @@ def params(ptx: str, entry: str) -> list[str]:
 def compile_one(module: str, kernel: str, types: dict[str, str], constants: dict[str, object], arch: int
                 ) -> tuple[bytes, dict[str, Any]]:
     """One variant's machine code for ``arch`` and its manifest entry (less the file name)."""
-    import importlib
-
     import triton
     from triton.backends.compiler import GPUTarget
 
