@@ -52,8 +52,8 @@ GPU_RULES: tuple[Rule, ...] = (
     Rule("copy H2D", names=("Memcpy HtoD",)),
     Rule("copy D2D", names=("Memcpy DtoD", "Memcpy PtoP")),
     Rule("memset", names=("Memset",)),
-    Rule("GPU kernels: byte planes split/merge", names=("_split_kernel", "_merge_kernel")),
-    Rule("GPU kernels: gather + checksums", names=("_segments", "wsum")),
+    Rule("GPU kernels: byte planes split/merge", names=("split_kernel", "merge_kernel")),
+    Rule("GPU kernels: gather + checksums", names=("segments_", "gather_bytes", "wsum")),
     Rule("GPU kernels: nvCOMP codecs", names=("nvcomp", "ans_gpu_lib", "zstd", "gdeflate", "bitcomp", "lz4",
                                              "cascaded", "deflate", "snappy")),
 )

@@ -399,6 +399,9 @@ def test_group_totals_put_fp32_weights_and_moments_in_the_core_group() -> None:
         ("_split_kernel", "GPU kernels: byte planes split/merge"),
         ("_merge_kernel", "GPU kernels: byte planes split/merge"),
         ("_segments_words_kernel", "GPU kernels: gather + checksums"),
+        ("split_kernel", "GPU kernels: byte planes split/merge"),  # the shipped cubins' names
+        ("segments_kernel", "GPU kernels: gather + checksums"),
+        ("gather_bytes_kernel", "GPU kernels: gather + checksums"),
         ("void ans_gpu_lib::detail::compress_kernel<...>", "GPU kernels: nvCOMP codecs"),
         ("void at::native::index_elementwise_kernel<128, 4>", "GPU kernels: other"),
     ],
