@@ -118,6 +118,29 @@ def test_batches_are_sized_from_the_budget(monkeypatch: pytest.MonkeyPatch) -> N
     assert memory.budget(device, None, "save").batch_bytes(6, 1 << 30) == 50 * MIB
 
 
+def test_gpus_whose_budget_keeps_batches_small_code_them_in_the_codecs_small_batch_chunks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    monkeypatch.setattr(engine_writer, "_keys", lambda tensors, policy, limits=None: [
+        engine_writer.BatchKey("cuda", d) for d in cuda])
+    monkeypatch.setattr(memory, "available", lambda device: (64 << 30) if device.index == 0 else 2 << 30)
+    monkeypatch.setattr(engine_writer.Policy, "gpu_scratch_bytes", lambda self: 0)  # gdeflate asks none
+    policy = engine_writer.Policy.parse("auto")
+    limits = engine_writer.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
+    assert list(limits.block) == [cuda[1]]  # 2 GiB: batches of a seventh, in blocks
+    assert limits.policy_on(cuda[0], policy) is policy
+    small = limits.policy_on(cuda[1], policy)
+    assert small == engine_writer.Policy("auto", small_batches=True)
+    gdeflate = type("Gdeflate", (), {"chunk_bytes": 256 << 10, "small_batch_chunk_bytes": 128 << 10,
+                                     "max_chunk_bytes": 1 << 31, "backend": "cuda"})()
+    raw = type("Raw", (), {"chunk_bytes": 16 << 20, "small_batch_chunk_bytes": None,
+                           "max_chunk_bytes": 1 << 62, "backend": "cpu"})()
+    assert [policy.chunk_bytes_for(c) for c in (gdeflate, raw)] == [256 << 10, 16 << 20]  # type: ignore[arg-type]
+    assert [small.chunk_bytes_for(c) for c in (gdeflate, raw)] == [128 << 10, 16 << 20]  # type: ignore[arg-type]
+    chosen = engine_writer.Policy("auto", chunk_bytes=1 << 20, small_batches=True)
+    assert chosen.chunk_bytes_for(gdeflate) == 1 << 20  # type: ignore[arg-type]  # a chunk size set is kept
+
+
 def test_two_gpu_batches_are_coded_at_once_only_where_every_budget_holds_them_at_full_size() -> None:
     full = engine_writer.TWO_LANE_WORKING_SETS * engine_writer.BATCH_BYTES["cuda"]
     ample, short = memory.Budget(torch.device("cuda", 0), full), memory.Budget(torch.device("cuda", 1), full - MIB)
@@ -289,7 +312,8 @@ def test_a_small_cap_codes_large_tensors_in_ranges_on_the_gpu_and_stays_bit_exac
     for i in range(3):
         streams = entries[f"w{i}"].streams
         assert len(streams) == 4 and "gdeflate" in {s.codec["id"] for s in streams}  # byte planes, coded by nvCOMP
-        assert len(streams[3].chunks) == 256  # the sign/exponent plane: 64 MiB in 256 KiB chunks, from 2 ranges
+        # the sign/exponent plane: 64 MiB from 2 ranges, in gdeflate's chunks for small batches (128 KiB)
+        assert {c.raw_length for c in streams[3].chunks} == {128 << 10} and len(streams[3].chunks) == 512
     assert_same(ckptzip.load(buf.getvalue(), gpu_memory=256 * MIB), state)
     whole = io.BytesIO()
     ckptzip.save(state, whole)  # unconstrained: whole-tensor batches, the same table

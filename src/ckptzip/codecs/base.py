@@ -24,6 +24,9 @@ class Codec(abc.ABC):
     # The stored chunk size it is used with unless a Policy sets one (a multiple of 256): large
     # enough for the entropy coders' tables and a GPU's parallelism, small enough for the decoders.
     chunk_bytes: ClassVar[int] = 256 << 10
+    # The chunk size where a GPU's memory budget keeps its batches small (None: ``chunk_bytes``):
+    # a launch of few chunks costs one chunk's latency, which smaller chunks shorten.
+    small_batch_chunk_bytes: ClassVar[int | None] = None
     # The largest raw chunk it encodes (nvCOMP's formats have limits; most CPU codecs none of their own).
     max_chunk_bytes: ClassVar[int] = sys.maxsize
     # Address alignment of every chunk it reads and writes (nvCOMP's need for in-place batches).

@@ -76,10 +76,13 @@ def codec_for(config: dict[str, Any], backend: str) -> Codec:
 @dataclass(frozen=True)
 class Policy:
     """How tensors are stored: a preset name or a codec id, and the stored chunk size of every
-    stream (None: each codec's own, :attr:`Codec.chunk_bytes`), validated."""
+    stream (None: each codec's own, :attr:`Codec.chunk_bytes`, or where ``small_batches``, its
+    :attr:`Codec.small_batch_chunk_bytes`), validated. ``small_batches`` is the engine's: set for
+    the GPUs whose memory budget keeps their batches small."""
 
     name: str
     chunk_bytes: int | None = None
+    small_batches: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or (self.name not in PRESETS and self.name not in codec_ids()):
@@ -150,10 +153,11 @@ class Policy:
         return max(codec.scratch_bytes(self.chunk_bytes_for(codec)) for codec in codecs)
 
     def chunk_bytes_for(self, codec: Codec) -> int:
-        """Stored chunk size of streams coded with ``codec``: this policy's, else the codec's own, at
-        most the largest it encodes; a multiple of 256 on a GPU, where nvCOMP reads and writes chunks
-        at aligned addresses."""
-        size = min(self.chunk_bytes or codec.chunk_bytes, codec.max_chunk_bytes)
+        """Stored chunk size of streams coded with ``codec``: this policy's, else the codec's own (for
+        small batches where it has one), at most the largest it encodes; a multiple of 256 on a GPU,
+        where nvCOMP reads and writes chunks at aligned addresses."""
+        own = (self.small_batches and codec.small_batch_chunk_bytes) or codec.chunk_bytes
+        size = min(self.chunk_bytes or own, codec.max_chunk_bytes)
         return -(-size // 256) * 256 if codec.backend == "cuda" else size
 
     def chunk_sizes(self, configs: list[dict[str, Any]], backend: str) -> np.ndarray:

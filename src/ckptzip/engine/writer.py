@@ -134,6 +134,11 @@ class GpuLimits:
     def fits(self, device: torch.device, tensor: torch.Tensor) -> bool:
         return tensor.numel() * tensor.element_size() <= self.largest.get(device, sys.maxsize)
 
+    def policy_on(self, device: torch.device, policy: Policy) -> Policy:
+        """``policy`` for the batches of ``device``: with the codecs' small-batch chunk sizes
+        where the budget keeps the batches small (:attr:`block`)."""
+        return dataclasses.replace(policy, small_batches=True) if device in self.block else policy
+
 
 def lanes(budgets: list[memory.Budget], batch_cap: int) -> int:
     """GPU batches a save codes at once: two where every GPU's budget holds
@@ -524,12 +529,13 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     # queued, before what it queues next (so it may change the tensors at once), in the blocks
     # the caller's stream caches
     streams = {key.device: torch.cuda.current_stream(key.device) for key, _ in plan if key.backend == "cuda"}
+    policies = {key.device: limits.policy_on(key.device, policy) if limits else policy for key, _ in plan}
     tasks = (
-        Task((key, idx), functools.partial(_ranges_of, tensors[idx[0]], key, policy, limits.batch[key.device],
-                                           limits.block.get(key.device))
+        Task((key, idx), functools.partial(_ranges_of, tensors[idx[0]], key, policies[key.device],
+                                           limits.batch[key.device], limits.block.get(key.device))
              if key.parts and limits else
-             functools.partial(_on_stream, streams.get(key.device), _encode, [tensors[i] for i in idx], key, policy,
-                               share, ceiling, [counts[i] for i in idx],
+             functools.partial(_on_stream, streams.get(key.device), _encode, [tensors[i] for i in idx], key,
+                               policies[key.device], share, ceiling, [counts[i] for i in idx],
                                limits.block.get(key.device) if limits else None),
              inline=key.backend == "cuda")
         for key, idx in plan
