@@ -10,7 +10,11 @@ from __future__ import annotations
 import io
 import itertools
 import logging
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -513,3 +517,21 @@ def test_streams_whose_codecs_decode_alike_decode_in_one_group() -> None:
     assert groups[0][1].get_config()["id"] == "zstd" and groups[4][1].get_config() == {"id": "lz4"}
     with pytest.raises(ckptzip.UnsupportedFormatError, match=r"^tensor 't' stream 1: unknown codec id 'nosuch'"):
         _decoders([entry], [(0, 0), (0, 1)], [configs[0], {"id": "nosuch"}], np.array([True, True]), "cpu")
+
+
+def test_a_cpu_save_and_load_never_import_numpy_ma(tmp_path: Path) -> None:
+    """``np.unique`` imports ``numpy.ma`` on its first call (12-20 ms of a process's first load on a
+    2-core machine); the engine finds distinct values with :func:`~ckptzip.kernels.distinct`."""
+    code = (
+        "import sys, torch, ckptzip\n"
+        "state = {'w': torch.randn(1 << 16), 'g': torch.randn(1 << 14).bfloat16(), 'step': torch.tensor(3)}\n"
+        f"ckptzip.save(state, {str(tmp_path / 'a.ckz')!r})\n"
+        f"out = ckptzip.load({str(tmp_path / 'a.ckz')!r})\n"
+        "assert all(torch.equal(out[k], state[k]) for k in state)\n"
+        "print('numpy.ma' in sys.modules)\n"
+    )
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -218,7 +218,7 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
     decoders = _decoders(entries, streams, codecs, coded, backend)
     stream_group = np.array([g for g, _ in decoders], np.int64)
     chunk_group = stream_group[c_stream]
-    for g in np.unique(chunk_group).tolist():
+    for g in distinct(chunk_group)[0].tolist():
         m = np.flatnonzero(chunk_group == g)
         codec = decoders[int(c_stream[m[0]])][1]
         assert codec is not None  # coded chunks belong to coded streams
