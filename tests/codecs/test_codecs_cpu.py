@@ -287,6 +287,45 @@ def test_a_damaged_chunk_in_a_zstd_batch_is_named(damage: str) -> None:
     assert info.value.chunk == 5
 
 
+@pytest.mark.parametrize(("extra", "message"), [
+    (1, "^zstd data decoded to 5000 bytes, expected 5001$"),
+    (-1, "^zstd data does not decode: decompression error: did not decompress full frame$")])
+def test_a_zstd_frame_without_a_size_that_decodes_to_another_size_is_named(extra: int, message: str) -> None:
+    """Frames of a streaming compressor declare no size: each decodes into exactly its place,
+    and one that holds more or fewer bytes than the index says is named."""
+    codec = ZstdCodec(level=1)
+    pieces = [bytes([i]) * 5000 for i in range(6)]
+    frames = [zstandard.ZstdCompressor(write_content_size=False).compress(p) for p in pieces]
+    assert zstandard.frame_content_size(frames[0]) == -1
+    src = torch.frombuffer(bytearray(b"".join(frames)), dtype=torch.uint8)
+    lengths = np.array([len(f) for f in frames], dtype=np.int64)
+    raw = np.full(6, 5000, dtype=np.int64)
+    dst = torch.full((6 * 5001,), 0xAB, dtype=torch.uint8)
+    places = np.arange(6, dtype=np.int64) * 5001  # a byte between the places, left as it was
+    codec.decode_segments(src, np.cumsum(lengths) - lengths, lengths, dst, places, raw)
+    assert b"".join(dst[int(p) : int(p) + 5000].numpy().tobytes() for p in places) == b"".join(pieces)
+    assert dst[5000::5001].tolist() == [0xAB] * 6
+    raw[4] += extra
+    with pytest.raises(CorruptChunkError, match=message) as info:
+        codec.decode_segments(src, np.cumsum(lengths) - lengths, lengths, dst, places, raw)
+    assert info.value.chunk == 4
+
+
+def test_zstd_decodes_many_chunks_straight_into_place_on_several_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_threads, "GROUP_BYTES", 1 << 16)  # many runs of chunks
+    codec = ZstdCodec(level=1)
+    base = (torch.randn(1 << 20, generator=torch.Generator().manual_seed(3)) * 0.02).view(torch.uint8)
+    lengths = np.full(64, 1 << 16, dtype=np.int64)
+    offsets = np.arange(64, dtype=np.int64) << 16
+    out, out_offsets, out_lengths = codec.encode_segments(base, offsets, lengths)
+    dst = torch.zeros(base.numel() + 64 * 8, dtype=torch.uint8)
+    with _threads.codec_threads(4):
+        codec.decode_segments(out, out_offsets, out_lengths, dst, offsets + 8 * np.arange(64), lengths)
+    for k in range(64):
+        start = int(offsets[k]) + 8 * k
+        assert torch.equal(dst[start : start + (1 << 16)], base[int(offsets[k]) : int(offsets[k]) + (1 << 16)])
+
+
 # --------------------------------------------------------------------- threads per batch
 
 

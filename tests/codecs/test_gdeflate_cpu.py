@@ -13,6 +13,7 @@ import torch
 import ckptzip
 from ckptzip import CodecUnavailableError
 from ckptzip.codecs import _gdeflate_lib, get_codec, gpu_first_ids, gpu_only_ids, has_codec, registry
+from ckptzip.codecs import _threads as codec_threads_module
 from ckptzip.codecs import gdeflate_cpu
 from ckptzip.codecs.nvcomp import NvcompGdeflateCodec
 from ckptzip.engine import policy
@@ -74,7 +75,7 @@ def test_segments_round_trip_in_place_at_odd_offsets() -> None:
 
 @needs_library
 def test_many_chunks_on_several_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gdeflate_cpu, "_GROUP_BYTES", 1 << 17)
+    monkeypatch.setattr(codec_threads_module, "GROUP_BYTES", 1 << 17)
     base = _data(300 * 65536 + 123, "bf16")
     lengths = np.minimum(65536, base.numel() - np.arange(0, base.numel(), 65536))
     offsets = np.arange(0, base.numel(), 65536)

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import numpy as np
+
 from .._local import ThreadSetting
 
 T = TypeVar("T")
@@ -17,6 +19,7 @@ R = TypeVar("R")
 
 _POOL: ThreadPoolExecutor | None = None
 MIN_PARALLEL_BYTES = 1 << 20
+GROUP_BYTES = 4 << 20  # raw bytes of the chunks one thread codes per task: a few per thread keep them busy
 _SHARE: ThreadSetting[int] = ThreadSetting()
 
 
@@ -49,3 +52,15 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], nbytes: int) -> list[
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="ckptzip-codec")
     return list(_POOL.map(fn, items))
+
+
+def chunk_groups(raw: np.ndarray) -> list[np.ndarray]:
+    """Chunk indices (of chunks of ``raw`` bytes each) split into consecutive runs of about
+    :data:`GROUP_BYTES`, at least one per thread of the caller's share: the tasks of a codec that
+    codes chunk by chunk on :func:`parallel_map`."""
+    if raw.size == 0:
+        return []
+    per = max(1, GROUP_BYTES // max(1, int(raw.max())))
+    if codec_thread_count() > 1:
+        per = min(per, -(-raw.size // codec_thread_count()))
+    return np.array_split(np.arange(raw.size), range(per, raw.size, per))

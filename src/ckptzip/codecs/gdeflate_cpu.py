@@ -24,24 +24,13 @@ import torch
 
 from ..errors import CodecUnavailableError, CorruptChunkError
 from . import _gdeflate_lib
-from ._threads import codec_thread_count, parallel_map
+from ._threads import chunk_groups, parallel_map
 from .base import Codec
 from .registry import declare, mark_unavailable, register
 
 MAX_DECODE_CHUNK = 1 << 31  # the largest chunk nvCOMP's GPU encoder writes
 LEVEL = 1  # fastest level that codes (0 stores); on exponent planes within 10 % of level 12's ratio at 20x its speed
 ALGORITHM_TYPES = range(6)
-_GROUP_BYTES = 4 << 20  # raw bytes per library call: a few per thread keep the threads busy
-
-
-def _groups(raw: np.ndarray) -> list[np.ndarray]:
-    """Chunk indices split into consecutive runs of about ``_GROUP_BYTES`` raw bytes."""
-    if raw.size == 0:
-        return []
-    per = max(1, _GROUP_BYTES // max(1, int(raw.max())))
-    if codec_thread_count() > 1:
-        per = min(per, -(-raw.size // codec_thread_count()))
-    return np.array_split(np.arange(raw.size), range(per, raw.size, per))
 
 
 def _addresses(tensor: torch.Tensor, offsets: np.ndarray) -> np.ndarray:
@@ -122,7 +111,7 @@ class GdeflateCpuCodec(Codec):
         def run(group: np.ndarray) -> None:
             sizes[group] = self._lib.compress(in_ptrs[group], lengths[group], largest, out_ptrs[group], LEVEL)
 
-        parallel_map(run, _groups(lengths), int(lengths.sum()))
+        parallel_map(run, chunk_groups(lengths), int(lengths.sum()))
         return out, out_offsets, sizes.astype(np.int64)
 
     def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
@@ -146,7 +135,7 @@ class GdeflateCpuCodec(Codec):
                 except _gdeflate_lib.LibraryError as exc:
                     raise _corrupt(index, f"does not decode on the CPU: {exc}") from exc
 
-        parallel_map(run, _groups(raw_lengths), int(raw_lengths.sum()))
+        parallel_map(run, chunk_groups(raw_lengths), int(raw_lengths.sum()))
 
     def _decode_group(self, group: np.ndarray, in_ptrs: np.ndarray, in_bytes: np.ndarray, out_ptrs: np.ndarray,
                       raw: np.ndarray) -> None:
