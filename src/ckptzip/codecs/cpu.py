@@ -221,8 +221,8 @@ class ZstdCodec(_CpuCodec):
     def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
                         dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
         """Each chunk decoded straight into its place in ``dst`` (zstandard's batch decompressor
-        fills buffers of its own, which a process's first load faults in and then copies: 55 of its
-        64 ms on the demo's state, against 7 ms on later loads), runs of chunks on the codec
+        fills buffers of its own, a batch's worth beside the outputs, copied out after: 201 MB on
+        one core decoded in 0.074 s that way, 0.069 s this way), runs of chunks on the codec
         threads (zstandard releases the GIL); where any chunk fails, chunk by chunk through the
         generic path, so the error names the chunk."""
         source, target = src.numpy().data, dst.numpy().data
