@@ -151,6 +151,21 @@ def profiled(call: Callable[[], Any]) -> None:
     print(events.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=60))
 
 
+def host_profiled(call: Callable[[], Any], rows: int = 30) -> None:
+    """Print where one more call's calling thread spends its time, function by function
+    (cProfile, own time first): what the per-batch host work of a GPU save is made of."""
+    import cProfile
+    import pstats
+
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    call()
+    torch.cuda.synchronize()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(rows)
+
+
 def _save(state: dict[str, torch.Tensor], preset: str | Policy) -> None:
     ckptzip.save(state, DiscardSink(), codec=preset)
 
@@ -206,6 +221,8 @@ def main() -> None:
     ap.add_argument("--free", type=float, help="saves only, with the GPU filled to leave this many GiB free")
     ap.add_argument("--chunk-kib", type=int, help="stored chunk size of every stream (default: each codec's)")
     ap.add_argument("--profile", action="store_true", help="also: torch.profiler's table of one more save")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="also: cProfile of one more save's calling thread (its host work, function by function)")
     ap.add_argument("--json")
     args = ap.parse_args()
     install()
@@ -233,6 +250,8 @@ def main() -> None:
         print(f"  ratio {out[f'{name} save']['ratio']}")
         if args.profile:
             profiled(functools.partial(_save, state, preset))
+        if args.host_profile:
+            host_profiled(functools.partial(_save, state, preset))
         if filler is not None:
             continue
         blob = io.BytesIO()
