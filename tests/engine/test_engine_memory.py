@@ -141,6 +141,24 @@ def test_gpus_whose_budget_keeps_batches_small_code_them_in_the_codecs_small_bat
     assert chosen.chunk_bytes_for(gdeflate) == 1 << 20  # type: ignore[arg-type]  # a chunk size set is kept
 
 
+def test_batches_of_blocks_are_packed_first_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(engine_writer, "_keys", lambda tensors, policy, limits=None: [
+        engine_writer.BatchKey("cuda", gpu)] * len(tensors))
+    sizes = ([172] * 3 + [86]) * 3 + ([64] * 3 + [32]) * 4  # MiB: a 7B-like layer's tensors
+    tensors = [torch.empty(n * MIB, dtype=torch.uint8) for n in sizes]
+    limits = engine_writer.GpuLimits({gpu: 330 * MIB}, {gpu: 330 * MIB}, {gpu: 2310 * MIB},
+                                     block={gpu: 332 * MIB})
+    plan = engine_writer.plan_batches(tensors, engine_writer.Policy.parse("auto"), limits)
+    batches = [idx for _, idx in plan]
+    assert sorted(i for idx in batches for i in idx) == list(range(len(sizes)))
+    assert all(sum(sizes[i] for i in idx) <= 330 for idx in batches)
+    assert len(batches) == 9  # in table order, one batch at a time: 12
+    unlimited = engine_writer.GpuLimits({gpu: 330 * MIB}, {gpu: 330 * MIB}, {gpu: 64 << 30})
+    # not in blocks: batches cut once they reach the size, in table order
+    assert len(engine_writer.plan_batches(tensors, engine_writer.Policy.parse("auto"), unlimited)) == 8
+
+
 def test_two_gpu_batches_are_coded_at_once_only_where_every_budget_holds_them_at_full_size() -> None:
     full = engine_writer.TWO_LANE_WORKING_SETS * engine_writer.BATCH_BYTES["cuda"]
     ample, short = memory.Budget(torch.device("cuda", 0), full), memory.Budget(torch.device("cuda", 1), full - MIB)
@@ -361,8 +379,9 @@ def test_a_lone_tensor_that_runs_out_of_memory_is_coded_in_ranges_and_later_batc
     buf = io.BytesIO()
     with caplog.at_level(logging.INFO, logger="ckptzip"):
         ckptzip.save(state, buf, gpu_memory=910 * MIB)  # batches of 130 MiB (a seventh): two tensors
-    # the first batch fails, then its first tensor alone; everything after is split before it is tried
-    assert [n for n in tried if n >= 64 * MIB] == [128 * MIB, 64 * MIB]
+    # the first batch (w0, w1 and the 8-byte step, packed first fit) fails, then its first tensor
+    # alone; everything after is split before it is tried
+    assert [n for n in tried if n >= 64 * MIB] == [128 * MIB + 8, 64 * MIB]
     failures = [r for r in caplog.records if "ran out of memory" in r.getMessage()]
     assert len(failures) == 2
     with ckptzip.open(buf.getvalue()) as reader:

@@ -64,3 +64,29 @@ def test_shared_groups_count_each_key_apart_and_cut_for_any() -> None:
 
 def test_nothing_to_pack_is_no_group() -> None:
     assert packed([], [], [], {}) == []
+
+
+def test_open_groups_fill_within_closer_and_keep_every_item_once_in_order() -> None:
+    # a 7B-like layer's tensors in MiB (fp32 weights and moments, bf16 gradients) in blocks of 330
+    layer = [64] * 3 + [32] + [64] * 3 + [32] + [64] * 3 + [32] + [64] * 3 + [32] + [172] * 3 + [86]
+    layer += [172] * 3 + [86] + [172] * 3 + [86]
+    sizes = layer * 4
+    limits = {"gpu": Limit(within=330)}
+    one = packed(range(len(sizes)), sizes, ["gpu"] * len(sizes), limits)
+    eight = packed(range(len(sizes)), sizes, ["gpu"] * len(sizes), limits, open_groups=8)
+    assert (len(one), len(eight)) == (48, 39)  # batches 68 % and 84 % full
+    for groups in (one, eight):
+        assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
+        assert all(g == sorted(g) and sum(sizes[i] for i in g) <= 330 for g in groups)
+    assert packed(range(len(sizes)), sizes, ["gpu"] * len(sizes), limits, open_groups=1) == one
+
+
+def test_open_groups_leave_fill_limits_as_they_are() -> None:
+    keys = ["a", "b", "a", "a", "b", "a"]
+    limits = {"a": Limit(fill=8), "b": Limit(fill=8)}
+    assert packed(range(6), [4, 1, 4, 4, 1, 1], keys, limits, open_groups=4) == [[0, 2], [1, 4], [3, 5]]
+
+
+def test_shared_groups_are_packed_one_open_group_at_a_time() -> None:
+    with pytest.raises(ValueError, match=r"^shared groups are packed one open group at a time$"):
+        packed([0], [1], ["a"], {"a": Limit(within=2)}, shared=True, open_groups=2)

@@ -40,26 +40,41 @@ class Limit:
 
 
 def packed(order: Iterable[int], nbytes: Sequence[int], keys: Sequence[K], limits: Mapping[K, Limit], *,
-           shared: bool = False) -> list[list[int]]:
+           shared: bool = False, open_groups: int = 1) -> list[list[int]]:
     """Positions ``order`` greedily in groups, in that order within each: a group per key, or
     (``shared``) groups of every key, each key's bytes counted apart; each cut where its key's
-    limit says. Groups come in the order they are cut, then those left open in the order they
-    opened."""
+    limit says. Groups come in the order they are cut, then those left open in the order their
+    keys opened them. With ``open_groups`` above one, up to that many groups of a key stay open
+    where its limit has ``within``: an item goes to the first of them it fits (first fit), and a
+    new one beyond them closes the oldest, so items of different sizes fill groups closer to
+    ``within`` (and leave their order, by at most that many groups)."""
+    if shared and open_groups != 1:
+        raise ValueError("shared groups are packed one open group at a time")
     groups: list[list[int]] = []
-    open_groups: dict[K | None, tuple[list[int], collections.Counter[K]]] = {}
+    open_: dict[K | None, list[tuple[list[int], collections.Counter[K]]]] = {}
     for i in order:
         key, limit = keys[i], limits[keys[i]]
-        group = None if shared else key
-        members, used = open_groups.get(group, ([], collections.Counter()))
-        if members and limit.within is not None and used[key] + nbytes[i] > limit.within:
-            groups.append(members)
-            members, used = [], collections.Counter()
+        candidates = open_.setdefault(None if shared else key, [])
+        target = next((g for g in candidates if limit.within is None or _used_with(g, key, nbytes[i]) <= limit.within),
+                      None)
+        if target is None:
+            target = ([], collections.Counter())
+            candidates.append(target)
+            if len(candidates) > open_groups:
+                groups.append(candidates.pop(0)[0])
+        members, used = target
         members.append(i)
         used[key] += nbytes[i]
         if limit.fill is not None and used[key] >= limit.fill:
             groups.append(members)
-            open_groups.pop(group, None)
-        else:
-            open_groups[group] = (members, used)
-    groups.extend(members for members, _ in open_groups.values())
+            candidates.remove(target)
+            if not candidates:
+                del open_[None if shared else key]  # its next group opens at the end
+    groups.extend(members for candidates in open_.values() for members, _ in candidates)
     return groups
+
+
+def _used_with(group: tuple[list[int], collections.Counter[K]], key: K, nbytes: int) -> int:
+    """The bytes of ``key`` in ``group`` with ``nbytes`` more; an empty group takes any item."""
+    members, used = group
+    return used[key] + nbytes if members else 0
