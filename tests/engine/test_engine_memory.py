@@ -118,7 +118,7 @@ def test_batches_are_sized_from_the_budget(monkeypatch: pytest.MonkeyPatch) -> N
     assert memory.budget(device, None, "save").batch_bytes(6, 1 << 30) == 50 * MIB
 
 
-def test_gpus_whose_budget_keeps_batches_small_code_them_in_the_codecs_small_batch_chunks(
+def test_gpus_whose_batches_are_small_code_them_in_the_codecs_small_batch_chunks(
         monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = [torch.device("cuda", 0), torch.device("cuda", 1)]
     monkeypatch.setattr(engine_writer, "_keys", lambda tensors, policy, limits=None: [
@@ -128,9 +128,11 @@ def test_gpus_whose_budget_keeps_batches_small_code_them_in_the_codecs_small_bat
     policy = engine_writer.Policy.parse("auto")
     limits = engine_writer.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
     assert list(limits.block) == [cuda[1]]  # 2 GiB: batches of a seventh, in blocks
-    assert limits.policy_on(cuda[0], policy) is policy
+    assert limits.policy_on(cuda[0], policy) is policy  # 2 GiB batches
     small = limits.policy_on(cuda[1], policy)
     assert small == engine_writer.Policy("auto", small_batches=True)
+    capped = engine_writer.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None, 256 * MIB)
+    assert not capped.block and capped.policy_on(cuda[0], policy) == small  # host snapshots' 256 MiB batches
     gdeflate = type("Gdeflate", (), {"chunk_bytes": 256 << 10, "small_batch_chunk_bytes": 128 << 10,
                                      "max_chunk_bytes": 1 << 31, "backend": "cuda"})()
     raw = type("Raw", (), {"chunk_bytes": 16 << 20, "small_batch_chunk_bytes": None,
