@@ -252,13 +252,13 @@ def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: i
     size (:func:`~ckptzip.blocks.uniform`)."""
     if key.backend != "cuda":
         with codec_threads(share):
-            return [(list(range(len(tensors))), encode_batch([t.to("cpu") for t in tensors], policy, "cpu", sparse))]
+            return [(list(range(len(tensors))), encode_batch(_moved(tensors, _CPU), policy, "cpu", sparse))]
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     if nbytes < ceiling.nbytes:
         try:
             with _on(key.device), blocks.uniform(block):
                 return [(list(range(len(tensors))),
-                         encode_batch([t.to(key.device) for t in tensors], policy, "cuda", sparse))]
+                         encode_batch(_moved(tensors, key.device), policy, "cuda", sparse))]
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not memory.is_out_of_memory(exc):
                 raise
@@ -268,6 +268,15 @@ def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: i
         _LOG.info("ckptzip: a GPU batch of %d tensors (%d MiB) ran out of memory on %s (%s); coding batches "
                   "that large smaller from now on", len(tensors), nbytes >> 20, key.device, failure)
     return _smaller(tensors, key, policy, share, ceiling, sparse)
+
+
+_CPU = torch.device("cpu")
+
+
+def _moved(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """``tensors`` on ``device`` (those already there as they are: ``Tensor.to`` costs ~16 us
+    a call even then, 3.5 ms of a 266-tensor save's 90 ms)."""
+    return [t if t.device == device else t.to(device) for t in tensors]
 
 
 def _smaller(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int, ceiling: _Ceiling,
