@@ -123,7 +123,8 @@ def test_gpus_whose_batches_are_small_code_them_in_the_codecs_small_batch_chunks
     cuda = [torch.device("cuda", 0), torch.device("cuda", 1)]
     monkeypatch.setattr(engine_writer, "_keys", lambda tensors, policy, limits=None: [
         engine_writer.BatchKey("cuda", d) for d in cuda])
-    monkeypatch.setattr(memory, "available", lambda device: (64 << 30) if device.index == 0 else 2 << 30)
+    free = {0: 64 << 30, 1: 2 << 30}
+    monkeypatch.setattr(memory, "available", lambda device: free[device.index])
     monkeypatch.setattr(engine_writer.Policy, "gpu_scratch_bytes", lambda self: 0)  # gdeflate asks none
     policy = engine_writer.Policy.parse("auto")
     limits = engine_writer.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
@@ -133,6 +134,9 @@ def test_gpus_whose_batches_are_small_code_them_in_the_codecs_small_batch_chunks
     assert small == engine_writer.Policy("auto", small_batches=True)
     capped = engine_writer.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None, 256 * MIB)
     assert not capped.block and capped.policy_on(cuda[0], policy) == small  # host snapshots' 256 MiB batches
+    free[1] = 10 << 30  # blocks of 1.43 GiB: launches of many chunks
+    roomy = engine_writer.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
+    assert list(roomy.block) == [cuda[1]] and roomy.policy_on(cuda[1], policy) is policy
     gdeflate = type("Gdeflate", (), {"chunk_bytes": 256 << 10, "small_batch_chunk_bytes": 128 << 10,
                                      "max_chunk_bytes": 1 << 31, "backend": "cuda"})()
     raw = type("Raw", (), {"chunk_bytes": 16 << 20, "small_batch_chunk_bytes": None,

@@ -57,7 +57,7 @@ BLOCK_WORKING_SETS = SAVE_WORKING_SETS + 1
 BLOCK_SLACK = 2 << 20
 # GPU batches of at most this many bytes code their planes with the codecs' small-batch chunk
 # sizes (Codec.small_batch_chunk_bytes): their sign/exponent planes hold fewer chunks than one
-# launch runs at once (a filled GPU's blocks; host snapshots' 256 MiB batches).
+# launch runs at once (a GPU with a few GiB free; host snapshots' 256 MiB batches).
 SMALL_BATCH_BYTES = 512 << 20
 # Batches of blocks are packed first fit into up to this many open batches (engine.plan.packed):
 # a 7B-like state's 172 MiB tensors filled 330 MiB blocks alone in table order (68 % full, 48
@@ -144,8 +144,8 @@ class GpuLimits:
 
     def policy_on(self, device: torch.device, policy: Policy) -> Policy:
         """``policy`` for the batches of ``device``: with the codecs' small-batch chunk sizes
-        where its batches are small (:data:`SMALL_BATCH_BYTES`; blocks always are)."""
-        small = device in self.block or self.batch.get(device, sys.maxsize) <= SMALL_BATCH_BYTES
+        where its batches are small (:data:`SMALL_BATCH_BYTES`)."""
+        small = self.batch.get(device, sys.maxsize) <= SMALL_BATCH_BYTES
         return dataclasses.replace(policy, small_batches=True) if small else policy
 
 
