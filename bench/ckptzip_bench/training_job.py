@@ -144,7 +144,7 @@ def timed(fn: Any) -> tuple[float, Any]:
     return time.perf_counter() - t, out
 
 
-class _Count(logging.Handler):
+class OutOfMemoryCount(logging.Handler):
     """Counts the engine's log records of batches that ran out of GPU memory."""
 
     def __init__(self) -> None:
@@ -161,7 +161,7 @@ class _Count(logging.Handler):
 
 
 def part_filled(args: argparse.Namespace) -> None:
-    retries = _Count()
+    retries = OutOfMemoryCount()
     logging.getLogger("ckptzip").addHandler(retries)
     logging.getLogger("ckptzip").setLevel(logging.INFO)
     state = llama_like_state(args.gib)

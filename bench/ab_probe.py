@@ -1,0 +1,116 @@
+"""A/B of one engine setting on one GPU, in one process: the variants alternate, round by round,
+so the machine (which differs more between the machines lent than most changes do) is the same
+for all of them.
+
+``--set DOTTED.NAME=V1,V2,...`` names a module attribute (a constant, or a class attribute) and
+the values to try, as Python literals. ``--what save`` times ``ckptzip.save`` of a 7B-like state
+to a file object that discards its input (with the GPU filled to leave ``--free`` GiB, if given);
+``--what host`` times what ``CheckpointManager.save`` blocks with host snapshots (``prepare``
+first; each variant its own manager). Prints a JSON row per variant: the median and every time,
+the stored bytes, the batches that ran out of GPU memory.
+
+    python3 bench/ab_probe.py --what save --gib 16 --free 2 --set ckptzip.engine.writer.OPEN_BATCHES=1,8
+    python3 bench/ab_probe.py --what host --gib 40 --free 3 \\
+        --set ckptzip.engine.writer.SMALL_BATCH_BYTES=0,536870912
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import importlib
+import json
+import logging
+import statistics
+import time
+from typing import Any
+
+import torch
+
+import ckptzip
+from ckptzip_bench.discard import written
+from ckptzip_bench.pipeline import discard_sink
+from ckptzip_bench.training_job import GIB, OutOfMemoryCount, fill_gpu, llama_like_state, nbytes
+
+
+def setting(dotted: str) -> tuple[Any, str]:
+    """The object that holds ``dotted``'s last name (a module, or a class in one) and that name."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner: Any = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:-1]:
+            owner = getattr(owner, name)
+        if not hasattr(owner, parts[-1]):
+            raise SystemExit(f"{dotted}: {owner!r} has no attribute {parts[-1]!r}")
+        return owner, parts[-1]
+    raise SystemExit(f"{dotted}: no module to import")
+
+
+def timed(fn: Any) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--set", required=True, help="DOTTED.NAME=V1,V2,... (Python literals)")
+    p.add_argument("--what", choices=("save", "host"), default="save")
+    p.add_argument("--gib", type=float, default=16, help="size of the 7B-like state")
+    p.add_argument("--free", type=float, help="GiB of GPU memory left free beside the state")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3, help="timed calls per variant and round")
+    args = p.parse_args()
+    dotted, _, values = args.set.partition("=")
+    owner, name = setting(dotted)
+    variants = [ast.literal_eval(v) for v in values.split(",")]
+    original = getattr(owner, name)
+    failures = OutOfMemoryCount()
+    logging.getLogger("ckptzip").addHandler(failures)
+    logging.getLogger("ckptzip").setLevel(logging.INFO)
+    state = llama_like_state(args.gib)
+    filler = fill_gpu(int(args.free * GIB)) if args.free is not None else None
+    times: dict[int, list[float]] = {k: [] for k in range(len(variants))}
+    stored: dict[int, int] = {}
+    out_of_memory = dict.fromkeys(range(len(variants)), 0)
+    try:
+        for r in range(args.rounds):
+            for k, value in enumerate(variants):
+                setattr(owner, name, value)
+                failures.count = 0
+                if args.what == "save":
+                    sink = discard_sink()
+                    ckptzip.save(state, sink)  # untimed: the variant's first call
+                    stored[k] = sink.nbytes
+                    times[k] += [timed(lambda: ckptzip.save(state, discard_sink())) for _ in range(args.reps)]
+                else:
+                    run = f"ab-{r}-{k}"
+                    manager = ckptzip.CheckpointManager(f"discard://{run}", keep_last=1, snapshot="host")
+                    manager.prepare(state)
+                    for step in range(args.reps):
+                        times[k].append(timed(functools.partial(manager.save, step, state)))
+                        manager.wait()
+                    stored[k] = written(run)
+                    manager.close()
+                out_of_memory[k] += failures.count
+                print(f"round {r} {dotted}={value!r}: {[round(t, 3) for t in times[k][-args.reps:]]}", flush=True)
+    finally:
+        setattr(owner, name, original)
+        del filler
+    size = nbytes(state)
+    for k, value in enumerate(variants):
+        median = statistics.median(times[k])
+        print(json.dumps({"setting": dotted, "value": value, "what": args.what, "free_gib": args.free,
+                          "state_gb": round(size / 1e9, 2), "median_s": round(median, 4),
+                          "gbs": round(size / 1e9 / median, 1), "times_s": [round(t, 4) for t in times[k]],
+                          "ratio": round(size / max(1, stored[k]), 5), "batches_out_of_memory": out_of_memory[k]}))
+
+
+if __name__ == "__main__":
+    main()
