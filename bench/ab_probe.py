@@ -23,15 +23,13 @@ import importlib
 import json
 import logging
 import statistics
-import time
 from typing import Any
 
-import torch
 
 import ckptzip
 from ckptzip_bench.discard import written
 from ckptzip_bench.pipeline import discard_sink
-from ckptzip_bench.training_job import GIB, OutOfMemoryCount, fill_gpu, llama_like_state, nbytes
+from ckptzip_bench.training_job import GIB, OutOfMemoryCount, fill_gpu, llama_like_state, nbytes, timed
 
 
 def setting(dotted: str) -> tuple[Any, str]:
@@ -48,14 +46,6 @@ def setting(dotted: str) -> tuple[Any, str]:
             raise SystemExit(f"{dotted}: {owner!r} has no attribute {parts[-1]!r}")
         return owner, parts[-1]
     raise SystemExit(f"{dotted}: no module to import")
-
-
-def timed(fn: Any) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -88,13 +78,13 @@ def main() -> None:
                     sink = discard_sink()
                     ckptzip.save(state, sink)  # untimed: the variant's first call
                     stored[k] = sink.nbytes
-                    times[k] += [timed(lambda: ckptzip.save(state, discard_sink())) for _ in range(args.reps)]
+                    times[k] += [timed(lambda: ckptzip.save(state, discard_sink()))[0] for _ in range(args.reps)]
                 else:
                     run = f"ab-{r}-{k}"
                     manager = ckptzip.CheckpointManager(f"discard://{run}", keep_last=1, snapshot="host")
                     manager.prepare(state)
                     for step in range(args.reps):
-                        times[k].append(timed(functools.partial(manager.save, step, state)))
+                        times[k].append(timed(functools.partial(manager.save, step, state))[0])
                         manager.wait()
                     stored[k] = written(run)
                     manager.close()
