@@ -3,10 +3,10 @@
 The kernels ship compiled for the common GPUs (kernels/_aot.py); elsewhere a fresh node has an
 empty Triton cache, and the first save of a process would compile every kernel (seconds) — a
 restore after a failure is exactly that case. Either way the first call makes nvCOMP's codecs.
-:func:`warm_up` saves and loads a small state that takes every kernel the engine launches (byte planes of 2, 4 and 8 bytes, whole
-tensors, references) on a background thread, once per device and policy; the manager and the
-DCP plugin start it when they are made, and a save or load that comes before it is done just
-compiles what it needs itself, as it would have.
+:func:`warm_up` saves and loads a small state that takes every kernel the engine launches
+(byte planes of 2, 4 and 8 bytes, whole tensors, references) on a background thread, once per
+device and policy; the manager and the DCP plugin start it when they are made, and a save or load
+that comes before it is done just compiles what it needs itself, as it would have.
 """
 
 from __future__ import annotations
