@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ckptzip.engine.plan import Limit, batch_bytes, packed, work_device
+from ckptzip.engine.plan import Limit, batch_bytes, halving, packed, work_device
 
 CPU, GPU0, GPU1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
 DEFAULTS = {"cuda": 1000, "cpu": 10}
@@ -90,3 +90,15 @@ def test_open_groups_leave_fill_limits_as_they_are() -> None:
 def test_shared_groups_are_packed_one_open_group_at_a_time() -> None:
     with pytest.raises(ValueError, match=r"^shared groups are packed one open group at a time$"):
         packed([0], [1], ["a"], {"a": Limit(within=2)}, shared=True, open_groups=2)
+
+
+@pytest.mark.parametrize(("nbytes", "cut"), [
+    ([8, 64, 64], 2),  # not after the 8 bytes: the rest would be retried at nearly the size that failed
+    ([64, 64, 8], 1),
+    ([1, 1, 1, 1], 2),
+    ([100, 1, 1, 1], 1),
+    ([1, 1, 1, 100], 3),
+    ([5, 5], 1),
+])
+def test_a_batch_is_halved_where_its_larger_run_is_smallest(nbytes: list[int], cut: int) -> None:
+    assert halving(nbytes) == cut

@@ -78,3 +78,16 @@ def _used_with(group: tuple[list[int], collections.Counter[K]], key: K, nbytes: 
     """The bytes of ``key`` in ``group`` with ``nbytes`` more; an empty group takes any item."""
     members, used = group
     return used[key] + nbytes if members else 0
+
+
+def halving(nbytes: Sequence[int]) -> int:
+    """Where to cut items of these sizes (at least two) into two runs, in order, of the most even
+    bytes: the larger run is as small as it can be (a count's half put a 64 MiB tensor with an
+    8-byte one, so the half that failed was retried at nearly its size)."""
+    total, before = sum(nbytes), 0
+    best, cut = total, 1
+    for k in range(1, len(nbytes)):
+        before += nbytes[k - 1]
+        if max(before, total - before) < best:
+            best, cut = max(before, total - before), k
+    return cut

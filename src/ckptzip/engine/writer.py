@@ -34,7 +34,7 @@ from . import memory
 from .ahead import Task, run_ahead
 from .encode import EncodedBatch, Part, encode_batch, tensor_bytes
 from .parts import encode_part, plane_count, quarters, ranges, stream_codecs, worth_parts
-from .plan import Limit, batch_bytes, packed, work_device
+from .plan import Limit, batch_bytes, halving, packed, work_device
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
 from .staging import PinnedPool, copy_stream, pinned_pool
@@ -282,10 +282,10 @@ def _moved(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tens
 def _smaller(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int, ceiling: _Ceiling,
              sparse: list[int | None]) -> Iterator[tuple[list[int], EncodedBatch]]:
     """A GPU batch too large for the memory at hand, coded smaller, lazily (each piece leaves the
-    GPU before the next is coded): in halves; a lone tensor in element ranges a quarter of the
+    GPU before the next is coded): in halves of the most even bytes; a lone tensor in element ranges a quarter of the
     size that failed (as byte planes, sparse or not), or on the host when it is too small for ranges."""
     if len(tensors) > 1:
-        half = len(tensors) // 2
+        half = halving([t.numel() * t.element_size() for t in tensors])
         yield from _encode(tensors[:half], key, policy, share, ceiling, sparse[:half])
         for positions, batch in _encode(tensors[half:], key, policy, share, ceiling, sparse[half:]):
             yield [half + p for p in positions], batch
