@@ -334,6 +334,25 @@ def test_a_pool_reserves_in_slabs_and_trims_only_whole_free_slabs(monkeypatch: p
     assert pool.acquire().is_pinned()
 
 
+@pytest.mark.gpu
+def test_a_bounded_pool_grows_by_slabs_as_large_as_it_holds_up_to_its_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from ckptzip.engine import staging
+    monkeypatch.setattr(staging, "SLAB_BYTES", 4 << 20)
+    pool = staging.PinnedPool(buffer_bytes=1 << 20, count=11)
+    held = [pool.acquire() for _ in range(11)]
+    assert [s.nbytes >> 20 for s in pool._slabs] == [1, 1, 2, 4, 3]  # doubling, a slab at most 4, 11 in all
+    assert all(b.is_pinned() for b in held) and len({b.data_ptr() for b in held}) == 11
+    source = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, device="cuda")
+    held[-1].copy_(source, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(held[-1], source.cpu())
+    pool.release(held.pop())
+    assert pool.acquire().data_ptr() not in {b.data_ptr() for b in held}  # reused, not a twelfth
+    assert pool.reserved == 11 << 20
+
+
 def test_the_numpy_split_and_merge_agree_across_their_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(planes_module, "COMPILED", None)  # the NumPy kernels, also where compiled ones exist
     monkeypatch.setattr(planes_module, "_CPU_BLOCK", 1000)

@@ -72,16 +72,32 @@ class PinnedPool:
         self._lock = threading.Lock()
 
     def acquire(self) -> torch.Tensor:
-        """A free buffer; blocks while all are in use."""
+        """A free buffer; blocks while all are in use. A pool short of buffers grows by a slab as
+        large as what it holds (1, 1, 2, 4... buffers, at most :data:`SLAB_BYTES`): registering
+        a slab costs a fraction of pinning its buffers one by one, a fresh process's first save
+        and load included, and a state that needs few buffers pins few."""
         try:
             return self._free.get_nowait()
         except queue.Empty:
             pass
         with self._lock:
             if self._created < self.count:
-                self._created += 1
-                return torch.empty(self.buffer_bytes, dtype=torch.uint8, pin_memory=True)
+                first, *rest = self._add_slab(min(self.count - self._created, max(1, self._created), self._per_slab))
+                for buffer in rest:
+                    self._free.put(buffer)
+                return first
         return self._free.get()
+
+    @property
+    def _per_slab(self) -> int:
+        return max(1, SLAB_BYTES // self.buffer_bytes)
+
+    def _add_slab(self, n: int) -> list[torch.Tensor]:
+        """``n`` new buffers, in one slab (the caller holds the lock)."""
+        slab = Slab(n * self.buffer_bytes)
+        self._slabs.append(slab)
+        self._created += n
+        return [slab.memory[i * self.buffer_bytes : (i + 1) * self.buffer_bytes] for i in range(n)]
 
     @property
     def reserved(self) -> int:
@@ -92,15 +108,11 @@ class PinnedPool:
         """Make sure about ``nbytes`` of buffers are free, creating the missing ones in slabs."""
         with self._lock:
             missing = min(-(-nbytes // self.buffer_bytes) - self._free.qsize(), self.count - self._created)
-            per_slab = max(1, SLAB_BYTES // self.buffer_bytes)
             while missing > 0:
-                n = min(missing, per_slab)
-                slab = Slab(n * self.buffer_bytes)
-                self._slabs.append(slab)
-                self._created += n
+                n = min(missing, self._per_slab)
+                for buffer in self._add_slab(n):
+                    self._free.put(buffer)
                 missing -= n
-                for i in range(n):
-                    self._free.put(slab.memory[i * self.buffer_bytes : (i + 1) * self.buffer_bytes])
 
     def trim(self, keep: int) -> None:
         """Give back whole slabs whose buffers are all free while the pool still holds ``keep``
@@ -158,3 +170,4 @@ def copy_stream(device: torch.device) -> torch.cuda.Stream:
         if stream is None:
             stream = _STREAMS[device] = torch.cuda.Stream(device)
         return stream
+
