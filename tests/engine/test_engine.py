@@ -335,6 +335,28 @@ def test_a_pool_reserves_in_slabs_and_trims_only_whole_free_slabs(monkeypatch: p
 
 
 @pytest.mark.gpu
+def test_a_load_to_the_cpu_of_tensors_decoded_on_the_gpu_comes_down_through_a_pool_of_three_buffers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if not torch.cuda.is_available() or not has_codec("gdeflate", "cuda"):
+        pytest.skip("needs a CUDA device and nvCOMP")
+    from ckptzip.engine import staging
+    pool = staging.PinnedPool(buffer_bytes=1 << 20, count=3)
+    monkeypatch.setattr(staging, "_POOL", pool)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    state = {"w": torch.randn(1_400_000, generator=g, device="cuda"),  # 5.3 MiB: six pieces, the last partial
+             "m": torch.randn(262_144, generator=g, device="cuda") * 1e-3,  # one whole piece
+             "b": torch.randn(1000, generator=g, device="cuda").bfloat16(),  # small: Tensor.to
+             "step": torch.tensor(9, device="cuda")}
+    buf = io.BytesIO()
+    ckptzip.save(state, buf)  # gdeflate planes: decoded on the GPU, for the CPU too
+    got = ckptzip.load(buf.getvalue(), map_location="cpu")
+    assert {t.device.type for t in got.values()} == {"cpu"}
+    assert_same(got, {k: v.cpu() for k, v in state.items()})
+    assert pool.reserved == 3 << 20  # every piece through the pool's three buffers, all given back
+    assert len([pool.acquire() for _ in range(3)]) == 3
+
+
+@pytest.mark.gpu
 def test_a_bounded_pool_grows_by_slabs_as_large_as_it_holds_up_to_its_count(monkeypatch: pytest.MonkeyPatch) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")

@@ -35,7 +35,7 @@ from .decode import Runs, decode_batch
 from .plan import Limit, batch_bytes, packed, work_device as _work_device
 from .scratch import scratch
 from .sources import LoadPlan
-from .staging import copy_stream, pinned_pool
+from .staging import copy_stream, pinned_pool, to_host
 from .threads import cpu_workers
 
 # CPU batches of 16 MiB: each costs about 1 ms of Python, and at 8 MiB that was a tenth of a
@@ -557,6 +557,8 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     for i in whole:  # a tensor decoded in parts: the sum of its parts' checksums (modulo 2**64)
         verify_checksums([entries[i]], [sum(torch.cat(part_sums[i]).tolist())])
     out = []
+    to_cpu = [i for i, device in enumerate(devices) if device.type == "cpu" and data[i].is_cuda]
+    data.update(zip(to_cpu, to_host([data[i] for i in to_cpu])))
     for i, (entry, device) in enumerate(zip(entries, devices)):
         raw = data[i]
         dtype = DTYPES[entry.dtype]

@@ -1,5 +1,5 @@
 """Pinned host memory for device↔host copies: a bounded pool of buffers, reused across saves and
-loads, and a copy stream per device.
+loads, a copy stream per device, and GPU tensors brought to new host tensors through them.
 
 Host memory is bounded by the pool (``CKPTZIP_PINNED_MB`` in all, default 1024 MiB in 64 MiB
 buffers, created on first use), never by the size of the state: when every buffer waits for the
@@ -14,11 +14,16 @@ import mmap
 import os
 import queue
 import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 BUFFER_BYTES = 64 << 20
 SLAB_BYTES = 1 << 30
+# GPU tensors at least this large come to the host through the pool (smaller ones: Tensor.to)
+STAGED_TO_HOST_BYTES = 1 << 20
+_COPY_OUT_THREADS = max(1, min(8, os.cpu_count() or 1))
 
 
 def _pool_buffers() -> int:
@@ -171,3 +176,42 @@ def copy_stream(device: torch.device) -> torch.cuda.Stream:
             stream = _STREAMS[device] = torch.cuda.Stream(device)
         return stream
 
+
+def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Contiguous 1-D uint8 GPU tensors as new host tensors. Those of :data:`STAGED_TO_HOST_BYTES`
+    or more come down a pool buffer at a time on their device's copy stream, each piece copied out
+    into its pageable output on a thread while the next ones come down: ``Tensor.to("cpu")`` into
+    pageable memory is staged by the driver one piece at a time, at a few GB/s."""
+    outs = [torch.empty(t.numel(), dtype=torch.uint8) for t in tensors]
+    staged = [(t, out) for t, out in zip(tensors, outs) if t.numel() >= STAGED_TO_HOST_BYTES]
+    for t, out in zip(tensors, outs):
+        if t.numel() < STAGED_TO_HOST_BYTES:
+            out.copy_(t)
+    if not staged:
+        return outs
+    for device in {t.device for t, _ in staged}:
+        copy_stream(device).wait_stream(torch.cuda.current_stream(device))
+    pool = pinned_pool()
+    with ThreadPoolExecutor(_COPY_OUT_THREADS, thread_name_prefix="ckptzip-to-host") as workers:
+        jobs = []
+        for t, out in staged:
+            stream = copy_stream(t.device)
+            for start in range(0, t.numel(), pool.buffer_bytes):
+                n = min(pool.buffer_bytes, t.numel() - start)
+                buffer = pool.acquire()  # blocks while every buffer waits to be copied out
+                with torch.cuda.stream(stream):
+                    buffer[:n].copy_(t[start : start + n], non_blocking=True)
+                    down = torch.cuda.Event()
+                    down.record(stream)
+                jobs.append(workers.submit(_copy_out, down, buffer, out[start : start + n], pool))
+        for job in jobs:
+            job.result()
+    return outs
+
+
+def _copy_out(down: torch.cuda.Event, buffer: torch.Tensor, out: torch.Tensor, pool: PinnedPool) -> None:
+    try:
+        down.synchronize()
+        out.copy_(buffer[: out.numel()])
+    finally:
+        pool.release(buffer)
