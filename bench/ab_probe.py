@@ -3,15 +3,19 @@ so the machine (which differs more between the machines lent than most changes d
 for all of them.
 
 ``--set DOTTED.NAME=V1,V2,...`` names a module attribute (a constant, or a class attribute) and
-the values to try, as Python literals. ``--what save`` times ``ckptzip.save`` of a 7B-like state
-to a file object that discards its input (with the GPU filled to leave ``--free`` GiB, if given);
-``--what host`` times what ``CheckpointManager.save`` blocks with host snapshots (``prepare``
-first; each variant its own manager). Prints a JSON row per variant: the median and every time,
-the stored bytes, the batches that ran out of GPU memory.
+the values to try, as Python literals (a dict or tuple among them too); several ``--set`` change
+their attributes together, variant by variant. ``--what save`` times ``ckptzip.save`` of a
+7B-like state to a file object that discards its input (with the GPU filled to leave ``--free``
+GiB, if given); ``--what host`` times what ``CheckpointManager.save`` blocks with host snapshots
+(``prepare`` first; each variant its own manager); ``--what cpu-load`` times ``ckptzip.load`` to
+the CPU of the state saved on the GPU (``codec="auto"``), from bytes in host memory. Prints a JSON
+row per variant: the median and every time, the stored bytes, the batches that ran out of GPU memory.
 
     python3 bench/ab_probe.py --what save --gib 16 --free 2 --set ckptzip.engine.writer.OPEN_BATCHES=1,8
     python3 bench/ab_probe.py --what host --gib 40 --free 3 \\
         --set ckptzip.engine.writer.SMALL_BATCH_BYTES=0,536870912
+    python3 bench/ab_probe.py --what cpu-load --gib 8 --set ckptzip.engine.reader.CPU_SLICE_BYTES=16777216,67108864 \\
+        --set 'ckptzip.engine.reader.BATCH_BYTES={"cuda": 536870912, "cpu": 16777216},{"cuda": 536870912, "cpu": 67108864}'
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import argparse
 import ast
 import functools
 import importlib
+import io
 import json
 import logging
 import statistics
 from typing import Any
 
+import torch
 
 import ckptzip
 from ckptzip_bench.discard import written
@@ -50,31 +56,51 @@ def setting(dotted: str) -> tuple[Any, str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--set", required=True, help="DOTTED.NAME=V1,V2,... (Python literals)")
-    p.add_argument("--what", choices=("save", "host"), default="save")
+    p.add_argument("--set", required=True, action="append",
+                   help="DOTTED.NAME=V1,V2,... (Python literals); repeated: changed together")
+    p.add_argument("--what", choices=("save", "host", "cpu-load"), default="save")
     p.add_argument("--gib", type=float, default=16, help="size of the 7B-like state")
     p.add_argument("--free", type=float, help="GiB of GPU memory left free beside the state")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--reps", type=int, default=3, help="timed calls per variant and round")
     args = p.parse_args()
-    dotted, _, values = args.set.partition("=")
-    owner, name = setting(dotted)
-    variants = [ast.literal_eval(v) for v in values.split(",")]
-    original = getattr(owner, name)
+    settings = []
+    for assignment in args.set:
+        dotted, _, values = assignment.partition("=")
+        settings.append((dotted, *setting(dotted), ast.literal_eval(f"[{values}]")))
+    if len({len(values) for *_, values in settings}) != 1:
+        raise SystemExit("every --set needs as many values")
+    variants = list(zip(*(values for *_, values in settings)))
+    label = " ".join(dotted for dotted, *_ in settings)
+    originals = [getattr(owner, name) for _, owner, name, _ in settings]
     failures = OutOfMemoryCount()
     logging.getLogger("ckptzip").addHandler(failures)
     logging.getLogger("ckptzip").setLevel(logging.INFO)
     state = llama_like_state(args.gib)
+    data = b""
+    if args.what == "cpu-load":
+        buffer = io.BytesIO()
+        ckptzip.save(state, buffer)
+        data = buffer.getvalue()
+        del buffer
     filler = fill_gpu(int(args.free * GIB)) if args.free is not None else None
     times: dict[int, list[float]] = {k: [] for k in range(len(variants))}
     stored: dict[int, int] = {}
     out_of_memory = dict.fromkeys(range(len(variants)), 0)
     try:
         for r in range(args.rounds):
-            for k, value in enumerate(variants):
-                setattr(owner, name, value)
+            for k, values in enumerate(variants):
+                for (_, owner, name, _), value in zip(settings, values):
+                    setattr(owner, name, value)
                 failures.count = 0
-                if args.what == "save":
+                if args.what == "cpu-load":
+                    loaded = ckptzip.load(data, map_location="cpu")  # untimed: the variant's first call
+                    stored[k] = len(data)
+                    assert all(torch.equal(loaded[n].view(torch.uint8), t.cpu().view(torch.uint8))
+                               for n, t in state.items()), "not bit-exact"
+                    del loaded
+                    times[k] += [timed(lambda: ckptzip.load(data, map_location="cpu"))[0] for _ in range(args.reps)]
+                elif args.what == "save":
                     sink = discard_sink()
                     ckptzip.save(state, sink)  # untimed: the variant's first call
                     stored[k] = sink.nbytes
@@ -89,14 +115,16 @@ def main() -> None:
                     stored[k] = written(run)
                     manager.close()
                 out_of_memory[k] += failures.count
-                print(f"round {r} {dotted}={value!r}: {[round(t, 3) for t in times[k][-args.reps:]]}", flush=True)
+                print(f"round {r} {label}={values!r}: {[round(t, 3) for t in times[k][-args.reps:]]}", flush=True)
     finally:
-        setattr(owner, name, original)
+        for (_, owner, name, _), original in zip(settings, originals):
+            setattr(owner, name, original)
         del filler
     size = nbytes(state)
-    for k, value in enumerate(variants):
+    for k, values in enumerate(variants):
         median = statistics.median(times[k])
-        print(json.dumps({"setting": dotted, "value": value, "what": args.what, "free_gib": args.free,
+        print(json.dumps({"setting": label, "value": values if len(values) > 1 else values[0],
+                          "what": args.what, "free_gib": args.free,
                           "state_gb": round(size / 1e9, 2), "median_s": round(median, 4),
                           "gbs": round(size / 1e9 / median, 1), "times_s": [round(t, 4) for t in times[k]],
                           "ratio": round(size / max(1, stored[k]), 5), "batches_out_of_memory": out_of_memory[k]}))
