@@ -8,7 +8,8 @@ Parts (``--parts``, comma-separated):
   The trainer then exits without closing (as a crashed one would), leaving the tier behind.
 - ``restore``: fresh processes restore the newest checkpoint from that tier onto the GPU:
   seconds and GB/s of the state's bytes (the interpreter's and CUDA's start excluded),
-  bit-exact against the state rebuilt from its seed.
+  bit-exact against the state rebuilt from its seed; ``--restore-prep`` variants first warm
+  ckptzip up or have torch's allocator hold the state's memory, to tell what a fresh process pays.
 - ``delta``: bf16 weights of the demo's Transformer (``--delta-preset``) trained in bf16 with
   AdamW on Python sources, one step apart, saved by an incremental manager: share of bit-identical elements,
   ratio of each step's XOR delta file, GB/s of the save (blocked plus background encode) and of
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,6 +77,12 @@ torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 from ckptzip_bench.training_job import llama_like_state, same
 from ckptzip.demo.training import Transformer, get_preset, load_corpus
 from ckptzip.manager import CheckpointManager, MemoryTier
+import ckptzip
+prep = sys.argv[5].split("+")
+if "warmup" in prep:  # kernels and codecs made before the restore, as a job's start would
+    ckptzip.warmup(wait=True)
+if "memory" in prep:  # the state's GPU memory already held by torch's caching allocator
+    torch.empty(int(float(sys.argv[3]) * 2**30) + (2 << 30), dtype=torch.uint8, device="cuda")
 manager = CheckpointManager(sys.argv[1], memory_tier=MemoryTier(keep=1, persist_every=1000, path=sys.argv[2]))
 torch.cuda.synchronize(); t = time.perf_counter()
 state = manager.restore()
@@ -120,17 +128,22 @@ def part_tier(args: argparse.Namespace, root: Path) -> None:
 
 def part_restore(args: argparse.Namespace, root: Path) -> None:
     here = str(Path(__file__).parent)
-    rows = []
-    for _ in range(args.restores):
-        out = subprocess.run([sys.executable, "-c", _RESTORE, str(args.run), str(args.shm_dir), str(args.gib), here],
-                             capture_output=True, text=True, timeout=args.part_timeout_s)
-        if out.returncode != 0:
-            report(part="restore", error=out.stderr[-800:])
-            return
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for prep in args.restore_prep.split(","):
+        rows = []
+        for _ in range(args.restores):
+            out = subprocess.run([sys.executable, "-c", _RESTORE, str(args.run), str(args.shm_dir), str(args.gib), here,
+                                  prep], capture_output=True, text=True, timeout=args.part_timeout_s)
+            if out.returncode != 0:
+                report(part="restore", prep=prep, error=out.stderr[-800:])
+                return
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        _report_restores(args, prep, rows)
+
+
+def _report_restores(args: argparse.Namespace, prep: str, rows: list[dict[str, Any]]) -> None:
     size = args.state_bytes
     seconds = [r["restore_s"] for r in rows]
-    report(part="restore", codec=args.codec, state_gb=round(size / 1e9, 2), restore_s=seconds,
+    report(part="restore", prep=prep, codec=args.codec, state_gb=round(size / 1e9, 2), restore_s=seconds,
            warm_restore_s=[r["warm_restore_s"] for r in rows],
            from_=rows[0]["from"], file_read_gbs=[r["file_read_gbs"] for r in rows],
            gbs_median=round(size / 1e9 / statistics.median(seconds), 1), devices=rows[0]["devices"],
@@ -221,6 +234,9 @@ def main() -> None:
     p.add_argument("--parts", default="tier,restore,delta")
     p.add_argument("--gib", type=float, default=40, help="size of the tier's 7B-like state")
     p.add_argument("--restores", type=int, default=2)
+    p.add_argument("--restore-prep", default="none",
+                   help="comma-separated variants of what a fresh restoring process does first: none, warmup "
+                        "(ckptzip.warmup), memory (the state's GPU memory allocated and cached), warmup+memory")
     p.add_argument("--codec", default="auto", help="the manager's codec for the tier parts")
     p.add_argument("--shm", default="/dev/shm", help="where the memory tier lives")
     p.add_argument("--delta-preset", default="large", help="the demo model trained in bf16 by the delta part")
