@@ -30,7 +30,7 @@ from ckptzip.engine import memory as engine_memory
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
 from ckptzip.engine.decode import Runs, decode_batch
-from ckptzip.engine.encode import PLANE, Streams, _trial, encode_batch
+from ckptzip.engine.encode import PLANE, Streams, _Batch, _trial, encode_batch
 from ckptzip.engine.policy import Policy
 from ckptzip.errors import UsageError
 from ckptzip.kernels import distinct
@@ -373,7 +373,8 @@ def test_the_cpu_planner_keeps_the_candidate_that_codes_a_sample_smallest(monkey
                   {"id": "zstd", "level": 3}]
     coded = _counting_zstd(monkeypatch)
     streams = Streams(np.arange(3), np.zeros(3, np.int64), offsets, sizes, np.full(3, PLANE, np.int8), np.zeros(3))
-    picks, whole = _trial(np.arange(3), streams, [base], candidates, 1 << 15, Policy.parse("auto"), "cpu")
+    batch = _Batch([base], streams, [None] * 3, torch.zeros(3, dtype=torch.int64))
+    picks, whole = _trial(np.arange(3), batch, candidates, 1 << 15, Policy.parse("auto"), "cpu")
     assert picks == [candidates[2], candidates[0], {"id": "raw"}]
     assert whole == {}  # samples of part of a stream are not what the stream stores
     # level 3 (the slowest) coded only the sample where level 1 beat the long-matches-only coding

@@ -451,8 +451,9 @@ class _Sink(_InOrder[_Job]):
         hexes = digest_hexes(digests)
         c = 0
         for t, (position, name, tensor) in enumerate(zip(job.positions, job.names, job.tensors)):
+            recipe = batch.recipes[t]
             streams = []
-            for record in batch.streams[t]:
+            for record in recipe.streams:
                 chunks = [Chunk(offsets[i], lengths[i], raws[i], hexes[i]) for i in range(c, c + record.chunks)]
                 c += record.chunks
                 streams.append(StreamEntry(record.codec, record.nbytes, chunks))
@@ -466,7 +467,7 @@ class _Sink(_InOrder[_Job]):
                 shape=tensor.shape,
                 nbytes=tensor.nbytes,
                 checksum=format_wsum64(int(checksums[t])),
-                transforms=batch.transforms[t],
+                transforms=recipe.transforms,
                 streams=streams,
                 device=tensor.device,
             )
