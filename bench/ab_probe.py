@@ -9,9 +9,9 @@ to a file object that discards its input (with the GPU filled to leave ``--free`
 first; each variant its own manager). Prints a JSON row per variant: the median and every time,
 the stored bytes, the batches that ran out of GPU memory.
 
-    python3 bench/ab_probe.py --what save --gib 16 --free 2 --set ckptzip.engine.writer.OPEN_BATCHES=1,8
+    python3 bench/ab_probe.py --what save --gib 16 --free 2 --set ckptzip.engine.plan.OPEN_BATCHES=1,8
     python3 bench/ab_probe.py --what host --gib 40 --free 3 \\
-        --set ckptzip.engine.writer.SMALL_BATCH_BYTES=0,536870912
+        --set ckptzip.engine.plan.SMALL_BATCH_BYTES=0,536870912
 """
 
 from __future__ import annotations

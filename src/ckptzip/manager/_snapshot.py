@@ -21,7 +21,8 @@ from ..engine import memory
 from ..engine.policy import Policy
 from ..engine.sources import DeltaBase
 from ..engine.staging import PinnedPool, Slab
-from ..engine.writer import GpuLimits, StagedState, gpu_coded, stage_state, write_staged
+from ..engine.plan import GpuLimits, gpu_coded
+from ..engine.writer import StagedState, stage_state, write_staged
 from ..errors import GpuMemoryError
 from ..format import TensorEntry
 from ..tree import flatten, unflatten
