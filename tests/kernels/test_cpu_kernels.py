@@ -17,7 +17,7 @@ import torch
 
 import ckptzip
 from ckptzip.checksum import wsum64_array
-from ckptzip.codecs._threads import codec_threads
+from ckptzip.codecs import codec_threads
 from ckptzip.engine import plan as engine_plan
 from ckptzip.errors import CorruptCheckpointError
 from ckptzip.kernels import COMPILED, CPU_PIECE_BYTES
