@@ -11,11 +11,11 @@ GiB, if given); ``--what host`` times what ``CheckpointManager.save`` blocks wit
 the CPU of the state saved on the GPU (``codec="auto"``), from bytes in host memory. Prints a JSON
 row per variant: the median and every time, the stored bytes, the batches that ran out of GPU memory.
 
-    python3 bench/ab_probe.py --what save --gib 16 --free 2 --set ckptzip.engine.writer.OPEN_BATCHES=1,8
+    python3 bench/ab_probe.py --what save --gib 16 --free 2 --set ckptzip.engine.plan.OPEN_BATCHES=1,8
     python3 bench/ab_probe.py --what host --gib 40 --free 3 \\
-        --set ckptzip.engine.writer.SMALL_BATCH_BYTES=0,536870912
+        --set ckptzip.engine.plan.SMALL_BATCH_BYTES=0,536870912
     python3 bench/ab_probe.py --what cpu-load --gib 8 --set ckptzip.engine.reader.CPU_SLICE_BYTES=16777216,67108864 \\
-        --set 'ckptzip.engine.reader.BATCH_BYTES={"cuda": 536870912, "cpu": 16777216},{"cuda": 536870912, "cpu": 67108864}'
+        --set 'ckptzip.engine.plan.LOAD_BATCH_BYTES={"cuda": 536870912, "cpu": 16777216},{"cuda": 536870912, "cpu": 67108864}'
 """
 
 from __future__ import annotations

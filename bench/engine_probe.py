@@ -29,7 +29,7 @@ from ckptzip_bench.results import breakdown_table
 from ckptzip.codecs import cpu_threads
 from ckptzip.engine.encode import encode_batch
 from ckptzip.engine.policy import Policy
-from ckptzip.engine.writer import plan_batches as write_plan
+from ckptzip.engine.plan import save_batches as write_plan
 from ckptzip.format import ContainerReader
 
 CUDA = torch.device("cuda")

@@ -26,7 +26,7 @@ import torch
 import ckptzip
 from ckptzip import api
 from ckptzip.codecs import nvcomp
-from ckptzip.engine import decode, encode, reader, staging, writer
+from ckptzip.engine import decode, encode, plan, reader, staging, writer
 from ckptzip.engine.policy import Policy
 from ckptzip.format import index
 from ckptzip.manager import _snapshot
@@ -87,8 +87,8 @@ STAGES: list[tuple[Any, str, str]] = [
     (api, "flatten", "save: flatten"),
     (writer, "write_state", "save: other"),
     (writer, "rewrite_table", "save: duplicates and casts"),
-    (writer.GpuLimits, "of", "save: memory budget"),
-    (writer, "plan_batches", "save: plan"),
+    (plan.GpuLimits, "of", "save: memory budget"),
+    (plan, "save_batches", "save: plan"),
     (writer, "_encode_all", "save: encoding loop"),
     (writer._InOrder, "close", "pipeline close (waits for the tail)"),
     (api.CheckpointReader, "__init__", "load: open"),
@@ -227,9 +227,9 @@ def main() -> None:
     args = ap.parse_args()
     install()
     if args.batch_mib:
-        writer.BATCH_BYTES["cuda"] = args.batch_mib << 20
+        plan.SAVE_BATCH_BYTES["cuda"] = args.batch_mib << 20
     if args.lanes:
-        writer.lanes = lambda budgets, batch_cap: args.lanes
+        plan.lanes = lambda budgets, batch_cap: args.lanes
     out: dict[str, Any] = {}
     if args.host_gib:
         out["host snapshots"] = host_snapshots(args.host_gib, args.host_free, args.host_saves, 10.0)

@@ -339,19 +339,19 @@ def code_large_tensors_in_ranges(monkeypatch: Any) -> None:
     """Make saves code tensors of 64 KiB or more in element ranges of 16 KiB on the CPU, as a GPU
     codes a tensor over its budget (engine/parts.py): the same code, run here."""
     from ckptzip.engine import parts as engine_parts
-    from ckptzip.engine import writer as engine_writer
+    from ckptzip.engine import plan as engine_plan
 
-    real_key = engine_writer._key
+    real_key = engine_plan._key
 
     def in_ranges(tensor: torch.Tensor, backend: str, limits: object) -> object:
         if tensor.numel() * tensor.element_size() >= 1 << 16:
-            return engine_writer.BatchKey("cpu", torch.device("cpu"), True)
+            return engine_plan.BatchKey("cpu", torch.device("cpu"), True)
         return real_key(tensor, backend, limits)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine_writer, "_key", in_ranges)
+    monkeypatch.setattr(engine_plan, "_key", in_ranges)
     monkeypatch.setattr(engine_parts, "RANGE_ALIGN", 1 << 14)
     cpu = torch.device("cpu")
-    monkeypatch.setattr(engine_writer.GpuLimits, "of", classmethod(
+    monkeypatch.setattr(engine_plan.GpuLimits, "of", classmethod(
         lambda cls, *a, **k: cls({cpu: 1 << 14}, {cpu: 0}, {cpu: 96 << 14})))
 
 

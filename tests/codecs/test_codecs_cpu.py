@@ -18,8 +18,7 @@ from ckptzip.codecs import Codec, codec_ids, get_codec, gpu_only_ids, has_codec,
 from ckptzip.codecs import _threads
 from ckptzip.codecs import cpu as cpu_module
 from ckptzip.codecs.cpu import ZstdCodec
-from ckptzip.engine import reader as engine_reader
-from ckptzip.engine import writer as engine_writer
+from ckptzip.engine import plan as engine_plan
 from ckptzip.engine.threads import batch_share
 from ckptzip.errors import CorruptChunkError
 from ckptzip.testing.codecs import sample_chunks
@@ -345,8 +344,8 @@ def test_batches_coded_at_once_split_the_cores_between_them(monkeypatch: pytest.
 
 def test_a_state_of_many_batches_round_trips_with_the_cores_shared(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKPTZIP_THREADS", "4")
-    monkeypatch.setattr(engine_writer, "BATCH_BYTES", {"cuda": 1 << 30, "cpu": 1 << 18})
-    monkeypatch.setattr(engine_reader, "BATCH_BYTES", {"cuda": 1 << 29, "cpu": 1 << 18})
+    monkeypatch.setattr(engine_plan, "SAVE_BATCH_BYTES", {"cuda": 1 << 30, "cpu": 1 << 18})
+    monkeypatch.setattr(engine_plan, "LOAD_BATCH_BYTES", {"cuda": 1 << 29, "cpu": 1 << 18})
     shares: list[int] = []
     count = _threads.codec_thread_count
     monkeypatch.setattr(cpu_module, "codec_thread_count", lambda: shares.append(count()) or count())

@@ -27,10 +27,11 @@ from ckptzip.codecs import get_codec, has_codec
 from ckptzip.codecs.cpu import ZstdCodec
 from ckptzip.codecs.nvcomp import NvcompLz4Codec, NvcompZstdCodec
 from ckptzip.engine import memory as engine_memory
+from ckptzip.engine import plan as engine_plan
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
 from ckptzip.engine.decode import Runs, decode_batch
-from ckptzip.engine.encode import PLANE, Streams, _trial, encode_batch
+from ckptzip.engine.encode import PLANE, Streams, _Batch, _trial, encode_batch
 from ckptzip.engine.policy import Policy
 from ckptzip.errors import UsageError
 from ckptzip.kernels import distinct
@@ -77,8 +78,8 @@ def test_save_and_load_round_trip_bit_exactly(device: str, codec: str) -> None:
 
 @pytest.mark.parametrize("device", _devices())
 def test_many_batches_and_a_pinned_pool_of_two_buffers(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_writer, "BATCH_BYTES", {"cuda": 1 << 14, "cpu": 1 << 14})
-    monkeypatch.setattr(engine_reader, "BATCH_BYTES", {"cuda": 1 << 13, "cpu": 1 << 13})
+    monkeypatch.setattr(engine_plan, "SAVE_BATCH_BYTES", {"cuda": 1 << 14, "cpu": 1 << 14})
+    monkeypatch.setattr(engine_plan, "LOAD_BATCH_BYTES", {"cuda": 1 << 13, "cpu": 1 << 13})
     from ckptzip.engine import staging
 
     monkeypatch.setattr(staging, "_POOL", staging.PinnedPool(buffer_bytes=1 << 12, count=2) if device == "cuda" else None)
@@ -258,7 +259,7 @@ def test_a_decode_budget_refuses_a_small_file_declaring_much(tmp_path) -> None: 
 def test_a_tensor_larger_than_a_slice_decodes_in_parts_into_its_output(device: str, monkeypatch: pytest.MonkeyPatch
                                                                         ) -> None:
     monkeypatch.setattr(engine_reader, "CPU_SLICE_BYTES", 16 << 10)
-    monkeypatch.setattr(engine_reader, "BATCH_BYTES", {"cuda": 16 << 10, "cpu": 8 << 20})  # GPU slices: a batch
+    monkeypatch.setattr(engine_plan, "LOAD_BATCH_BYTES", {"cuda": 16 << 10, "cpu": 8 << 20})  # GPU slices: a batch
     monkeypatch.setattr(engine_memory, "_MIN_BATCH", 1 << 10)
     parts = []
     slices = engine_reader._slices
@@ -414,7 +415,8 @@ def test_the_cpu_planner_keeps_the_candidate_that_codes_a_sample_smallest(monkey
                   {"id": "zstd", "level": 3}]
     coded = _counting_zstd(monkeypatch)
     streams = Streams(np.arange(3), np.zeros(3, np.int64), offsets, sizes, np.full(3, PLANE, np.int8), np.zeros(3))
-    picks, whole = _trial(np.arange(3), streams, [base], candidates, 1 << 15, Policy.parse("auto"), "cpu")
+    batch = _Batch([base], streams, [None] * 3, torch.zeros(3, dtype=torch.int64))
+    picks, whole = _trial(np.arange(3), batch, candidates, 1 << 15, Policy.parse("auto"), "cpu")
     assert picks == [candidates[2], candidates[0], {"id": "raw"}]
     assert whole == {}  # samples of part of a stream are not what the stream stores
     # level 3 (the slowest) coded only the sample where level 1 beat the long-matches-only coding
@@ -489,7 +491,7 @@ def test_a_range_that_runs_out_of_memory_is_coded_in_quarters_and_the_file_is_th
     expected = io.BytesIO()
     ckptzip.save(state, expected)
     cpu = torch.device("cpu")
-    monkeypatch.setattr(engine_writer.GpuLimits, "of", classmethod(
+    monkeypatch.setattr(engine_plan.GpuLimits, "of", classmethod(
         lambda cls, *a, **k: cls({cpu: 1 << 16}, {cpu: 0}, {cpu: 96 << 16})))
     real = engine_parts.encode_part
     tried: list[tuple[int, int]] = []

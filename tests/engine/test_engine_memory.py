@@ -14,6 +14,7 @@ import torch
 
 import ckptzip
 from ckptzip.engine import memory
+from ckptzip.engine import plan as engine_plan
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
 from helpers import assert_same, assert_same_tensor
@@ -121,21 +122,21 @@ def test_batches_are_sized_from_the_budget(monkeypatch: pytest.MonkeyPatch) -> N
 def test_gpus_whose_batches_are_small_code_them_in_the_codecs_small_batch_chunks(
         monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = [torch.device("cuda", 0), torch.device("cuda", 1)]
-    monkeypatch.setattr(engine_writer, "_keys", lambda tensors, policy, limits=None: [
-        engine_writer.BatchKey("cuda", d) for d in cuda])
+    monkeypatch.setattr(engine_plan, "_keys", lambda tensors, policy, limits=None: [
+        engine_plan.BatchKey("cuda", d) for d in cuda])
     free = {0: 64 << 30, 1: 2 << 30}
     monkeypatch.setattr(memory, "available", lambda device: free[device.index])
     monkeypatch.setattr(engine_writer.Policy, "gpu_scratch_bytes", lambda self: 0)  # gdeflate asks none
     policy = engine_writer.Policy.parse("auto")
-    limits = engine_writer.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
+    limits = engine_plan.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
     assert list(limits.block) == [cuda[1]]  # 2 GiB: batches of a seventh, in blocks
     assert limits.policy_on(cuda[0], policy) is policy  # 2 GiB batches
     small = limits.policy_on(cuda[1], policy)
     assert small == engine_writer.Policy("auto", small_batches=True)
-    capped = engine_writer.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None, 256 * MIB)
+    capped = engine_plan.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None, 256 * MIB)
     assert not capped.block and capped.policy_on(cuda[0], policy) == small  # host snapshots' 256 MiB batches
     free[1] = 10 << 30  # blocks of 1.43 GiB: launches of many chunks
-    roomy = engine_writer.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
+    roomy = engine_plan.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
     assert list(roomy.block) == [cuda[1]] and roomy.policy_on(cuda[1], policy) is policy
     gdeflate = type("Gdeflate", (), {"chunk_bytes": 256 << 10, "small_batch_chunk_bytes": 128 << 10,
                                      "max_chunk_bytes": 1 << 31, "backend": "cuda"})()
@@ -149,51 +150,51 @@ def test_gpus_whose_batches_are_small_code_them_in_the_codecs_small_batch_chunks
 
 def test_batches_of_blocks_are_packed_first_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = torch.device("cuda", 0)
-    monkeypatch.setattr(engine_writer, "_keys", lambda tensors, policy, limits=None: [
-        engine_writer.BatchKey("cuda", gpu)] * len(tensors))
+    monkeypatch.setattr(engine_plan, "_keys", lambda tensors, policy, limits=None: [
+        engine_plan.BatchKey("cuda", gpu)] * len(tensors))
     sizes = ([172] * 3 + [86]) * 3 + ([64] * 3 + [32]) * 4  # MiB: a 7B-like layer's tensors
     tensors = [torch.empty(n * MIB, dtype=torch.uint8) for n in sizes]
-    limits = engine_writer.GpuLimits({gpu: 330 * MIB}, {gpu: 330 * MIB}, {gpu: 2310 * MIB},
+    limits = engine_plan.GpuLimits({gpu: 330 * MIB}, {gpu: 330 * MIB}, {gpu: 2310 * MIB},
                                      block={gpu: 332 * MIB})
-    plan = engine_writer.plan_batches(tensors, engine_writer.Policy.parse("auto"), limits)
+    plan = engine_plan.save_batches(tensors, engine_writer.Policy.parse("auto"), limits)
     batches = [idx for _, idx in plan]
     assert sorted(i for idx in batches for i in idx) == list(range(len(sizes)))
     assert all(sum(sizes[i] for i in idx) <= 330 for idx in batches)
     assert len(batches) == 9  # in table order, one batch at a time: 12
-    unlimited = engine_writer.GpuLimits({gpu: 330 * MIB}, {gpu: 330 * MIB}, {gpu: 64 << 30})
+    unlimited = engine_plan.GpuLimits({gpu: 330 * MIB}, {gpu: 330 * MIB}, {gpu: 64 << 30})
     # not in blocks: batches cut once they reach the size, in table order
-    assert len(engine_writer.plan_batches(tensors, engine_writer.Policy.parse("auto"), unlimited)) == 8
+    assert len(engine_plan.save_batches(tensors, engine_writer.Policy.parse("auto"), unlimited)) == 8
 
 
 def test_two_gpu_batches_are_coded_at_once_only_where_every_budget_holds_them_at_full_size() -> None:
-    full = engine_writer.TWO_LANE_WORKING_SETS * engine_writer.BATCH_BYTES["cuda"]
+    full = engine_plan.TWO_LANE_WORKING_SETS * engine_plan.SAVE_BATCH_BYTES["cuda"]
     ample, short = memory.Budget(torch.device("cuda", 0), full), memory.Budget(torch.device("cuda", 1), full - MIB)
-    assert engine_writer.lanes([ample], 256 * MIB) == 2
-    assert engine_writer.lanes([ample, short], 256 * MIB) == 1
-    assert engine_writer.lanes([short], 256 * MIB) == 1  # small batches (host snapshots) on a filled GPU: one lane
-    assert engine_writer.lanes([ample], 2 * engine_writer.BATCH_BYTES["cuda"]) == 1  # larger batches need more
-    assert engine_writer.lanes([], 256 * MIB) == 1  # no GPU batch
+    assert engine_plan.lanes([ample], 256 * MIB) == 2
+    assert engine_plan.lanes([ample, short], 256 * MIB) == 1
+    assert engine_plan.lanes([short], 256 * MIB) == 1  # small batches (host snapshots) on a filled GPU: one lane
+    assert engine_plan.lanes([ample], 2 * engine_plan.SAVE_BATCH_BYTES["cuda"]) == 1  # larger batches need more
+    assert engine_plan.lanes([], 256 * MIB) == 1  # no GPU batch
 
 
 @gpu
 @needs_cuda
 def test_two_lanes_write_the_file_one_lane_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     threads: set[str] = set()
-    real, of = engine_writer.encode_batch, engine_writer.GpuLimits.of
+    real, of = engine_writer.encode_batch, engine_plan.GpuLimits.of
 
     def spy(*args: object, **kwargs: object) -> object:
         threads.add(threading.current_thread().name.split("_")[0])
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine_writer, "encode_batch", spy)
-    monkeypatch.setattr(engine_writer.GpuLimits, "of",  # 32 MiB batches: many of them
+    monkeypatch.setattr(engine_plan.GpuLimits, "of",  # 32 MiB batches: many of them
                         classmethod(lambda cls, tensors, policy, gpu_memory, batch_cap=None: of(tensors, policy, gpu_memory,
                                                                                                32 * MIB)))
     state = _state(n=12)
     two = io.BytesIO()
     ckptzip.save(state, two)
     assert "ckptzip-lane" in threads
-    monkeypatch.setattr(engine_writer, "lanes", lambda budgets, batch_cap: 1)
+    monkeypatch.setattr(engine_plan, "lanes", lambda budgets, batch_cap: 1)
     one = io.BytesIO()
     ckptzip.save(state, one)
     assert one.getvalue() == two.getvalue()
@@ -214,7 +215,7 @@ def test_two_lanes_decode_many_gpu_batches_bit_exactly(monkeypatch: pytest.Monke
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine_reader, "decode_batch", spy)
-    monkeypatch.setattr(engine_reader, "BATCH_BYTES", {**engine_reader.BATCH_BYTES, "cuda": 16 * MIB})
+    monkeypatch.setattr(engine_plan, "LOAD_BATCH_BYTES", {**engine_plan.LOAD_BATCH_BYTES, "cuda": 16 * MIB})
     assert_same(ckptzip.load(buf.getvalue()), state)
     assert "ckptzip-lane" in threads
 
@@ -385,9 +386,10 @@ def test_a_lone_tensor_that_runs_out_of_memory_is_coded_in_ranges_and_later_batc
     buf = io.BytesIO()
     with caplog.at_level(logging.INFO, logger="ckptzip"):
         ckptzip.save(state, buf, gpu_memory=910 * MIB)  # batches of 130 MiB (a seventh): two tensors
-    # the first batch (the 8-byte step, w0 and w1, packed first fit) fails, then its half of the
-    # most even bytes (the step and w0), then w0 alone; everything after is split before it is tried
-    assert [n for n in tried if n >= 64 * MIB] == [128 * MIB + 8, 64 * MIB + 8, 64 * MIB]
+    # the first batch (w0, w1 and the 8-byte step, packed first fit) fails; its halves are coded
+    # lazily, after the next batch (w2 and w3) is tried: 8 bytes smaller than the one that failed,
+    # it fails too; then w0 alone; everything after is split before it is tried
+    assert [n for n in tried if n >= 64 * MIB] == [128 * MIB + 8, 128 * MIB, 64 * MIB]
     failures = [r for r in caplog.records if "ran out of memory" in r.getMessage()]
     assert len(failures) == 3
     with ckptzip.open(buf.getvalue()) as reader:
@@ -549,7 +551,7 @@ def test_a_gpu_load_that_fails_midway_gives_every_pinned_buffer_back_and_its_ret
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine_reader, "decode_batch", failing)
-    monkeypatch.setattr(engine_reader, "BATCH_BYTES", {"cuda": 8 << 20, "cpu": 8 << 20})
+    monkeypatch.setattr(engine_plan, "LOAD_BATCH_BYTES", {"cuda": 8 << 20, "cpu": 8 << 20})
     assert_same(ckptzip.load(data, gpu_memory=1 << 30), state)
     pool = pinned_pool()
     assert pool._free.qsize() == pool._created

@@ -17,8 +17,8 @@ import torch
 
 import ckptzip
 from ckptzip.checksum import wsum64_array
-from ckptzip.codecs._threads import codec_threads
-from ckptzip.engine import reader as engine_reader
+from ckptzip.codecs import codec_threads
+from ckptzip.engine import plan as engine_plan
 from ckptzip.errors import CorruptCheckpointError
 from ckptzip.kernels import COMPILED, CPU_PIECE_BYTES
 from ckptzip.kernels import planes, segments
@@ -171,6 +171,6 @@ def test_many_small_odd_and_empty_tensors_load_bit_exactly_from_read_only_bytes(
 @pytest.mark.parametrize("workers", [1, 2, 16])
 def test_cpu_batches_split_a_load_evenly_between_workers(workers: int) -> None:
     for total in (0, 1 << 19, 20_200_000, 201_326_592, 5 << 30):
-        size = engine_reader.cpu_batch_bytes(total, workers)
-        assert engine_reader.MIN_CPU_BATCH_BYTES <= size <= engine_reader.BATCH_BYTES["cpu"]
-        assert size == engine_reader.MIN_CPU_BATCH_BYTES or -(-total // size) % workers == 0  # equal shares
+        size = engine_plan.cpu_batch_bytes(total, workers)
+        assert engine_plan.MIN_CPU_BATCH_BYTES <= size <= engine_plan.LOAD_BATCH_BYTES["cpu"]
+        assert size == engine_plan.MIN_CPU_BATCH_BYTES or -(-total // size) % workers == 0  # equal shares

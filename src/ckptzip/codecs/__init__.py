@@ -3,7 +3,7 @@
 import contextlib
 import importlib
 
-from ._threads import codec_threads, cpu_threads
+from ._threads import MIN_PARALLEL_BYTES, codec_thread_count, codec_threads, cpu_threads
 from .base import Codec
 from .registry import codec_ids, get_codec, gpu_first_ids, gpu_only_ids, has_codec, register
 
@@ -14,5 +14,5 @@ importlib.import_module(".gdeflate_cpu", __name__)  # declares gdeflate on the C
 with contextlib.suppress(ImportError):  # pragma: no cover - module absent in a partial install
     importlib.import_module(".nvcomp", __name__)
 
-__all__ = ["Codec", "codec_ids", "codec_threads", "cpu_threads", "get_codec", "gpu_first_ids", "gpu_only_ids",
-           "has_codec", "register"]
+__all__ = ["MIN_PARALLEL_BYTES", "Codec", "codec_ids", "codec_thread_count", "codec_threads", "cpu_threads", "get_codec",
+           "gpu_first_ids", "gpu_only_ids", "has_codec", "register"]

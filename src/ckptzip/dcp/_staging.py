@@ -23,7 +23,8 @@ import torch
 
 from ..engine.policy import Policy
 from ..engine.staging import PinnedPool
-from ..engine.writer import BATCH_BYTES, GpuLimits, StagedState, gpu_coded, stage_state
+from ..engine.plan import SAVE_BATCH_BYTES, GpuLimits, gpu_coded
+from ..engine.writer import StagedState, stage_state
 
 _Key = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.device]
 # Pinned host memory for staged bytes, kept for the next save (pinning is what makes a first
@@ -96,5 +97,5 @@ def stage(state_dict: Any, policy: Policy, gpu_memory: int | None) -> tuple[Any,
     coded = gpu_coded(tensors, policy, GpuLimits.of(tensors, policy, gpu_memory))
     tensors = [t if on_gpu else t.to("cpu") for t, on_gpu in zip(tensors, coded)]
     with _POOL_LOCK:  # one staging at a time owns the shared pool's reservation
-        state = stage_state(names, tensors, policy, _POOL, BATCH_BYTES["cuda"], gpu_memory=gpu_memory)
+        state = stage_state(names, tensors, policy, _POOL, SAVE_BATCH_BYTES["cuda"], gpu_memory=gpu_memory)
     return staged_dict, Staged(state, {key: position for key, position in seen.items()})

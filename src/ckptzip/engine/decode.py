@@ -262,8 +262,8 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
     for t, entry in enumerate(entries):
         if isinstance(entry.transform, Sparse):
             sparse.append(t)
-        elif isinstance(entry.transform, BytePlanes):
-            merges.setdefault(len(entry.streams), []).append(t)
+        elif isinstance(entry.transform, BytePlanes):  # one stream a plane (the index checks it)
+            merges.setdefault(entry.transform.itemsize, []).append(t)
         elif entry.nbytes:
             singles.append(t)
     for k, idx in merges.items():

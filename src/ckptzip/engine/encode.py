@@ -22,19 +22,34 @@ from .. import blocks
 from ..kernels import distinct
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums
-from ..transforms import BytePlanes, Sparse
+from ..transforms import BytePlanes, Sparse, Transform
 from ..uploads import to_device
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts
 from .policy import LOW_ENTROPY_BITS, RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy, codec_for
 
 
-@dataclass
+@dataclass(frozen=True)
 class StreamRecord:
     """One stream of a tensor: its codec configuration, decoded size and number of chunks."""
 
     codec: dict[str, Any]
     nbytes: int
     chunks: int
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one tensor's bytes are stored: the transform that makes its streams (None: its bytes
+    as one stream) and each stream's coding, in order. The writer records it in the index as the
+    entry's ``transforms`` and ``streams``, which a reader dispatches on as ``TensorEntry.transform``."""
+
+    transform: Transform | None
+    streams: tuple[StreamRecord, ...]
+
+    @property
+    def transforms(self) -> list[dict[str, Any]]:
+        """The transform as the index writes it: a list of at most one configuration."""
+        return [] if self.transform is None else [self.transform.get_config()]
 
 
 @dataclass(frozen=True)
@@ -59,8 +74,7 @@ class EncodedBatch:
     raw_lengths: np.ndarray  # decoded bytes of each chunk
     digests: torch.Tensor  # wsum64 of each stored chunk (int64)
     checksums: torch.Tensor  # wsum64 of each tensor (int64)
-    transforms: list[list[dict[str, Any]]]
-    streams: list[list[StreamRecord]]
+    recipes: list[Recipe]  # each tensor's, in table order
     part: Part | None = None  # a range of a tensor coded in parts (its one tensor's checksum: on the last)
 
 
@@ -107,26 +121,55 @@ class Streams:
         return int(self.size.size)
 
 
-class _StreamsBuilder:
-    """Collects a batch's streams buffer by buffer; :meth:`build` puts them in order."""
+@dataclass
+class _Batch:
+    """A batch being encoded: its buffers (planes, sparse parts, whole streams; codec outputs are
+    appended as they are made), the streams that lie in them, each tensor's transform and
+    checksum (wsum64, int64 on the batch's device)."""
 
-    def __init__(self) -> None:
+    bases: list[torch.Tensor]
+    streams: Streams
+    transforms: list[Transform | None]
+    checksums: torch.Tensor
+
+
+@dataclass
+class _Coding:
+    """What a batch's streams are coded with: per stream, the codec configuration it is tried with
+    (``RAW``: stored as it is); and the streams a trial already coded whole, as one chunk: stream ->
+    (index in the batch's buffers, offset, length) of that coding (:func:`_trial`)."""
+
+    configs: list[dict[str, Any]]
+    precoded: dict[int, tuple[int, int, int]]
+
+
+class _BatchBuilder:
+    """Collects a batch's buffers and their streams, buffer by buffer, and each tensor's
+    transform; :meth:`build` puts the streams in order."""
+
+    def __init__(self, count: int) -> None:
+        self.bases: list[torch.Tensor] = []
+        self.transforms: list[Transform | None] = [None] * count
         self._parts: list[tuple[np.ndarray, ...]] = []
 
-    def add(self, tensor: np.ndarray, base: int, offset: np.ndarray, size: np.ndarray, kind: int) -> None:
-        self._parts.append((tensor, np.full(tensor.size, base, dtype=np.int64), offset, size,
+    def add(self, buffer: torch.Tensor, tensor: np.ndarray, offset: np.ndarray, size: np.ndarray, kind: int) -> None:
+        """A buffer holding streams of ``tensor`` (one entry per stream) at ``offset``, of ``size``."""
+        self._parts.append((tensor, np.full(tensor.size, len(self.bases), dtype=np.int64), offset, size,
                             np.full(tensor.size, kind, dtype=np.int8)))
+        self.bases.append(buffer)
 
-    def build(self) -> Streams:
+    def build(self, checksums: torch.Tensor) -> _Batch:
         if not self._parts:
             empty = np.zeros(0, np.int64)
-            return Streams(empty, empty, empty, empty, np.zeros(0, np.int8), empty)
+            return _Batch(self.bases, Streams(empty, empty, empty, empty, np.zeros(0, np.int8), empty), self.transforms,
+                          checksums)
         tensor, base, offset, size, kind = (np.concatenate(c) for c in zip(*self._parts))
         order = np.lexsort((offset, tensor))  # tensor order, then plane order (planes lie in order)
         tensor, base, offset, size, kind = (c[order] for c in (tensor, base, offset, size, kind))
         first = np.r_[True, tensor[1:] != tensor[:-1]]
         group_start = np.maximum.accumulate(np.where(first, np.arange(tensor.size), 0))
-        return Streams(tensor, base, offset, size, kind, np.arange(tensor.size) - group_start)
+        streams = Streams(tensor, base, offset, size, kind, np.arange(tensor.size) - group_start)
+        return _Batch(self.bases, streams, self.transforms, checksums)
 
 
 def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
@@ -144,9 +187,7 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
     split = policy.splits(itemsize, nbytes) & (nonzero < 0)
     hist = _zeros((count, 8 * 256), torch.int32, device)
     checksums = _zeros((count,), torch.int64, device)
-    bases: list[torch.Tensor] = []
-    streams = _StreamsBuilder()
-    transforms: list[list[dict[str, Any]]] = [[] for _ in tensors]
+    builder = _BatchBuilder(count)
     # one buffer holds every plane and every whole stream, in sections (one per item size, then
     # the whole streams), each at a multiple of PLANE_ALIGN
     layouts = [(k, idx, *plane_layout(nbytes[idx], k)) for k in (2, 4, 8)
@@ -159,14 +200,13 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
         checksums[to_device(idx, device)] = split_planes(
             [datas[i] for i in idx], k, planes, starts, strides, hist, idx)
         offsets = starts[:, None] + strides[:, None] * np.arange(k)[None, :]
-        streams.add(np.repeat(idx, k), len(bases), offsets.reshape(-1), np.repeat(nbytes[idx] // k, k), PLANE)
-        bases.append(planes)
+        builder.add(planes, np.repeat(idx, k), offsets.reshape(-1), np.repeat(nbytes[idx] // k, k), PLANE)
+        transform = BytePlanes(k)
         for i in idx.tolist():
-            transforms[i] = [BytePlanes(k).get_config()]
+            builder.transforms[i] = transform
     coded_sparse = np.flatnonzero(nonzero >= 0)
     if coded_sparse.size:
-        checksums[to_device(coded_sparse, device)] = _sparse_streams(
-            datas, coded_sparse, itemsize, nonzero, streams, bases, transforms)
+        checksums[to_device(coded_sparse, device)] = _sparse_streams(datas, coded_sparse, itemsize, nonzero, builder)
     if whole.size:
         offsets, buffer = whole_offsets, sections[-1]
         nonempty = whole[nbytes[whole] > 0]
@@ -174,18 +214,15 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
                             nbytes[nonempty], outs=[buffer], out_index=np.zeros(nonempty.size, np.int64),
                             out_offsets=offsets[nbytes[whole] > 0])
         checksums[to_device(nonempty, device)] = sums
-        streams.add(whole, len(bases), offsets, nbytes[whole], WHOLE)
-        bases.append(buffer)
-    columns = streams.build()
-    coded, precoded = _choose_codecs(columns, hist, floating, bases, policy, backend)
-    return _assemble(tensors, checksums, bases, columns, coded, precoded, transforms, policy, backend)
+        builder.add(buffer, whole, offsets, nbytes[whole], WHOLE)
+    batch = builder.build(checksums)
+    return _assemble(batch, _choose_codecs(batch, hist, floating, policy, backend), policy, backend)
 
 
 def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.ndarray, nonzero: np.ndarray,
-                    streams: _StreamsBuilder, bases: list[torch.Tensor], transforms: list[list[dict[str, Any]]]
-                    ) -> torch.Tensor:
+                    builder: _BatchBuilder) -> torch.Tensor:
     """The sparse streams of tensors ``idx`` (bitmap, value planes) into one buffer, each at an
-    aligned offset, added to ``streams``; their transforms set; returns their wsum64."""
+    aligned offset, added to ``builder`` with their transforms; returns their wsum64."""
     coded = [Sparse(int(itemsize[i]), int(nonzero[i])) for i in idx]
     parts = [t.forward(datas[i]) for t, i in zip(coded, idx)]
     sizes = np.array([p.numel() for ps in parts for p in ps], dtype=np.int64)
@@ -193,30 +230,30 @@ def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.nda
     pad = torch.zeros(PLANE_ALIGN, dtype=torch.uint8, device=datas[0].device)
     ends = np.r_[offsets[1:], total]
     pieces = [x for p, a, b in zip((p for ps in parts for p in ps), offsets + sizes, ends) for x in (p, pad[: b - a])]
-    streams.add(np.repeat(idx, [len(ps) for ps in parts]), len(bases), offsets, sizes, SPARSE)
-    bases.append(torch.cat(pieces, out=blocks.empty(total, datas[0].device)))
+    builder.add(torch.cat(pieces, out=blocks.empty(total, datas[0].device)),
+                np.repeat(idx, [len(ps) for ps in parts]), offsets, sizes, SPARSE)
     for t, i in zip(coded, idx.tolist()):
-        transforms[i] = [t.get_config()]
+        builder.transforms[i] = t
     return segment_sums([datas[i] for i in idx], np.arange(idx.size), np.zeros(idx.size, np.int64),
                         np.array([datas[i].numel() for i in idx], dtype=np.int64))
 
 
-def _choose_codecs(streams: Streams, hist: torch.Tensor, floating: np.ndarray, bases: list[torch.Tensor],
-                   policy: Policy, backend: str) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
-    """The codec configuration each stream is tried with (``RAW``: stored as it is), and the
-    streams a trial already coded whole (:func:`_trial`). ``SPARSE`` streams (bitmaps and values
-    of sparse residues, mostly zero bytes) are coded as near-constant float planes are."""
+def _choose_codecs(batch: _Batch, hist: torch.Tensor, floating: np.ndarray, policy: Policy, backend: str) -> _Coding:
+    """The codec each stream of ``batch`` is tried with, and the streams a trial already coded
+    whole (:func:`_trial`). ``SPARSE`` streams (bitmaps and values of sparse residues, mostly
+    zero bytes) are coded as near-constant float planes are."""
+    streams = batch.streams
     plane_codec = policy.plane_codec(backend).get_config()
-    precoded: dict[int, tuple[int, int, int]] = {}
+    coding = _Coding([], {})
     if not len(streams):
-        return [], precoded
+        return coding
     is_plane = streams.kind == PLANE
     if is_plane.any():
         entropies = _plane_entropies(hist)  # the one sync before coding
         plane_entropy = entropies[streams.tensor, np.minimum(streams.index, 7)]
     candidates = policy.plane_candidates(backend)
     low = policy.low_entropy_candidate(backend)
-    configs: list[dict[str, Any]] = []
+    configs = coding.configs
     structured: list[int] = []
     random: list[int] = []
     for s in range(len(streams)):
@@ -245,11 +282,11 @@ def _choose_codecs(streams: Streams, hist: torch.Tensor, floating: np.ndarray, b
     # where the plane codec shrinks them.
     for tried, options, sample in ((structured, candidates, STRUCTURED_TRIAL_BYTES), (random, candidates[:1], TRIAL_BYTES)):
         if tried:
-            picks, whole = _trial(np.array(tried), streams, bases, options, sample, policy, backend)
+            picks, whole = _trial(np.array(tried), batch, options, sample, policy, backend)
             for s, config in zip(tried, picks):
                 configs[s] = config
-            precoded.update(whole)
-    return configs, precoded
+            coding.precoded.update(whole)
+    return coding
 
 
 def _plane_entropies(hist: torch.Tensor) -> np.ndarray:
@@ -259,28 +296,29 @@ def _plane_entropies(hist: torch.Tensor) -> np.ndarray:
     return entropy_of_count_array(hist.numpy().reshape(-1, 8, 256))
 
 
-def _trial(picked: np.ndarray, streams: Streams, bases: list[torch.Tensor], candidates: list[dict[str, Any]],
-           sample: int, policy: Policy, backend: str) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
-    """For each stream ``picked`` of ``streams``: the candidate that codes a sample from its
+def _trial(picked: np.ndarray, batch: _Batch, candidates: list[dict[str, Any]], sample: int, policy: Policy,
+           backend: str) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, int]]]:
+    """For each stream ``picked`` of ``batch``: the candidate that codes a sample from its
     middle (up to ``sample`` bytes) smallest, or RAW where none shrinks it by TRIAL_MIN_GAIN. One batched codec
     call per candidate and buffer. The first two candidates code every sample; each later one
     (a slower search for matches) only those where the one before it coded smallest so far, since
     more search pays only where the matches found so far did.
 
     A sample that is a whole stream of one chunk was coded as the stream is stored: such streams
-    are returned too, as stream -> (index in ``bases``, offset, length) of the picked coding,
-    whose output buffers are appended to ``bases``, so they are not coded again."""
-    s_base, s_size = streams.base, streams.size
-    n = np.minimum(s_size[picked], sample)
-    start = streams.offset[picked] + (s_size[picked] - n) // 2
+    are returned too, as stream -> (index in ``batch.bases``, offset, length) of the picked
+    coding, whose output buffers are appended to ``batch.bases``, so they are not coded again."""
+    streams, bases = batch.streams, batch.bases
+    base_of, size = streams.base[picked], streams.size[picked]
+    n = np.minimum(size, sample)
+    start = streams.offset[picked] + (size - n) // 2
     coded = np.full((len(candidates), picked.size), np.iinfo(np.int64).max, dtype=np.int64)
     where = np.empty((2, len(candidates), picked.size), dtype=np.int64)  # output buffer, offset
     outputs: list[torch.Tensor] = []
     for c, config in enumerate(candidates):
         codec = codec_for(config, backend)
         tried = np.ones(picked.size, dtype=bool) if c < 2 else coded[c - 1] < coded[: c - 1].min(axis=0)
-        for base in distinct(s_base[picked[tried]])[0].tolist():
-            sel = tried & (s_base[picked] == base)
+        for base in distinct(base_of[tried])[0].tolist():
+            sel = tried & (base_of == base)
             out, where[1, c, sel], coded[c, sel] = codec.encode_segments(bases[base], start[sel], n[sel])
             where[0, c, sel] = len(outputs)
             outputs.append(out)
@@ -290,7 +328,7 @@ def _trial(picked: np.ndarray, streams: Streams, bases: list[torch.Tensor], cand
     picks = [candidates[b] if ok else RAW for b, ok in zip(best.tolist(), shrinks.tolist())]
     whole: dict[int, tuple[int, int, int]] = {}
     used: dict[int, int] = {}  # output buffer -> its index in bases
-    one_chunk = (n == s_size[picked]) & (n <= policy.chunk_sizes(candidates, backend)[best])
+    one_chunk = (n == size) & (n <= policy.chunk_sizes(candidates, backend)[best])
     for i in np.flatnonzero(shrinks & one_chunk).tolist():
         buffer = int(where[0, best[i], i])
         if buffer not in used:
@@ -300,60 +338,64 @@ def _trial(picked: np.ndarray, streams: Streams, bases: list[torch.Tensor], cand
     return picks, whole
 
 
-def _assemble(tensors: list[torch.Tensor], checksums: torch.Tensor, bases: list[torch.Tensor], streams: Streams,
-              configs: list[dict[str, Any]], precoded: dict[int, tuple[int, int, int]],
-              transforms: list[list[dict[str, Any]]], policy: Policy, backend: str) -> EncodedBatch:
+def _assemble(batch: _Batch, coding: _Coding, policy: Policy, backend: str) -> EncodedBatch:
     """Chunk every stream, code the coded ones (one call per codec and buffer; streams in
-    ``precoded`` were coded by a trial, as one chunk), fall back to raw where coding did not
-    shrink a stream, then gather all stored chunks in file order."""
-    device = bases[0].device if bases else checksums.device
-    s_tensor, s_base, s_offset, s_size = streams.tensor, streams.base, streams.offset, streams.size
+    ``coding.precoded`` were coded by a trial, as one chunk), fall back to raw where coding did
+    not shrink a stream, then gather all stored chunks in file order."""
+    streams, bases, configs = batch.streams, batch.bases, coding.configs
+    size = streams.size
     cb = policy.chunk_sizes(configs, backend)
-    nchunks = -(-s_size // np.maximum(cb, 1))
-    c_stream = np.repeat(np.arange(s_size.size), nchunks)
+    nchunks = -(-size // np.maximum(cb, 1))
+    c_stream = np.repeat(np.arange(size.size), nchunks)
     within = np.arange(c_stream.size) - np.repeat(np.cumsum(nchunks) - nchunks, nchunks)
-    c_raw = np.minimum(cb[c_stream], s_size[c_stream] - within * cb[c_stream])
-    c_base = s_base[c_stream].copy()
-    c_offset = s_offset[c_stream] + within * cb[c_stream]
+    c_raw = np.minimum(cb[c_stream], size[c_stream] - within * cb[c_stream])
+    c_base = streams.base[c_stream].copy()
+    c_offset = streams.offset[c_stream] + within * cb[c_stream]
     c_length = c_raw.copy()
     stream_codec = list(configs)
     groups: dict[tuple[str, int], list[int]] = {}
     first_chunk = np.cumsum(nchunks) - nchunks
     for s, config in enumerate(configs):
-        if s in precoded:  # one chunk
-            c_base[first_chunk[s]], c_offset[first_chunk[s]], c_length[first_chunk[s]] = precoded[s]
+        if s in coding.precoded:  # one chunk
+            c_base[first_chunk[s]], c_offset[first_chunk[s]], c_length[first_chunk[s]] = coding.precoded[s]
         elif config["id"] != "raw" and nchunks[s]:
-            groups.setdefault((_key(config), int(s_base[s])), []).append(s)
+            groups.setdefault((_key(config), int(streams.base[s])), []).append(s)
     for (_, base), members in groups.items():
         codec = codec_for(configs[members[0]], backend)
         sel = np.flatnonzero(np.isin(c_stream, members))
         out, out_offsets, out_lengths = codec.encode_segments(bases[base], c_offset[sel], c_raw[sel])
-        coded_total = np.bincount(c_stream[sel], weights=out_lengths, minlength=s_size.size)
-        shrinks = coded_total[c_stream[sel]] < s_size[c_stream[sel]]
+        coded_total = np.bincount(c_stream[sel], weights=out_lengths, minlength=size.size)
+        shrinks = coded_total[c_stream[sel]] < size[c_stream[sel]]
         keep = sel[shrinks]
         c_base[keep] = len(bases)
         c_offset[keep] = out_offsets[shrinks]
         c_length[keep] = out_lengths[shrinks]
         bases.append(out)
         for s in members:
-            if coded_total[s] >= s_size[s]:
+            if coded_total[s] >= size[s]:
                 stream_codec[s] = RAW
     # File order within the batch: raw streams of whole 16-byte words first (so they are copied
     # and checksummed word-wise at aligned addresses), then the rest; each stream back to back.
     raw_stream = np.array([c["id"] == "raw" for c in stream_codec], dtype=bool)
-    first = raw_stream & (s_size % 16 == 0)
+    first = raw_stream & (size % 16 == 0)
     order = np.argsort(~first[c_stream], kind="stable")
     lengths_in_order = c_length[order]
     out_offsets = np.empty_like(c_length)
     out_offsets[order] = np.cumsum(lengths_in_order) - lengths_in_order
-    stored = blocks.empty(int(c_length.sum()), device)
+    stored = blocks.empty(int(c_length.sum()), batch.checksums.device)
     digests = segment_sums(bases, c_base, c_offset, c_length, outs=[stored],
                            out_index=np.zeros(c_length.size, np.int64), out_offsets=out_offsets)
-    records: list[list[StreamRecord]] = [[] for _ in tensors]
-    for s in range(s_size.size):
-        t = int(s_tensor[s])
-        records[t].append(StreamRecord(stream_codec[s], int(s_size[s]), int(nchunks[s])))
-    return EncodedBatch(stored, out_offsets, c_length, c_raw, digests, checksums, transforms, records)
+    return EncodedBatch(stored, out_offsets, c_length, c_raw, digests, batch.checksums,
+                        _recipes(batch, stream_codec, nchunks))
+
+
+def _recipes(batch: _Batch, codecs: list[dict[str, Any]], nchunks: np.ndarray) -> list[Recipe]:
+    """Each tensor's recipe: its transform, and its streams as they were stored."""
+    records: list[list[StreamRecord]] = [[] for _ in batch.transforms]
+    for t, config, nbytes, chunks in zip(batch.streams.tensor.tolist(), codecs, batch.streams.size.tolist(),
+                                         nchunks.tolist()):
+        records[t].append(StreamRecord(config, nbytes, chunks))
+    return [Recipe(transform, tuple(streams)) for transform, streams in zip(batch.transforms, records)]
 
 
 def _key(config: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ import torch
 from .. import blocks
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
-from .encode import EncodedBatch, Part, StreamRecord, tensor_bytes
+from .encode import EncodedBatch, Part, Recipe, StreamRecord, tensor_bytes
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, middle, plane_counts
 from .policy import RAW, SMALL_TENSOR_BYTES, Policy, codec_for
 
@@ -92,9 +92,9 @@ def encode_part(tensor: torch.Tensor, streams: int, stream: int, first: int, end
     digests = segment_sums([base], zeros, offsets, lengths, outs=[stored], out_index=zeros, out_offsets=out_offsets)
     checksum = (segment_sums([data], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([data.numel()]))
                 if last else torch.zeros(1, dtype=torch.int64, device=data.device))
-    transforms = [BytePlanes(streams).get_config()] if streams > 1 else []
-    return EncodedBatch(stored, out_offsets, lengths.astype(np.int64), raw_lengths, digests, checksum, [transforms],
-                        [[StreamRecord(config, size, int(lengths.size))]], Part(stream, streams, last))
+    recipe = Recipe(BytePlanes(streams) if streams > 1 else None, (StreamRecord(config, size, int(lengths.size)),))
+    return EncodedBatch(stored, out_offsets, lengths.astype(np.int64), raw_lengths, digests, checksum, [recipe],
+                        Part(stream, streams, last))
 
 
 def worth_parts(tensor: torch.Tensor) -> bool:

@@ -24,23 +24,22 @@ import numpy as np
 import torch
 
 from ..checksum import format_wsum64
-from ..codecs import codec_threads, cpu_threads, gpu_first_ids, has_codec
+from ..codecs import codec_threads, cpu_threads
 from ..errors import CorruptCheckpointError, GpuMemoryError
 from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
 from ..format.reader import verify_xxh3
 from ..transforms import BytePlanes
-from .ahead import Task, run_ahead
 from . import memory
+from . import plan as _plan
+from .ahead import Task, run_ahead
 from .decode import Runs, decode_batch
-from .plan import Limit, batch_bytes, packed, work_device as _work_device
+from .plan import Limit, cpu_batch_bytes, decode_backend, load_batches, packed
+from .plan import work_device as _work_device
 from .scratch import scratch
 from .sources import LoadPlan
 from .staging import copy_stream, pinned_pool, to_host
 from .threads import cpu_workers
 
-# CPU batches of 16 MiB: each costs about 1 ms of Python, and at 8 MiB that was a tenth of a
-# one-core load (170 against 155 ms for 235 MB).
-BATCH_BYTES = {"cuda": 512 << 20, "cpu": 16 << 20}
 # A GPU batch's region, its decode buffers and the regions the uploader fills ahead: budget / 6.
 LOAD_WORKING_SETS = 6
 # Two GPU batches decode at once (two lanes, as saves code them) where every GPU's budget holds
@@ -51,44 +50,10 @@ RETRY_SHRINK = (1, 4, 16)  # batch sizes (fractions of the budget's) a load trie
 # Larger tensors decode in parts straight into their output, a part a batch (on a GPU: the batch
 # its budget allows), so a load needs about the decoded size plus a batch per worker (a part's
 # stored bytes, decode buffer, planes).
-CPU_SLICE_BYTES = BATCH_BYTES["cpu"]
-MIN_CPU_BATCH_BYTES = 1 << 20  # a smaller batch's per-batch Python would cost more than its bytes
+CPU_SLICE_BYTES = _plan.LOAD_BATCH_BYTES["cpu"]
 # Reads in flight: each copies into a pinned buffer at about 6 GB/s (one core; 4.5 GB/s each when
 # eight copy at once), so a dozen keep the host-to-device link (55 GB/s) fed from memory too.
 _READ_THREADS = max(1, min(12, os.cpu_count() or 1))
-
-
-def decode_backend(entry: TensorEntry, device: torch.device) -> str:
-    """Decode on the GPU when the target is a GPU, or a codec is best decoded there, and a GPU can run it."""
-    ids = set(entry.codecs)
-    if all(has_codec(i, "cuda") for i in ids) and (device.type == "cuda" or ids & gpu_first_ids()):
-        return "cuda"
-    return "cpu"
-
-
-def cpu_batch_bytes(total: int, workers: int) -> int:
-    """Decoded bytes per CPU batch of a load with ``total`` bytes to decode on the CPU: split evenly
-    into a multiple of ``workers`` batches of at most ``BATCH_BYTES["cpu"]``, so each worker thread
-    gets the same bytes however many cores there are; at least ``MIN_CPU_BATCH_BYTES``."""
-    cap = BATCH_BYTES["cpu"]
-    batches = workers * max(1, -(-total // (workers * cap)))
-    return min(cap, max(MIN_CPU_BATCH_BYTES, -(-total // batches)))
-
-
-def plan_batches(entries: list[TensorEntry], works: list[torch.device],
-                 gpu_batch: Mapping[torch.device, int] | None = None, cpu_batch: int | None = None
-                 ) -> list[tuple[str, torch.device, list[int]]]:
-    """Tensors decoded alike (where each is decoded: ``works``), in file order, about
-    ``BATCH_BYTES`` decoded each (on a GPU, ``gpu_batch`` where given; on the CPU, ``cpu_batch``,
-    which a batch exceeds only with a tensor larger than it); a batch's stored bytes are one range
-    of the file wherever the writer kept them so."""
-    first = [e.streams[0].chunks[0].offset if e.streams and e.streams[0].chunks else -1 for e in entries]
-    defaults = {**BATCH_BYTES, "cpu": cpu_batch or BATCH_BYTES["cpu"]}
-    size = {w: batch_bytes(w, defaults, gpu_batch) for w in set(works)}
-    limits = {w: Limit(within=n if w.type == "cpu" else None, fill=n) for w, n in size.items()}
-    nbytes = [max(e.compressed_nbytes, e.nbytes) for e in entries]  # bounds the decode buffers too
-    order = sorted(range(len(entries)), key=first.__getitem__)
-    return [(works[idx[0]].type, works[idx[0]], idx) for idx in packed(order, nbytes, works, limits)]
 
 
 def _chunk_list(entries: list[TensorEntry]) -> list[tuple[TensorEntry, int, int, Any]]:
@@ -497,7 +462,7 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     than a batch decode in parts straight into their output, so decoding needs about the decoded
     size plus a few batches, not twice the largest tensor."""
     budgets = {work: memory.budget(work, gpu_memory, "load") for work in {w for w in works if w.type == "cuda"}}
-    gpu_batch = {work: b.batch_bytes(LOAD_WORKING_SETS * shrink, BATCH_BYTES["cuda"]) for work, b in budgets.items()}
+    gpu_batch = {work: b.batch_bytes(LOAD_WORKING_SETS * shrink, _plan.LOAD_BATCH_BYTES["cuda"]) for work, b in budgets.items()}
     items: list[TensorEntry] = []
     item_works: list[torch.device] = []
     into: list[tuple[int, int] | None] = []  # (tensor, byte offset) where an item decodes into a part
@@ -526,7 +491,7 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
         return [outs_of[item_entry[j]] if (at := into[j]) is None else whole[at[0]][at[1] : at[1] + items[j].nbytes]
                 for j in idx]
 
-    plan = plan_batches(items, item_works, gpu_batch, cpu_batch)
+    plan = load_batches(items, item_works, gpu_batch, cpu_batch)
     gpu = [(work, [items[j] for j in idx]) for backend, work, idx in plan if backend == "cuda"]
     uploader = _Uploader(reader, gpu) if gpu else None
     digests = reader.digest_is_wsum64
@@ -542,7 +507,7 @@ def _read_stored(reader: ContainerReader, entries: list[TensorEntry], devices: l
     )
     # a retry after running out of memory decodes one batch at a time
     lanes = 2 if shrink == 1 and gpu_batch and all(
-        b.nbytes >= TWO_LANE_LOAD_WORKING_SETS * BATCH_BYTES["cuda"] for b in budgets.values()) else 1
+        b.nbytes >= TWO_LANE_LOAD_WORKING_SETS * _plan.LOAD_BATCH_BYTES["cuda"] for b in budgets.values()) else 1
     data: dict[int, torch.Tensor] = {}
     sums: list[tuple[list[TensorEntry], torch.Tensor]] = []
     part_sums: dict[int, list[torch.Tensor]] = {}

@@ -19,7 +19,7 @@ import queue
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Generic, TypeVar
 
 import numpy as np
@@ -34,156 +34,15 @@ from . import memory
 from .ahead import Task, run_ahead
 from .encode import EncodedBatch, Part, encode_batch, tensor_bytes
 from .parts import encode_part, plane_count, quarters, ranges, stream_codecs, worth_parts
-from .plan import Limit, batch_bytes, halving, packed, work_device
+from .plan import BatchKey, GpuLimits, halving, save_batches
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
 from .staging import PinnedPool, copy_stream, pinned_pool
 from .threads import cpu_workers
 
-BATCH_BYTES = {"cuda": 2 << 30, "cpu": 8 << 20}
-# A GPU batch's peak is about three times its bytes (planes, codec outputs, the stored chunks),
-# and the pipeline holds up to two more batches' stored bytes besides: budget / 6 per batch. A
-# tensor over budget / 6 is coded in element ranges of a batch's size (.parts).
-SAVE_WORKING_SETS = 6
-# Two GPU batches are coded at once (two lanes: one does its host work while the other waits for
-# the device) where the budget holds a second batch's peak beside the others at the full batch
-# size of a save: never on a filled GPU, where two lanes make torch's allocator free and retry.
-TWO_LANE_WORKING_SETS = SAVE_WORKING_SETS + 3
-# With one lane, a batch's buffers are blocks of one size (ckptzip.blocks): its planes, up to two
-# codec outputs and its stored chunks, beside the two batches' stored chunks the pipeline holds:
-# six blocks, a batch and BLOCK_SLACK each (the planes' alignment), in a seventh of the budget
-# each, so no tensor larger than a batch is coded whole and no batch holds more.
-BLOCK_WORKING_SETS = SAVE_WORKING_SETS + 1
-BLOCK_SLACK = 2 << 20
-# GPU batches of at most this many bytes code their planes with the codecs' small-batch chunk
-# sizes (Codec.small_batch_chunk_bytes): their sign/exponent planes hold fewer chunks than one
-# launch runs at once (a GPU with a few GiB free; host snapshots' 256 MiB batches).
-SMALL_BATCH_BYTES = 512 << 20
-# Batches of blocks are packed first fit into up to this many open batches (engine.plan.packed):
-# a 7B-like state's 172 MiB tensors filled 330 MiB blocks alone in table order (68 % full, 48
-# batches for four layers), and each batch costs the same host work whatever it holds.
-OPEN_BATCHES = 8
 WRITEBACK_BYTES = 64 << 20
 T = TypeVar("T")
 _LOG = logging.getLogger("ckptzip")
-
-
-@dataclass(frozen=True)
-class BatchKey:
-    """Where a batch is encoded: the backend and its device."""
-
-    backend: str
-    device: torch.device
-    parts: bool = False  # one tensor, coded on its GPU in element ranges (:mod:`.parts`)
-
-
-def _keys(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits | None = None) -> list[BatchKey]:
-    """Where each tensor is encoded (:func:`_key`), the policy asked once per device."""
-    backends: dict[torch.device, str] = {}
-    keys = []
-    for tensor in tensors:
-        backend = backends.get(tensor.device)
-        if backend is None:
-            backend = backends[tensor.device] = policy.backend(tensor.device)
-        keys.append(_key(tensor, backend, limits))
-    return keys
-
-
-def _key(tensor: torch.Tensor, backend: str, limits: GpuLimits | None) -> BatchKey:
-    """Where ``tensor`` is encoded, given the backend of its device."""
-    device = work_device(backend, tensor.device)
-    if backend == "cuda" and limits is not None and device in limits.host:
-        return BatchKey("cpu", torch.device("cpu"))
-    if backend == "cuda" and limits is not None and not limits.fits(device, tensor):
-        # more than a batch of the GPU's budget: in element ranges on it, or (small) on the host
-        return BatchKey("cuda", device, True) if worth_parts(tensor) else BatchKey("cpu", torch.device("cpu"))
-    return BatchKey(backend, device)
-
-
-@dataclass(frozen=True)
-class GpuLimits:
-    """Per GPU, from its memory budget (:mod:`.memory`): the batch size, and the largest tensor
-    coded there whole (larger ones are coded there in element ranges, :mod:`.parts`)."""
-
-    batch: dict[torch.device, int]
-    largest: dict[torch.device, int]
-    budget: dict[torch.device, int]
-    lanes: int = 1  # GPU batches coded at once
-    host: frozenset[torch.device] = frozenset()  # GPUs whose tensors are coded on the host
-    # GPUs whose batches allocate their buffers in blocks of one size (:mod:`ckptzip.blocks`): that size
-    block: dict[torch.device, int] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, tensors: list[torch.Tensor], policy: Policy, gpu_memory: int | None,
-           batch_cap: int | None = None) -> GpuLimits:
-        """The limits of a save's GPUs: each budget less the scratch the policy's GPU codecs need
-        beside the batches; a GPU whose budget leaves less than half the minimum beside that
-        scratch codes on the host. Where one lane runs and the budget, not ``batch_cap``, limits
-        the batches, a batch is a seventh of the budget and holds no more, and its buffers are
-        blocks of one size (:data:`BLOCK_WORKING_SETS`)."""
-        batch_cap = BATCH_BYTES["cuda"] if batch_cap is None else batch_cap
-        devices = {key.device for key in _keys(tensors, policy) if key.backend == "cuda"}
-        budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
-        scratch = policy.gpu_scratch_bytes() if budgets else 0
-        host = frozenset(b.device for b in budgets if b.nbytes - scratch < memory.MIN_GPU_MEMORY // 2)
-        for b in budgets:
-            if b.device in host:
-                _LOG.info("ckptzip: coding the tensors of %s on the host: codec %s needs %d MiB of scratch there "
-                          "beside its batches, and %d MiB can be had", b.device, policy, scratch >> 20, b.nbytes >> 20)
-        budgets = [memory.Budget(b.device, b.nbytes - scratch) for b in budgets if b.device not in host]
-        count = lanes(budgets, batch_cap)
-        tight = {b.device for b in budgets if count == 1 and b.nbytes // SAVE_WORKING_SETS < batch_cap}
-        sets = {b.device: BLOCK_WORKING_SETS if b.device in tight else SAVE_WORKING_SETS for b in budgets}
-        batch = {b.device: b.batch_bytes(sets[b.device], batch_cap) for b in budgets}
-        largest = {b.device: batch[b.device] if b.device in tight else b.nbytes // SAVE_WORKING_SETS for b in budgets}
-        return cls(batch, largest, {b.device: b.nbytes for b in budgets}, count, host,
-                   {device: batch[device] + BLOCK_SLACK for device in tight})
-
-    def fits(self, device: torch.device, tensor: torch.Tensor) -> bool:
-        return tensor.numel() * tensor.element_size() <= self.largest.get(device, sys.maxsize)
-
-    def policy_on(self, device: torch.device, policy: Policy) -> Policy:
-        """``policy`` for the batches of ``device``: with the codecs' small-batch chunk sizes
-        where its batches are small (:data:`SMALL_BATCH_BYTES`)."""
-        small = self.batch.get(device, sys.maxsize) <= SMALL_BATCH_BYTES
-        return dataclasses.replace(policy, small_batches=True) if small else policy
-
-
-def lanes(budgets: list[memory.Budget], batch_cap: int) -> int:
-    """GPU batches a save codes at once: two where every GPU's budget holds
-    ``TWO_LANE_WORKING_SETS`` batches of a save's full size (and of ``batch_cap``), else one."""
-    full = max(batch_cap, BATCH_BYTES["cuda"])
-    ample = bool(budgets) and all(b.nbytes >= TWO_LANE_WORKING_SETS * full for b in budgets)
-    return 2 if ample else 1
-
-
-def gpu_coded(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits | None = None) -> list[bool]:
-    """Which of ``tensors`` a save codes on a GPU (the others: on the host)."""
-    return [key.backend == "cuda" for key in _keys(tensors, policy, limits)]
-
-
-def plan_batches(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits | None = None
-                 ) -> list[tuple[BatchKey, list[int]]]:
-    """Tensors encoded alike, in table order within a batch, in batches of about ``BATCH_BYTES``
-    of their backend (on a GPU, what ``limits`` allow; a tensor coded in ranges alone; batches
-    of blocks packed first fit, :data:`OPEN_BATCHES`). Tensors of other backends in between (an
-    optimizer's CPU step counters among CUDA moments) do not cut a batch; the file holds batches
-    in the order they fill."""
-    keys = _keys(tensors, policy, limits)
-    gpu = None if limits is None else limits.batch
-    sizes = {key: _limit(key, batch_bytes(key.device, BATCH_BYTES, gpu), limits) for key in set(keys)}
-    nbytes = [t.numel() * t.element_size() for t in tensors]
-    return [(keys[idx[0]], idx) for idx in packed(range(len(tensors)), nbytes, keys, sizes, open_groups=OPEN_BATCHES)]
-
-
-def _limit(key: BatchKey, nbytes: int, limits: GpuLimits | None) -> Limit:
-    """Where a batch of ``key`` is cut: alone (ranges), within ``nbytes`` where its buffers are
-    blocks of one size, else once it holds ``nbytes``."""
-    if key.parts:
-        return Limit(fill=0)
-    if limits is not None and key.device in limits.block:
-        return Limit(within=nbytes)
-    return Limit(fill=nbytes)
 
 
 def _in_ranges(tensor: torch.Tensor, key: BatchKey, policy: Policy, range_bytes: int, block: int | None = None
@@ -451,8 +310,9 @@ class _Sink(_InOrder[_Job]):
         hexes = digest_hexes(digests)
         c = 0
         for t, (position, name, tensor) in enumerate(zip(job.positions, job.names, job.tensors)):
+            recipe = batch.recipes[t]
             streams = []
-            for record in batch.streams[t]:
+            for record in recipe.streams:
                 chunks = [Chunk(offsets[i], lengths[i], raws[i], hexes[i]) for i in range(c, c + record.chunks)]
                 c += record.chunks
                 streams.append(StreamEntry(record.codec, record.nbytes, chunks))
@@ -466,7 +326,7 @@ class _Sink(_InOrder[_Job]):
                 shape=tensor.shape,
                 nbytes=tensor.nbytes,
                 checksum=format_wsum64(int(checksums[t])),
-                transforms=batch.transforms[t],
+                transforms=recipe.transforms,
                 streams=streams,
                 device=tensor.device,
             )
@@ -541,7 +401,7 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     chosen = list(range(len(tensors))) if only is None else only
     counts = sparse or [None] * len(tensors)
     plan = [(key, [chosen[i] for i in idx])
-            for key, idx in plan_batches([tensors[i] for i in chosen], policy, limits)]
+            for key, idx in save_batches([tensors[i] for i in chosen], policy, limits)]
     workers, share = cpu_workers(sum(key.backend == "cpu" for key, _ in plan))
     ceiling = _Ceiling()
     # GPU work runs on the caller's current stream (from a lane thread too): after what the caller

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..codecs._threads import MIN_PARALLEL_BYTES, codec_thread_count
+from ..codecs import MIN_PARALLEL_BYTES, codec_thread_count
 from . import _aot
 
 __all__ = ["COMPILED", "CPU_PIECE_BYTES", "INTERPRET", "THREAD_SAFE", "compiled_threads", "distinct", "load_triton",
@@ -111,7 +111,7 @@ def _prepare() -> None:
 
 def compiled_threads(nbytes: int) -> int:
     """Threads a compiled kernel call over ``nbytes`` bytes uses: the calling thread's codec share
-    (:func:`~ckptzip.codecs._threads.codec_thread_count`), at least MIN_PARALLEL_BYTES each."""
+    (:func:`~ckptzip.codecs.codec_thread_count`), at least MIN_PARALLEL_BYTES each."""
     return max(1, min(codec_thread_count(), nbytes // MIN_PARALLEL_BYTES))
 
 

@@ -27,6 +27,7 @@ from ..engine import memory
 from ..engine.policy import Policy
 from ..engine.sources import DeltaBase
 from ..engine.warmup import warm_up
+from ..engine.writer import write_state
 from ..format import BaseRef, content_hash
 from ..storage import WriterLock, open_storage
 from ..tier import MemoryTier, TieredStorage
@@ -236,9 +237,11 @@ class CheckpointManager:
                 "separate run"
             )
         if self._executor is None:
-            self._write(step, lambda f, base: Written(api.write_checkpoint(f, state, self._policy, base=base,
-                                                                            gpu_memory=self._gpu_memory),
-                                                       {item.name: item.tensor for item in flatten(state).tensors}))
+            flat = flatten(state)
+            names, tensors = [item.name for item in flat.tensors], [item.tensor for item in flat.tensors]
+            self._write(step, lambda f, base: Written(write_state(f, names, tensors, flat.tree, self._policy,
+                                                                  lambda _: None, base, self._gpu_memory),
+                                                      dict(zip(names, tensors))))
             self._after_commit(step)
             future: concurrent.futures.Future[None] = concurrent.futures.Future()
             future.set_result(None)

@@ -16,15 +16,15 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
-from .. import api
 from ..engine import memory
+from ..engine.plan import GpuLimits, gpu_coded
 from ..engine.policy import Policy
 from ..engine.sources import DeltaBase
 from ..engine.staging import PinnedPool, Slab
-from ..engine.writer import GpuLimits, StagedState, gpu_coded, stage_state, write_staged
+from ..engine.writer import StagedState, stage_state, write_state, write_staged
 from ..errors import GpuMemoryError
 from ..format import TensorEntry
-from ..tree import flatten, unflatten
+from ..tree import flatten
 
 _ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
 
@@ -363,8 +363,8 @@ class SnapshotPool:
             kept = dict(zip(snapshot.names, snapshot.tensors)) if snapshot.copied else None
             if staged is not None:  # its table was rewritten (against the base) when it was taken
                 return Written(write_staged(f, staged, snapshot.tree, self._policy), kept)
-            state = unflatten(snapshot.tree, snapshot.tensors.__getitem__, len(snapshot.tensors))
-            return Written(api.write_checkpoint(f, state, self._policy, base=base, gpu_memory=self._gpu_memory), kept)
+            return Written(write_state(f, snapshot.names, snapshot.tensors, snapshot.tree, self._policy, lambda _: None,
+                                       base, self._gpu_memory), kept)
 
         try:
             for event in snapshot.ready:
