@@ -7,8 +7,9 @@ the values to try, as Python literals (a dict or tuple among them too); several 
 their attributes together, variant by variant. ``--what save`` times ``ckptzip.save`` of a
 7B-like state to a file object that discards its input (with the GPU filled to leave ``--free``
 GiB, if given); ``--what host`` times what ``CheckpointManager.save`` blocks with host snapshots
-(``prepare`` first; each variant its own manager); ``--what cpu-load`` times ``ckptzip.load`` to
-the CPU of the state saved on the GPU (``codec="auto"``), from bytes in host memory. Prints a JSON
+(``prepare`` first; each variant its own manager); ``--what load`` and ``--what cpu-load`` time
+``ckptzip.load`` of the state saved on the GPU (``codec="auto"``), from bytes in host memory, to
+the GPU and to the CPU. Prints a JSON
 row per variant: the median and every time, the stored bytes, the batches that ran out of GPU memory.
 
     python3 bench/ab_probe.py --what save --gib 16 --free 2 --set ckptzip.engine.plan.OPEN_BATCHES=1,8
@@ -58,7 +59,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", required=True, action="append",
                    help="DOTTED.NAME=V1,V2,... (Python literals); repeated: changed together")
-    p.add_argument("--what", choices=("save", "host", "cpu-load"), default="save")
+    p.add_argument("--what", choices=("save", "host", "load", "cpu-load"), default="save")
     p.add_argument("--gib", type=float, default=16, help="size of the 7B-like state")
     p.add_argument("--free", type=float, help="GiB of GPU memory left free beside the state")
     p.add_argument("--rounds", type=int, default=2)
@@ -78,7 +79,8 @@ def main() -> None:
     logging.getLogger("ckptzip").setLevel(logging.INFO)
     state = llama_like_state(args.gib)
     data = b""
-    if args.what == "cpu-load":
+    target = "cpu" if args.what == "cpu-load" else None  # where loads go (None: where it was saved)
+    if args.what in ("load", "cpu-load"):
         buffer = io.BytesIO()
         ckptzip.save(state, buffer)
         data = buffer.getvalue()
@@ -93,13 +95,13 @@ def main() -> None:
                 for (_, owner, name, _), value in zip(settings, values):
                     setattr(owner, name, value)
                 failures.count = 0
-                if args.what == "cpu-load":
-                    loaded = ckptzip.load(data, map_location="cpu")  # untimed: the variant's first call
+                if args.what in ("load", "cpu-load"):
+                    loaded = ckptzip.load(data, map_location=target)  # untimed: the variant's first call
                     stored[k] = len(data)
-                    assert all(torch.equal(loaded[n].view(torch.uint8), t.cpu().view(torch.uint8))
+                    assert all(torch.equal(loaded[n].view(torch.uint8), t.to(loaded[n].device).view(torch.uint8))
                                for n, t in state.items()), "not bit-exact"
                     del loaded
-                    times[k] += [timed(lambda: ckptzip.load(data, map_location="cpu"))[0] for _ in range(args.reps)]
+                    times[k] += [timed(lambda: ckptzip.load(data, map_location=target))[0] for _ in range(args.reps)]
                 elif args.what == "save":
                     sink = discard_sink()
                     ckptzip.save(state, sink)  # untimed: the variant's first call
