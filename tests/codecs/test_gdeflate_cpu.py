@@ -192,7 +192,7 @@ def test_a_file_whose_float_planes_use_gdeflate_loads_bit_exactly(monkeypatch: p
 @pytest.fixture
 def without_library(monkeypatch: pytest.MonkeyPatch) -> None:
     """The registry as a machine without libnvcomp_cpu (nor a GPU that runs gdeflate) has it."""
-    monkeypatch.setattr(_gdeflate_lib, "_loaded", None)
+    monkeypatch.setattr(_gdeflate_lib, "load", _gdeflate_lib.load.__wrapped__)  # not the cached first try
     monkeypatch.setattr(_gdeflate_lib, "_library_candidates", lambda: ["/nonexistent/libnvcomp_cpu.so.6"])
     monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items() if k[0] != "gdeflate"})
     monkeypatch.setattr(registry, "_UNAVAILABLE", {k: v for k, v in registry._UNAVAILABLE.items()

@@ -20,8 +20,8 @@ chunk is coded on the CPU.
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
-import threading
 
 import numpy as np
 
@@ -101,17 +101,11 @@ def _u64(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=np.uint64)
 
 
-_LOCK = threading.Lock()
-_loaded: tuple[_Library | None, str | None] | None = None
-
-
+@functools.cache
 def load() -> tuple[_Library | None, str | None]:
-    """(the library, None), or (None, why it cannot load here, with the fix); tried once."""
-    global _loaded
-    with _LOCK:
-        if _loaded is None:
-            _loaded = _load()
-        return _loaded
+    """(the library, None), or (None, why it cannot load here, with the fix); tried once (a race of first calls
+    can only load it twice, which dlopen makes one)."""
+    return _load()
 
 
 def _load() -> tuple[_Library | None, str | None]:

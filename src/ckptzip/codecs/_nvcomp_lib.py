@@ -17,6 +17,7 @@ its soname; it needs no CUDA library at load time (the driver is opened when a f
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -139,17 +140,11 @@ class _Properties(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("cudart_version", ctypes.c_uint32)]
 
 
-_LOCK = threading.Lock()
-_loaded: tuple[Library | None, str | None] | None = None
-
-
+@functools.cache
 def load() -> tuple[Library | None, str | None]:
-    """(the library, None), or (None, why it cannot be used here); tried once."""
-    global _loaded
-    with _LOCK:
-        if _loaded is None:
-            _loaded = _load()
-        return _loaded
+    """(the library, None), or (None, why it cannot be used here); tried once (a race of first calls
+    can only load it twice, which dlopen makes one)."""
+    return _load()
 
 
 def _load() -> tuple[Library | None, str | None]:
