@@ -23,7 +23,7 @@ from .storage import atomic_file, open_for_read
 from .tree import flatten, unflatten
 
 PathOrFile = str | os.PathLike[str] | BinaryIO
-Source = PathOrFile | bytes | bytearray | memoryview
+PathFileOrBytes = PathOrFile | bytes | bytearray | memoryview  # what a checkpoint is read from
 CodecArg = str | Policy
 MapLocation = None | str | torch.device | dict[str, Any]
 BaseTensors = None | Sequence[Mapping[str, torch.Tensor]]  # per base checkpoint, its tensors by name
@@ -127,7 +127,7 @@ def resolve_device(saved: str | None, map_location: MapLocation, argument: str =
 class CheckpointReader:
     """Lazy access to a checkpoint: the index is read and validated up front, tensors on demand."""
 
-    def __init__(self, f: Source, *, map_location: MapLocation = None, max_bytes: int | None = None,
+    def __init__(self, f: PathFileOrBytes, *, map_location: MapLocation = None, max_bytes: int | None = None,
                  gpu_memory: int | None = None) -> None:
         self._owned: BinaryIO | None = None  # a file this reader opened, and closes
         self.gpu_memory = gpu_memory
@@ -240,14 +240,14 @@ class CheckpointReader:
         self.close()
 
 
-def open(path: Source, *, map_location: MapLocation = None, max_bytes: int | None = None,
+def open(path: PathFileOrBytes, *, map_location: MapLocation = None, max_bytes: int | None = None,
          gpu_memory: int | None = None) -> CheckpointReader:
     """Open a checkpoint (a path, a binary file, or its bytes) for lazy, per-tensor reads:
     ``ckptzip.open(p)["model.w"]``. ``max_bytes``, ``gpu_memory``: as for :func:`load`."""
     return CheckpointReader(path, map_location=map_location, max_bytes=max_bytes, gpu_memory=gpu_memory)
 
 
-def load(f: Source, *, map_location: MapLocation = None, progress: bool = False,
+def load(f: PathFileOrBytes, *, map_location: MapLocation = None, progress: bool = False,
          max_bytes: int | None = None, gpu_memory: int | None = None) -> Any:
     """Load what :func:`save` saved from a path, a binary file, or the bytes of one (read in
     place, without a copy); every tensor is verified bit-exact against its checksum.
