@@ -9,13 +9,14 @@ their attributes together, variant by variant. ``--what save`` times ``ckptzip.s
 GiB, if given); ``--what host`` times what ``CheckpointManager.save`` blocks with host snapshots
 (``prepare`` first; each variant its own manager); ``--what load`` and ``--what cpu-load`` time
 ``ckptzip.load`` of the state saved on the GPU (``codec="auto"``), from bytes in host memory, to
-the GPU and to the CPU. Prints a JSON
-row per variant: the median and every time, the stored bytes, the batches that ran out of GPU memory.
+the GPU and to the CPU (``--cpu-decode``: on the CPU's cores, as a machine without a GPU would,
+instead of on the GPU for the host). Prints a JSON row per variant: the median and every time,
+the stored bytes, the batches that ran out of GPU memory.
 
     python3 bench/ab_probe.py --what save --gib 16 --free 2 --set ckptzip.engine.plan.OPEN_BATCHES=1,8
     python3 bench/ab_probe.py --what host --gib 40 --free 3 \\
         --set ckptzip.engine.plan.SMALL_BATCH_BYTES=0,536870912
-    python3 bench/ab_probe.py --what cpu-load --gib 8 --set ckptzip.engine.reader.CPU_SLICE_BYTES=16777216,67108864 \\
+    python3 bench/ab_probe.py --what cpu-load --cpu-decode --gib 8 --set ckptzip.engine.reader.CPU_SLICE_BYTES=16777216,67108864 \\
         --set 'ckptzip.engine.plan.LOAD_BATCH_BYTES={"cuda": 536870912, "cpu": 16777216},{"cuda": 536870912, "cpu": 67108864}'
 """
 
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 import ckptzip
+from ckptzip.engine import plan as engine_plan
 from ckptzip_bench.discard import written
 from ckptzip_bench.pipeline import discard_sink
 from ckptzip_bench.training_job import GIB, OutOfMemoryCount, fill_gpu, llama_like_state, nbytes, timed
@@ -62,6 +64,8 @@ def main() -> None:
     p.add_argument("--what", choices=("save", "host", "load", "cpu-load"), default="save")
     p.add_argument("--gib", type=float, default=16, help="size of the 7B-like state")
     p.add_argument("--free", type=float, help="GiB of GPU memory left free beside the state")
+    p.add_argument("--cpu-decode", action="store_true",
+                   help="cpu-load: decode on the CPU's cores, as a machine without a GPU would")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--reps", type=int, default=3, help="timed calls per variant and round")
     args = p.parse_args()
@@ -80,6 +84,8 @@ def main() -> None:
     state = llama_like_state(args.gib)
     data = b""
     target = "cpu" if args.what == "cpu-load" else None  # where loads go (None: where it was saved)
+    if args.cpu_decode:  # no codec counts as best decoded on a GPU: gdeflate planes decode on the CPU
+        engine_plan.gpu_first_ids = frozenset
     if args.what in ("load", "cpu-load"):
         buffer = io.BytesIO()
         ckptzip.save(state, buffer)
