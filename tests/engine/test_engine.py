@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -374,6 +375,28 @@ def test_a_bounded_pool_grows_by_slabs_as_large_as_it_holds_up_to_its_count(monk
     pool.release(held.pop())
     assert pool.acquire().data_ptr() not in {b.data_ptr() for b in held}  # reused, not a twelfth
     assert pool.reserved == 11 << 20
+
+
+def test_a_pool_pins_buffers_one_by_one_where_host_memory_cannot_be_registered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptzip.engine import staging
+
+    def refused(nbytes: int) -> staging.Slab:
+        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error 801")
+
+    pinned: list[bool] = []
+    real_empty = torch.empty
+
+    def empty(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
+        pinned.append(pin_memory)  # this machine may have no GPU to pin with: a plain buffer stands in
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(staging, "Slab", refused)
+    monkeypatch.setattr(staging.torch, "empty", empty)
+    pool = staging.PinnedPool(buffer_bytes=1 << 12, count=4)
+    held = [pool.acquire() for _ in range(4)]
+    assert pinned == [True] * 4 and pool._slabs == [] and pool.reserved == 4 << 12
+    assert len({b.data_ptr() for b in held}) == 4 and all(b.numel() == 1 << 12 for b in held)
 
 
 def test_the_numpy_split_and_merge_agree_across_their_blocks(monkeypatch: pytest.MonkeyPatch) -> None:

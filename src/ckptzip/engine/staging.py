@@ -10,6 +10,7 @@ slabs (:meth:`PinnedPool.trim`) once a smaller state, or a better ratio, needs l
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import queue
@@ -24,6 +25,7 @@ SLAB_BYTES = 1 << 30
 # GPU tensors at least this large come to the host through the pool (smaller ones: Tensor.to)
 STAGED_TO_HOST_BYTES = 1 << 20
 _COPY_OUT_THREADS = max(1, min(8, os.cpu_count() or 1))
+_LOG = logging.getLogger("ckptzip")
 
 
 def _pool_buffers() -> int:
@@ -98,11 +100,18 @@ class PinnedPool:
         return max(1, SLAB_BYTES // self.buffer_bytes)
 
     def _add_slab(self, n: int) -> list[torch.Tensor]:
-        """``n`` new buffers, in one slab (the caller holds the lock)."""
-        slab = Slab(n * self.buffer_bytes)
-        self._slabs.append(slab)
+        """``n`` new buffers, in one slab (the caller holds the lock); pinned one by one where host
+        memory cannot be registered (the driver refuses cudaHostRegister), so saves and loads still run."""
+        try:
+            slab = Slab(n * self.buffer_bytes)
+        except RuntimeError as exc:
+            _LOG.debug("ckptzip: pinning host buffers one by one: %s", exc)
+            buffers = [torch.empty(self.buffer_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
+        else:
+            self._slabs.append(slab)
+            buffers = [slab.memory[i * self.buffer_bytes : (i + 1) * self.buffer_bytes] for i in range(n)]
         self._created += n
-        return [slab.memory[i * self.buffer_bytes : (i + 1) * self.buffer_bytes] for i in range(n)]
+        return buffers
 
     @property
     def reserved(self) -> int:
