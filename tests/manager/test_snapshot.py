@@ -3,6 +3,7 @@ GPU codes the rest, and the file such a snapshot writes."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 from helpers import assert_same
 
 import ckptzip
-from ckptzip.manager import CheckpointManager
+from ckptzip.engine.policy import Policy
+from ckptzip.manager import CheckpointManager, _snapshot
 from ckptzip.manager._snapshot import HOST_RAW_SHARE, raw_share
 from ckptzip.manager._steps import STEP_NAME
 
@@ -69,3 +71,17 @@ def test_a_save_right_after_prepare_uses_the_reserved_buffer_not_a_second_one(tm
         assert len(pinned) == 1
         assert pinned[0].numel() >= sum(state[f"w{i}"].nbytes for i in range(5, 10))
         assert_same(manager.restore(1, map_location="cpu"), {k: v.cpu() for k, v in state.items()})
+
+
+def test_where_host_memory_cannot_be_registered_snapshot_buffers_are_pageable(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def refused(nbytes: int) -> _snapshot.Slab:
+        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error 801")
+
+    monkeypatch.setattr(_snapshot, "Slab", refused)
+    pool = _snapshot.SnapshotPool("host", Policy.parse("auto"))
+    with caplog.at_level(logging.WARNING, logger="ckptzip"):
+        buffer = pool._acquire((torch.device("cpu"), True), 1 << 20)
+    assert buffer.numel() == 1 << 20 and buffer.device.type == "cpu"
+    assert "snapshot buffers in pageable host memory (copies to them are slower): cudaHostRegister of 1048576 bytes" \
+        in caplog.text

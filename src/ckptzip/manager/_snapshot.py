@@ -193,7 +193,11 @@ class SnapshotPool:
         if not pinned:
             return torch.empty(nbytes, dtype=torch.uint8, device=device)
         # registered pageable memory: torch's pinned allocator would round tens of GB up to a power of two
-        slab = Slab(nbytes)
+        try:
+            slab = Slab(nbytes)
+        except RuntimeError as exc:  # the driver refuses to register it: pageable memory, slower copies
+            _LOG.warning("ckptzip: snapshot buffers in pageable host memory (copies to them are slower): %s", exc)
+            return torch.empty(nbytes, dtype=torch.uint8)
         with self._lock:
             self._slabs[slab.memory.data_ptr()] = slab
         return slab.memory
