@@ -208,10 +208,15 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             for start in range(0, t.numel(), pool.buffer_bytes):
                 n = min(pool.buffer_bytes, t.numel() - start)
                 buffer = pool.acquire()  # blocks while every buffer waits to be copied out
-                with torch.cuda.stream(stream):
-                    buffer[:n].copy_(t[start : start + n], non_blocking=True)
-                    down = torch.cuda.Event()
-                    down.record(stream)
+                try:
+                    with torch.cuda.stream(stream):
+                        buffer[:n].copy_(t[start : start + n], non_blocking=True)
+                        down = torch.cuda.Event()
+                        down.record(stream)
+                except BaseException:
+                    stream.synchronize()  # nothing queued may still write into it
+                    pool.release(buffer)
+                    raise
                 jobs.append(workers.submit(_copy_out, down, buffer, out[start : start + n], pool))
         for job in jobs:
             job.result()
