@@ -41,8 +41,8 @@ def write_checkpoint(f: BinaryIO, obj: Any, policy: Policy, *, progress: bool = 
     tensors = [item.tensor for item in flat.tensors]
     total = sum(t.numel() * t.element_size() for t in tensors)
     with _progress(total, progress, "compress") as bar:
-        return write_state(f, [item.name for item in flat.tensors], tensors, flat.tree, policy, bar.update, base,
-                           gpu_memory)
+        return write_state(f, [item.name for item in flat.tensors], tensors, flat.tree, policy, base, gpu_memory,
+                           on_progress=bar.update)
 
 
 def save(obj: Any, f: PathOrFile, *, codec: CodecArg = "auto", progress: bool = False,
@@ -339,7 +339,7 @@ def compress(tensor: torch.Tensor, *, codec: CodecArg = "auto") -> CompressedTen
         raise TypeError(f"compress() takes a torch.Tensor, got {type(tensor).__name__}")
     policy = Policy.parse(codec)
     buf = io.BytesIO()
-    write_state(buf, ["tensor"], [flatten(tensor).tensors[0].tensor], {"tensor": 0}, policy, lambda _: None)
+    write_state(buf, ["tensor"], [flatten(tensor).tensors[0].tensor], {"tensor": 0}, policy)
     return CompressedTensor(buf.getvalue())
 
 

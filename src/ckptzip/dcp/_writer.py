@@ -224,7 +224,7 @@ class CompressedStorageWriter(StorageWriter):
         names = [tensor_name(item.index) for item in items]
         with self._dir.atomic_write(name, sync=self.sync_files) as stream:
             entries = write_state(stream, names, tensors, [{"tensor": k} for k in range(len(items))],
-                                  self._policy, lambda _: None, gpu_memory=self.gpu_memory)
+                                  self._policy, gpu_memory=self.gpu_memory)
         return [
             WriteResult(index=item.index, size_in_bytes=entry.compressed_nbytes,
                         storage_data=StoredItem(name, 0, entry.compressed_nbytes, pipeline(entry), entry.checksum, k))

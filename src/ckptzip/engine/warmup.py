@@ -49,7 +49,7 @@ def compile_kernels(device: torch.device, policy: Policy) -> None:
         tensors = _sample(device)
         names = [f"t{i}" for i in range(len(tensors))]
         buffer = io.BytesIO()
-        write_state(buffer, names, tensors, [{"tensor": i} for i in range(len(tensors))], policy, lambda _: None)
+        write_state(buffer, names, tensors, [{"tensor": i} for i in range(len(tensors))], policy)
         reader = ContainerReader(buffer.getvalue())
         read_tensors(reader, list(range(len(tensors))), [device] * len(tensors), lambda _: None)
         torch.cuda.current_stream(device).synchronize()

@@ -462,8 +462,8 @@ def _finish(writer: ContainerWriter, sink: _Sink, tree: Any, table: Table | None
 
 
 def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree: Any, policy: Policy,
-                on_progress: Callable[[int], object], base: DeltaBase | None = None,
-                gpu_memory: int | None = None) -> list[TensorEntry]:
+                base: DeltaBase | None = None, gpu_memory: int | None = None, *,
+                on_progress: Callable[[int], object] = lambda _: None) -> list[TensorEntry]:
     """Write a whole container to ``f``: every tensor, then the index and trailer. Returns the
     tensor table. Duplicates and casts are stored as references; with ``base``, tensors may be
     stored as XOR deltas against it (:mod:`.sources`). GPU work stays within each GPU's budget

@@ -239,8 +239,8 @@ class CheckpointManager:
         if self._executor is None:
             flat = flatten(state)
             names, tensors = [item.name for item in flat.tensors], [item.tensor for item in flat.tensors]
-            self._write(step, lambda f, base: Written(write_state(f, names, tensors, flat.tree, self._policy,
-                                                                  lambda _: None, base, self._gpu_memory),
+            self._write(step, lambda f, base: Written(write_state(f, names, tensors, flat.tree, self._policy, base,
+                                                                  self._gpu_memory),
                                                       dict(zip(names, tensors))))
             self._after_commit(step)
             future: concurrent.futures.Future[None] = concurrent.futures.Future()

@@ -367,8 +367,8 @@ class SnapshotPool:
             kept = dict(zip(snapshot.names, snapshot.tensors)) if snapshot.copied else None
             if staged is not None:  # its table was rewritten (against the base) when it was taken
                 return Written(write_staged(f, staged, snapshot.tree, self._policy), kept)
-            return Written(write_state(f, snapshot.names, snapshot.tensors, snapshot.tree, self._policy, lambda _: None,
-                                       base, self._gpu_memory), kept)
+            return Written(write_state(f, snapshot.names, snapshot.tensors, snapshot.tree, self._policy, base,
+                                       self._gpu_memory), kept)
 
         try:
             for event in snapshot.ready:
