@@ -192,9 +192,11 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     into its pageable output on a thread while the next ones come down: ``Tensor.to("cpu")`` into
     pageable memory is staged by the driver one piece at a time, at a few GB/s."""
     outs = [torch.empty(t.numel(), dtype=torch.uint8) for t in tensors]
-    staged = [(t, out) for t, out in zip(tensors, outs) if t.numel() >= STAGED_TO_HOST_BYTES]
+    staged = []
     for t, out in zip(tensors, outs):
-        if t.numel() < STAGED_TO_HOST_BYTES:
+        if t.numel() >= STAGED_TO_HOST_BYTES:
+            staged.append((t, out))
+        else:
             out.copy_(t)
     if not staged:
         return outs
