@@ -53,6 +53,8 @@ def planes_zstd3(t: torch.Tensor) -> int:
 
 
 def make_state(args: argparse.Namespace) -> dict[str, Any]:
+    if args.state_file:  # the parent's, made once for every core count
+        return torch.load(args.state_file, weights_only=True)
     if args.state == "trained":
         return train(args.preset, args.steps, device="cpu", seed=0).state()
     g = torch.Generator().manual_seed(0)
@@ -176,16 +178,22 @@ def main() -> int:
     p.add_argument("--disk", help="time saves (with fsync) and loads of files in this directory")
     p.add_argument("--methods", default="ckptzip-auto,torch.save,safetensors,zipnn", help="with --disk")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--state-file", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(measure(args)))
         return 0
     rows = []
-    for cores in sorted({int(c) for c in args.cores.split(",")}):
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--child", str(cores)]
-        child = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        sys.stderr.write(child.stderr)
-        rows.append(json.loads(child.stdout))
+    with tempfile.TemporaryDirectory() as scratch:
+        # the state is made once, on every core, and read by each core count's child (training
+        # a small model on one core took 90 s of a 2-core machine's time per child)
+        state_file = os.path.join(scratch, "state.pt")
+        torch.save(make_state(args), state_file)
+        for cores in sorted({int(c) for c in args.cores.split(",")}):
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--child", str(cores), "--state-file", state_file]
+            child = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            sys.stderr.write(child.stderr)
+            rows.append(json.loads(child.stdout))
     if args.disk:
         print_disk(args, rows)
         return 0
