@@ -299,40 +299,30 @@ _days = _number_type(lambda v: 0 < v <= 31, "training days per month, in (0, 31]
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Add the ``cost`` subcommand's arguments to its parser; :func:`run` takes the parsed namespace."""
-    defaults = CostInputs()
     p.description = ("Estimate what checkpoint writes cost in idle GPU time (and storage) per month, "
                      "and what a compression ratio saves. Rates are in GiB/s. See docs/COST.md.")
     job = p.add_argument_group("job")
-    job.add_argument("--params", type=_param_count, default=defaults.params,
-                     help="parameters checkpointed, e.g. 70e9 or 70B; for MoE, all experts (default: 70e9)")
-    job.add_argument("--gpus", type=_positive_int, default=defaults.gpus,
-                     help="GPUs of the job; all idle while a save stalls (default: %(default)s)")
-    job.add_argument("--gpu-hour-price", type=_non_negative, default=defaults.gpu_hour_price,
-                     help="$ per GPU-hour (default: %(default)s)")
-    job.add_argument("--interval-minutes", type=_positive, default=defaults.interval_minutes,
-                     help="minutes between saves (default: %(default)g)")
-    job.add_argument("--days", type=_days, default=defaults.days,
-                     help="training days per month (default: %(default)g)")
+    _option(job, "--params", _param_count, "parameters checkpointed, e.g. 70e9 or 70B; for MoE, all experts "
+            "(default: 70e9)")
+    _option(job, "--gpus", _positive_int, "GPUs of the job; all idle while a save stalls (default: %(default)s)")
+    _option(job, "--gpu-hour-price", _non_negative, "$ per GPU-hour (default: %(default)s)")
+    _option(job, "--interval-minutes", _positive, "minutes between saves (default: %(default)g)")
+    _option(job, "--days", _days, "training days per month (default: %(default)g)")
     layout = p.add_argument_group("checkpoint layout")
-    layout.add_argument("--weights-dtype", choices=sorted(DTYPE_BYTES), default=defaults.weights_dtype,
-                        help="dtype of weights and gradients (default: %(default)s)")
-    layout.add_argument("--master-weights", action=argparse.BooleanOptionalAction,
-                        default=defaults.master_weights,
-                        help="an fp32 master copy of bf16/fp16 weights is saved too (default: no)")
-    layout.add_argument("--no-gradients", dest="gradients", action="store_false",
-                        help="gradients are not saved")
-    layout.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATES), default=defaults.optimizer,
-                        help="fp32 optimizer states per parameter: adamw 2, sgd 1, none 0 "
-                             "(default: %(default)s)")
-    io = p.add_argument_group("saving")
-    io.add_argument("--write-bandwidth", type=_positive, default=defaults.write_bandwidth,
-                    help="aggregate storage write bandwidth, GiB/s (default: %(default)g)")
-    io.add_argument("--async", dest="async_save", action="store_true",
-                    help="saves copy to host memory and write in the background")
-    io.add_argument("--snapshot-bandwidth", type=_positive, default=defaults.snapshot_bandwidth,
-                    help="with --async: device-to-host copy, GiB/s per GPU (default: %(default)g)")
-    io.add_argument("--compress-throughput", type=_positive, default=defaults.compress_throughput,
-                    help="GPU compression, GiB/s of input per GPU (default: %(default)g)")
+    _option(layout, "--weights-dtype", None, "dtype of weights and gradients (default: %(default)s)",
+            choices=sorted(DTYPE_BYTES))
+    _option(layout, "--master-weights", None, "an fp32 master copy of bf16/fp16 weights is saved too (default: no)",
+            action=argparse.BooleanOptionalAction)
+    layout.add_argument("--no-gradients", dest="gradients", action="store_false", help="gradients are not saved")
+    _option(layout, "--optimizer", None, "fp32 optimizer states per parameter: adamw 2, sgd 1, none 0 "
+            "(default: %(default)s)", choices=sorted(OPTIMIZER_STATES))
+    saving = p.add_argument_group("saving")
+    _option(saving, "--write-bandwidth", _positive, "aggregate storage write bandwidth, GiB/s (default: %(default)g)")
+    saving.add_argument("--async", dest="async_save", action="store_true",
+                        help="saves copy to host memory and write in the background")
+    _option(saving, "--snapshot-bandwidth", _positive, "with --async: device-to-host copy, GiB/s per GPU "
+            "(default: %(default)g)")
+    _option(saving, "--compress-throughput", _positive, "GPU compression, GiB/s of input per GPU (default: %(default)g)")
     ratio = p.add_argument_group("compression ratio (at most one source)")
     source = ratio.add_mutually_exclusive_group()
     source.add_argument("--ratio", type=_positive, help="uncompressed / compressed bytes")
@@ -341,23 +331,26 @@ def configure(p: argparse.ArgumentParser) -> None:
     ratio.add_argument("--method",
                        help=f"with --from-bench: the method to read (default: {DEFAULT_BENCH_METHOD})")
     storage = p.add_argument_group("storage")
-    storage.add_argument("--storage-price", type=_non_negative, help="$ per GiB-month")
-    storage.add_argument("--keep", type=_positive_int, default=defaults.keep,
-                         help="checkpoints retained (default: %(default)s)")
+    _option(storage, "--storage-price", _non_negative, "$ per GiB-month")
+    _option(storage, "--keep", _positive_int, "checkpoints retained (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _option(group: argparse._ArgumentGroup, flag: str, kind: Callable[[str], Any] | None, help: str,
+            **extra: Any) -> None:
+    """``flag`` in ``group``, for the :class:`CostInputs` field of its name, defaulting to that field."""
+    field = flag.removeprefix("--").replace("-", "_")
+    if kind is not None:
+        extra["type"] = kind
+    group.add_argument(flag, default=getattr(CostInputs, field), help=help, **extra)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ckptzip cost``; returns the exit status (2 for unusable inputs)."""
     try:
         ratio, source = _resolve_ratio(args)
-        inputs = CostInputs(
-            params=args.params, gpus=args.gpus, gpu_hour_price=args.gpu_hour_price,
-            write_bandwidth=args.write_bandwidth, interval_minutes=args.interval_minutes, days=args.days,
-            weights_dtype=args.weights_dtype, master_weights=args.master_weights, gradients=args.gradients,
-            optimizer=args.optimizer, ratio=ratio, async_save=args.async_save,
-            snapshot_bandwidth=args.snapshot_bandwidth, compress_throughput=args.compress_throughput,
-            storage_price=args.storage_price, keep=args.keep)
+        inputs = CostInputs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(CostInputs)
+                                  if f.name != "ratio"}, ratio=ratio)
     except CkptzipError as e:
         print(f"ckptzip cost: error: {e}", file=sys.stderr)
         return 2

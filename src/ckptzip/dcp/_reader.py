@@ -24,6 +24,7 @@ from ..errors import CheckpointNotFoundError, CkptzipError, CorruptCheckpointErr
 from ..format import DTYPES, ContainerReader
 from ..storage import ByteSource, open_directory
 from ..engine.ahead import Task, read_ahead, run_ahead
+from ._directory import CheckpointDirectory
 from ._items import check_safe_object, check_shape, decode_blob, describe, pipeline
 from ._metadata import StoredItem, decode_metadata, metadata_file
 
@@ -41,7 +42,7 @@ def _groups(nbytes: list[int], devices: list[torch.device]) -> list[list[int]]:
     return packed(range(len(nbytes)), nbytes, on_gpu, limits, shared=True)
 
 
-class CompressedStorageReader(StorageReader):
+class CompressedStorageReader(CheckpointDirectory, StorageReader):
     """Read a DCP checkpoint written by :class:`CompressedStorageWriter`, on any number of ranks::
 
         dcp.load(state, storage_reader=CompressedStorageReader("ckpt/step100"))
@@ -73,16 +74,10 @@ class CompressedStorageReader(StorageReader):
         self.extension_registry = _extension_registry
         self.trusted_objects = trusted_objects
         self.thread_count = thread_count or min(4, cpu_threads())
-        self._storage_options = storage_options
-        self._dir = open_directory(path, storage_options)
+        self._open_directory(path, storage_options)
         self.load_id = uuid.uuid4().hex
         self._items: dict[MetadataIndex, StoredItem] = {}
         self._chunks: dict[MetadataIndex, tuple[torch.dtype, torch.Size]] = {}
-
-    @property
-    def checkpoint_id(self) -> str:
-        """The checkpoint directory or URL."""
-        return self._dir.location
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -93,8 +88,7 @@ class CompressedStorageReader(StorageReader):
             return False
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        if checkpoint_id:
-            self._dir = open_directory(checkpoint_id, self._storage_options)
+        self._reopen(checkpoint_id)
         self._items = {}
         self._chunks = {}
         self.load_id = uuid.uuid4().hex

@@ -21,8 +21,9 @@ from ..engine.policy import Policy
 from ..engine import memory
 from ..engine.warmup import warm_up
 from ..engine.writer import write_staged, write_state
-from ..storage import open_directory, write_error
+from ..storage import write_error
 from ..tree import flatten
+from ._directory import CheckpointDirectory
 from ._args import check_extensions, check_serialization_format
 from ._items import describe, pipeline, tensor_name
 from ._metadata import StoredItem, check_planner_data, encode_metadata, metadata_file
@@ -38,7 +39,7 @@ class _FilePrefix:
     prefix: str
 
 
-class CompressedStorageWriter(StorageWriter):
+class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
     """Write a DCP checkpoint whose items are each a compressed one-tensor ``.ckz`` container.
 
     Use it wherever DCP takes a ``storage_writer``::
@@ -103,8 +104,7 @@ class CompressedStorageWriter(StorageWriter):
         self.overwrite = overwrite
         self.per_thread_copy_ahead = per_thread_copy_ahead
         self.cache_staged_state_dict = cache_staged_state_dict
-        self._storage_options = storage_options
-        self._dir = open_directory(path, storage_options)
+        self._open_directory(path, storage_options)
         memory.cap(gpu_memory)  # a bad value fails here, not in the save
         self.gpu_memory = gpu_memory
         self._staged: collections.deque[Staged | None] = collections.deque()  # stage() → write_data, in order
@@ -113,19 +113,13 @@ class CompressedStorageWriter(StorageWriter):
         self.rank: int | None = None
         self.use_collectives = True
 
-    @property
-    def checkpoint_id(self) -> str:
-        """The checkpoint directory or URL."""
-        return self._dir.location
-
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         """Any local path or URL names a place this writer can write to."""
         return isinstance(checkpoint_id, (str, os.PathLike))
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        if checkpoint_id:
-            self._dir = open_directory(checkpoint_id, self._storage_options)
+        self._reopen(checkpoint_id)
         self.save_id = uuid.uuid4().hex
 
     def storage_meta(self) -> StorageMeta | None:
