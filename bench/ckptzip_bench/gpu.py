@@ -67,7 +67,7 @@ def device_regions(reader: ContainerReader) -> list[tuple[list[TensorEntry], tor
         entries = [stored[i] for i in idx]
         runs = Runs.of(entries)
         if runs.total:
-            host = np.concatenate([reader.source.view(f, n) for f, n in zip(runs.file.tolist(), runs.length.tolist())])
+            host = np.concatenate([reader.ranges.view(f, n) for f, n in zip(runs.file.tolist(), runs.length.tolist())])
             regions.append((entries, torch.from_numpy(host).to(work), runs, backend))
     return regions
 

@@ -229,7 +229,7 @@ class CheckpointReader:
 
     def close(self) -> None:
         if hasattr(self, "_reader"):
-            self._reader.source.close()
+            self._reader.ranges.close()
         if self._owned is not None:
             self._owned.close()
 
@@ -353,4 +353,4 @@ def decompress(ct: CompressedTensor | bytes, *, device: str | torch.device | Non
         check_budget(declared_needs(reader.tensors, [0], target), None)
         return read_tensors(reader, [0], target, lambda _: None)[0]
     finally:
-        reader.source.close()
+        reader.ranges.close()

@@ -438,7 +438,7 @@ def _stack(*frames: tuple[str, str]) -> Any:
           ("/usr/lib/python3.12/threading.py", "wait")], "wait: locks, queues, idle threads"),
         ([("/site/ckptzip/engine/writer.py", "_encode"), ("/site/ckptzip/codecs/cpu.py", "encode")],
          "codecs (host calls)"),
-        ([("/site/ckptzip/engine/reader.py", "_run"), ("/site/ckptzip/storage/source.py", "read_into")], "file I/O"),
+        ([("/site/ckptzip/engine/reader.py", "_run"), ("/site/ckptzip/storage/ranges.py", "read_into")], "file I/O"),
         ([("/site/ckptzip/engine/writer.py", "_write"), ("/site/ckptzip/format/writer.py", "append"),
           ("/site/ckptzip/bench/pipeline.py", "write")], "file I/O"),
         ([("/site/ckptzip/engine/reader.py", "verify_checksums")], "checksums"),

@@ -239,7 +239,7 @@ def test_decode_batch_returns_checksums_for_the_caller() -> None:
     reader = ContainerReader(io.BytesIO(buf.getvalue()))
     runs = Runs.of(reader.tensors)
     assert len(runs.file) == 1
-    region = torch.from_numpy(reader.source.view(int(runs.file[0]), runs.total).copy())
+    region = torch.from_numpy(reader.ranges.view(int(runs.file[0]), runs.total).copy())
     outs, sums = decode_batch(reader.tensors, region, runs, "cpu", digests=True)
     assert [f"wsum64:{int(s) & MASK:016x}" for s in sums] == [e.checksum for e in reader.tensors]
     assert torch.equal(outs[0].view(torch.float32), tensors[0])

@@ -22,7 +22,7 @@ from ..engine.plan import Limit, packed
 from ..engine.reader import read_tensors
 from ..errors import CheckpointNotFoundError, CkptzipError, CorruptCheckpointError
 from ..format import DTYPES, ContainerReader
-from ..storage import ByteSource, open_directory
+from ..storage import ByteRanges, open_directory
 from ..engine.ahead import Task, read_ahead, run_ahead
 from ._directory import CheckpointDirectory
 from ._items import check_safe_object, check_shape, decode_blob, describe, pipeline
@@ -267,9 +267,9 @@ class CompressedStorageReader(CheckpointDirectory, StorageReader):
         group: Iterable[tuple[StoredItem, MetadataIndex, list[ReadItem]]],
         planner: LoadPlanner,
     ) -> Iterator[Task[tuple[MetadataIndex, list[ReadItem], list[torch.Tensor]], Any]]:
-        source = ByteSource(stream)
+        ranges = ByteRanges(stream)
         blobs = read_ahead(
-            (stored, index, reqs, source.read(stored.offset, stored.length, self._where(index, stored)))
+            (stored, index, reqs, ranges.read(stored.offset, stored.length, self._where(index, stored)))
             for stored, index, reqs in group
         )
         for stored, index, reqs, blob in blobs:

@@ -73,7 +73,7 @@ def _host_region(reader: ContainerReader, entries: list[TensorEntry]) -> tuple[t
     (the writer's batches put a reader's batch in several runs: copying them back to back cost a
     pass over every stored byte), else read run by run."""
     runs = Runs.of(entries)
-    data = reader.source.view(int(runs.file[0]), runs.span)
+    data = reader.ranges.view(int(runs.file[0]), runs.span)
     if data is not None and data.size == runs.span:
         runs = runs.in_place()
     else:

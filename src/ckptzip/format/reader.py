@@ -9,7 +9,7 @@ import xxhash
 
 from ..checksum import xxh3_hex
 from ..errors import CorruptCheckpointError
-from ..storage.source import ByteSource, Readable
+from ..storage.ranges import ByteRanges, Readable
 from .index import Chunk, Index, TensorEntry
 from .spec import PREAMBLE_SIZE, TRAILER_SIZE, Trailer, check_preamble
 
@@ -18,13 +18,13 @@ class ContainerReader:
     """The verified index of one .ckz container, and its stored bytes."""
 
     def __init__(self, f: Readable) -> None:
-        source = ByteSource(f)
-        size = source.size
+        ranges = ByteRanges(f)
+        size = ranges.size
         if size < PREAMBLE_SIZE + TRAILER_SIZE:
             Trailer.unpack(b"\0" * TRAILER_SIZE, size)  # raises with the size in the message
-        trailer = Trailer.unpack(source.read(size - TRAILER_SIZE, TRAILER_SIZE, "trailer"), size)
-        head = source.read(0, PREAMBLE_SIZE, "preamble")
-        raw_index = source.read(trailer.index_offset, trailer.index_length, "index")
+        trailer = Trailer.unpack(ranges.read(size - TRAILER_SIZE, TRAILER_SIZE, "trailer"), size)
+        head = ranges.read(0, PREAMBLE_SIZE, "preamble")
+        raw_index = ranges.read(trailer.index_offset, trailer.index_length, "index")
         if xxhash.xxh3_64_intdigest(head + raw_index) != trailer.index_hash:
             raise CorruptCheckpointError(
                 "the index checksum does not match: the file header or index is damaged "
@@ -38,7 +38,7 @@ class ContainerReader:
                 f"the preamble says format {major}.x but the index says {self.index.version[0]}.x; "
                 "the file is damaged or was not written by ckptzip"
             )
-        self.source = source
+        self.ranges = ranges
 
     @property
     def tensors(self) -> list[TensorEntry]:
@@ -51,7 +51,7 @@ class ContainerReader:
 
     def read_into(self, out: npt.NDArray[np.uint8], offset: int, what: str) -> None:
         """Fill ``out`` with the stored bytes at ``offset``; a short file is corruption."""
-        self.source.read_exact_into(out, offset, what)
+        self.ranges.read_exact_into(out, offset, what)
 
 
 def verify_xxh3(data: np.ndarray, start: int, chunks: list[tuple[TensorEntry, int, int, Chunk]]) -> None:

@@ -3,7 +3,7 @@ reads for everything above it (``save``/``load``, the manager, the DCP plugin).
 
 - :mod:`.files`: a local file replaced atomically, opened for reading without blocking on special
   files; the one way a ``CheckpointWriteError`` is built.
-- :mod:`.source`: exact positioned reads of a file or buffer from several threads (``ByteSource``).
+- :mod:`.ranges`: exact positioned reads of a file or buffer from several threads (``ByteRanges``).
 - :mod:`.directory`: one interface (:class:`Directory`) to a directory of files on a local disk
   (:class:`LocalDirectory`) or behind an fsspec URL (:class:`FsspecDirectory`).
 - :mod:`.commits`: the manager's committed checkpoints and its one-writer lock.
@@ -12,11 +12,11 @@ reads for everything above it (``save``/``load``, the manager, the DCP plugin).
 from .commits import LOCK_NAME, Listing, Storage, WriterLock, open_storage
 from .directory import Directory, FsspecDirectory, LocalDirectory, is_url, local_path, open_directory
 from .files import atomic_file, file_url_path, open_for_read, write_error
-from .source import ByteSource
+from .ranges import ByteRanges
 
 __all__ = [
     "LOCK_NAME",
-    "ByteSource",
+    "ByteRanges",
     "Directory",
     "FsspecDirectory",
     "Listing",

@@ -16,7 +16,7 @@ Bytes = npt.NDArray[np.uint8]
 Readable = IO[bytes] | bytes | bytearray | memoryview
 
 
-class ByteSource:
+class ByteRanges:
     """Positioned reads of a file or buffer, safe from several threads: zero-copy views of bytes
     in memory (a bytes-like object, or an ``io.BytesIO``), ``os.preadv`` on a real file, a lock
     around seek + read for other file objects. A read that finds fewer bytes than asked for is
