@@ -13,7 +13,7 @@ from helpers import CkzParts, code_large_tensors_in_ranges, random_tensor, rewri
 
 import ckptzip
 from ckptzip.api import write_checkpoint
-from ckptzip.engine import delta, reader as engine_reader
+from ckptzip.engine import delta, policy, reader as engine_reader
 from ckptzip.engine.policy import Policy
 from ckptzip.engine.sources import DeltaBase
 from ckptzip.errors import CorruptCheckpointError
@@ -202,3 +202,17 @@ def test_sparse_deltas_on_the_gpu_round_trip_and_match_the_cpu_streams(dtype: to
     cpu_blob = _save({"w": later}, {"w": base})
     assert torch.equal(tensor_bits(_load(cpu_blob, {"w": base.cuda()}, map_location="cuda")["w"].cpu()),
                        tensor_bits(later))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("density", [2e-2, 1e-4], ids=["rl", "nearly-unchanged"])
+def test_a_gpu_sparse_residue_codes_its_bitmap_with_lz_only_where_nearly_nothing_changed(density: float) -> None:
+    base, later = _pair(torch.bfloat16, density, shape=(2048, 2048))
+    blob = _save({"w": later.cuda()}, {"w": base.cuda()})
+    entry, _ = _entry(blob)
+    bitmap, *values = (s.codec for s in entry.streams)
+    lz = density <= policy.SPARSE_LZ_MAX_DENSITY
+    assert bitmap == {"id": "gdeflate", "algorithm_type": 1 if lz else 0}
+    assert all(v in ({"id": "gdeflate", "algorithm_type": 0}, {"id": "raw"}) for v in values)  # as planes are
+    back = _load(blob, {"w": base.cuda()})["w"]
+    assert torch.equal(tensor_bits(back.cpu()), tensor_bits(later))

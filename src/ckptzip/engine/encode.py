@@ -25,7 +25,8 @@ from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes, Sparse, Transform
 from ..uploads import to_device
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts
-from .policy import LOW_ENTROPY_BITS, RAW, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN, Policy, codec_for
+from .policy import (LOW_ENTROPY_BITS, RAW, SPARSE_LZ_MAX_DENSITY, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN,
+                     Policy, codec_for)
 
 
 @dataclass(frozen=True)
@@ -240,8 +241,9 @@ def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.nda
 
 def _choose_codecs(batch: _Batch, hist: torch.Tensor, floating: np.ndarray, policy: Policy, backend: str) -> _Coding:
     """The codec each stream of ``batch`` is tried with, and the streams a trial already coded
-    whole (:func:`_trial`). ``SPARSE`` streams (bitmaps and values of sparse residues, mostly
-    zero bytes) are coded as near-constant float planes are."""
+    whole (:func:`_trial`). ``SPARSE`` streams (a sparse residue's bitmap and its values' planes)
+    are coded as structured planes are, but a bitmap so sparse that it is nearly all zero bytes
+    as near-constant planes are (:data:`~.policy.SPARSE_LZ_MAX_DENSITY`)."""
     streams = batch.streams
     plane_codec = policy.plane_codec(backend).get_config()
     coding = _Coding([], {})
@@ -261,7 +263,9 @@ def _choose_codecs(batch: _Batch, hist: torch.Tensor, floating: np.ndarray, poli
         if size == 0:
             configs.append(RAW)
         elif streams.kind[s] == SPARSE:
-            configs.append(low or candidates[0])
+            bitmap = streams.index[s] == 0
+            configs.append(low if low is not None and bitmap and _density(batch, s) <= SPARSE_LZ_MAX_DENSITY
+                           else candidates[0])
             if backend == "cpu" and len(candidates) > 1:
                 structured.append(s)
         elif not is_plane[s]:
@@ -287,6 +291,13 @@ def _choose_codecs(batch: _Batch, hist: torch.Tensor, floating: np.ndarray, poli
                 configs[s] = config
             coding.precoded.update(whole)
     return coding
+
+
+def _density(batch: _Batch, s: int) -> float:
+    """The share of non-zero elements of the sparse residue whose bitmap is stream ``s``."""
+    transform = batch.transforms[int(batch.streams.tensor[s])]
+    assert isinstance(transform, Sparse)
+    return transform.count / max(1, 8 * int(batch.streams.size[s]))
 
 
 def _plane_entropies(hist: torch.Tensor) -> np.ndarray:

@@ -52,6 +52,13 @@ _PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
 # auto preset codes them with gdeflate's LZ pass too (the same bitstream: a CPU decodes it alike).
 LOW_ENTROPY_BITS = 1.0
 _LOW_ENTROPY_CODECS: dict[tuple[str, str], dict[str, Any]] = {("auto", "cuda"): {"id": "gdeflate", "algorithm_type": 1}}
+# A sparse residue's bitmap (engine.delta) is coded as those planes are only where at most this
+# share of its elements changed; above it, like its values' planes, with the plane codec. At an RL
+# learning rate (1e-6, 1-1.6 % of bf16 weights changed) gdeflate's LZ pass made incremental saves
+# slower and larger than Huffman alone: 13.7 against 24.4 GB/s, 58.9x against 76.4x
+# (bench/results/h200-s16-call3-delta-ab.txt); the threshold is where LZ starts to pay on a bitmap
+# (bench/results/h200-s16-call4-bitmap-probe.txt).
+SPARSE_LZ_MAX_DENSITY = 1e-3
 # Float planes of presets on the CPU: each is coded with whichever of these shrinks a sample most
 # (the first alone for "fast"; ties go to the first, the fastest; level 3 is tried only where
 # level 1 beat the first, encode._trial). On an H200-trained state's
