@@ -9,6 +9,7 @@ from helpers import random_tensor, sparse_residue
 
 from ckptzip import CorruptCheckpointError
 from ckptzip.transforms import Sparse, get_transform
+from ckptzip.transforms.sparse import pack_bits
 
 DTYPES = [torch.uint8, torch.bfloat16, torch.float16, torch.float32, torch.float64]
 
@@ -105,3 +106,11 @@ def test_random_bits_are_all_non_zero_elements() -> None:
     data = random_tensor(torch.int64, (64,), seed=9).view(torch.uint8)
     transform = Sparse(8, int(_nonzero(data, 8).sum()))
     assert torch.equal(transform.inverse(transform.forward(data), data.numel()), data)
+
+
+@pytest.mark.parametrize("offset", [0, 3], ids=["aligned", "unaligned-view"])
+@pytest.mark.parametrize("tail", [0, 5])
+def test_pack_bits_gathers_every_byte_pattern_as_numpy_does(offset: int, tail: int) -> None:
+    patterns = np.unpackbits(np.arange(256, dtype=np.uint8), bitorder="little").astype(bool)  # every 8-bit pattern
+    mask = torch.from_numpy(np.r_[np.zeros(offset, bool), patterns, np.ones(tail, bool)])[offset:]
+    assert pack_bits(mask).numpy().tobytes() == np.packbits(mask.numpy(), bitorder="little").tobytes()

@@ -61,12 +61,12 @@ def deltas_that_pay(currents: list[torch.Tensor], bases: list[torch.Tensor], ite
     for (device, itemsize), members in groups.items():
         for first in range(0, len(members), GROUP):
             chunk = members[first : first + GROUP]
-            wholes, residues = [], []
-            for j in chunk:
-                sample = middle(currents[j].numel(), SAMPLE_BYTES, itemsize)
-                whole = currents[j][sample]
-                wholes.append(whole)
-                residues.append(xor_bytes(whole, bases[j][sample].to(device, non_blocking=True)))
+            samples = [middle(currents[j].numel(), SAMPLE_BYTES, itemsize) for j in chunk]
+            wholes = [currents[j][sample] for j, sample in zip(chunk, samples)]
+            # the group's samples XORed in one pass, not a launch per tensor
+            residues = list(xor_bytes(torch.cat(wholes), torch.cat([bases[j][sample].to(device, non_blocking=True)
+                                                                    for j, sample in zip(chunk, samples)]))
+                            .split([w.numel() for w in wholes]))
             bits = plane_bits(plane_counts(wholes + residues, itemsize))
             for j, whole_bits, residue_bits in zip(chunk, bits[: len(chunk)], bits[len(chunk) :]):
                 out[j] = bool(residue_bits < (1 - MIN_GAIN) * whole_bits)
