@@ -30,6 +30,7 @@ from ..transforms import BytePlanes, Sparse
 from ..transforms.sparse import unpack_bits
 from ..uploads import to_device
 from .policy import codec_for
+from .pages import populate
 from .scratch import scratch
 
 
@@ -247,6 +248,7 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
     device = region.device
     outs = [torch.empty(e.nbytes, dtype=torch.uint8, device=device) if g is None else g
             for e, g in zip(entries, given)]
+    populate(outs)  # host outputs: their pages in one call each, on this thread, before the writes below
     checksums = torch.zeros(len(entries), dtype=torch.int64, device=device)
     first_offset = np.zeros(len(streams), dtype=np.int64)  # region offset of each stream's first chunk
     with_chunks, first = distinct(chunks.stream)
