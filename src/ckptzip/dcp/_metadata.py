@@ -162,15 +162,15 @@ def encode_metadata(metadata: Metadata, items: dict[MetadataIndex, StoredItem]) 
 class _Checker:
     """Typed access to the loaded metadata tree; every failure names the field and the file."""
 
-    def __init__(self, where: str):
-        self.where = where
+    def __init__(self, file: str):
+        self.file = file
 
     def fail(self, where: str, expected: str, found: Any) -> CorruptCheckpointError:
         shown = repr(found)
         if len(shown) > 80:
             shown = shown[:77] + "..."
         return CorruptCheckpointError(
-            f"checkpoint metadata {self.where}: {where} must be {expected}, found {shown}; "
+            f"checkpoint metadata {self.file}: {where} must be {expected}, found {shown}; "
             "the file is damaged or was not written by ckptzip"
         )
 
@@ -205,20 +205,20 @@ class _Checker:
         return torch.Size(self.nat(v, f"{where}[{i}]") for i, v in enumerate(self.arr(value, where)))
 
 
-def decode_metadata(data: bytes, where: str) -> Metadata:
+def decode_metadata(data: bytes, file: str) -> Metadata:
     """Rebuild DCP ``Metadata`` (with :class:`StoredItem` storage data) from its metadata file."""
     try:
         document = load(io.BytesIO(data))
     except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"checkpoint metadata {where} is damaged: {exc}") from exc
-    c = _Checker(where)
+        raise CorruptCheckpointError(f"checkpoint metadata {file} is damaged: {exc}") from exc
+    c = _Checker(file)
     top = c.obj(document, "the document")
     if top.get("format") != FORMAT:
         raise c.fail("field 'format'", repr(FORMAT), top.get("format"))
     version = c.nat(c.get(top, "version", "document"), "field 'version'")
     if version not in (1, FORMAT_VERSION):
         raise UnsupportedFormatError(
-            f"checkpoint metadata {where} has ckptzip-dcp version {version}; this ckptzip reads "
+            f"checkpoint metadata {file} has ckptzip-dcp version {version}; this ckptzip reads "
             f"versions 1 and {FORMAT_VERSION}. Upgrade ckptzip to load this checkpoint."
         )
     unknown = set(top) - _TOP_KEYS
@@ -374,7 +374,7 @@ def _items_from_tree(c: _Checker, raw: Any, version: int) -> dict[MetadataIndex,
             index=c.nat(c.get(item, "index", where), f"{where}.index", optional=True),
         )
         items[index] = StoredItem(
-            file=check_name(c.get(item, "file", where), f"checkpoint metadata {c.where}, {where}"),
+            file=check_name(c.get(item, "file", where), f"checkpoint metadata {c.file}, {where}"),
             offset=c.nat(c.get(item, "start", where), f"{where}.start"),
             length=c.nat(c.get(item, "length", where), f"{where}.length"),
             pipeline=c.obj(c.get(item, "pipeline", where), f"{where}.pipeline"),

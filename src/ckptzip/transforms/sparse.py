@@ -37,8 +37,9 @@ _GATHER_BITS = 0x0102040810204080
 
 def pack_bits(mask: torch.Tensor) -> torch.Tensor:
     """A 1-D bool tensor as a little-endian bitmap (uint8, ``ceil(n/8)`` bytes, zero tail bits):
-    each 8 elements' bytes gathered into one by a multiply (three element-wise passes, no
-    temporaries beyond the result where ``n`` is a multiple of 8)."""
+    each 8 elements' bytes, read as one int64, gathered into one byte by a multiply and a shift
+    (three element-wise passes over ``n / 8`` words; a padded copy first where ``n`` is not a
+    multiple of 8 or the mask is not 8-byte aligned)."""
     n = mask.numel()
     ones = mask.view(torch.uint8)  # a bool is one byte, 0 or 1
     if n % 8 or ones.storage_offset() % 8:
