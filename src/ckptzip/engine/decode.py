@@ -25,7 +25,7 @@ from ..errors import CkptzipError, CorruptCheckpointError, CorruptChunkError
 from ..format import TensorEntry
 from ..kernels import distinct
 from ..kernels.planes import PLANE_ALIGN, merge_planes
-from ..kernels.segments import segment_sums
+from ..kernels.segments import segment_sums, tensor_sums
 from ..transforms import BytePlanes, Sparse
 from ..transforms.sparse import unpack_bits
 from ..uploads import to_device
@@ -310,5 +310,4 @@ def _scatter_sparse(entries: list[TensorEntry], streams: list[list[torch.Tensor]
             raise CorruptCheckpointError(f"tensor {entry.name!r}: {exc}; the file is damaged") from exc
     for transform, s, mask, out in zip(transforms, streams, masks, outs):
         transform.scatter(mask, transform.values(s[1:]), out)
-    return segment_sums(outs, np.arange(len(outs)), np.zeros(len(outs), np.int64),
-                        np.array([o.numel() for o in outs], dtype=np.int64))
+    return tensor_sums(outs)

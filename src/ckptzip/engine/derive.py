@@ -19,7 +19,7 @@ import torch
 
 from ..checksum import wsum64_tensor
 from ..uploads import to_device
-from ..kernels.segments import gather_bytes, segment_sums
+from ..kernels.segments import gather_bytes, tensor_sums
 
 SAMPLES = 64  # elements compared before a whole tensor is
 _BLOCK = 1 << 24  # elements cast at a time (bounds the int32 temporaries)
@@ -93,9 +93,7 @@ def _groups(keys: list[Any]) -> list[list[int]]:
 
 def _digests(flats: list[torch.Tensor]) -> list[int]:
     """Whole-tensor wsum64 of 1-D uint8 tensors of one device: one pass, one sync."""
-    count = len(flats)
-    sizes = np.array([f.numel() for f in flats], dtype=np.int64)
-    digests: list[int] = segment_sums(flats, np.arange(count), np.zeros(count, np.int64), sizes).cpu().tolist()
+    digests: list[int] = tensor_sums(flats).cpu().tolist()
     return digests
 
 

@@ -21,7 +21,7 @@ import torch
 from .. import blocks
 from ..kernels import distinct
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
-from ..kernels.segments import segment_sums
+from ..kernels.segments import segment_sums, tensor_sums
 from ..transforms import BytePlanes, Sparse, Transform
 from ..uploads import to_device
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts
@@ -235,8 +235,7 @@ def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.nda
                 np.repeat(idx, [len(ps) for ps in parts]), offsets, sizes, SPARSE)
     for t, i in zip(coded, idx.tolist()):
         builder.transforms[i] = t
-    return segment_sums([datas[i] for i in idx], np.arange(idx.size), np.zeros(idx.size, np.int64),
-                        np.array([datas[i].numel() for i in idx], dtype=np.int64))
+    return tensor_sums([datas[i] for i in idx])
 
 
 def _choose_codecs(batch: _Batch, hist: torch.Tensor, floating: np.ndarray, policy: Policy, backend: str) -> _Coding:

@@ -13,14 +13,13 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 
 from ..checksum import format_wsum64, wsum64_tensor
 from ..errors import CorruptCheckpointError, MissingBaseError
 from ..format import DTYPE_NAMES, DTYPES, BaseRef, TensorEntry
 from ..format.spec import VERSION, VERSION_SOURCES, VERSION_SPARSE
-from ..kernels.segments import segment_sums
+from ..kernels.segments import tensor_sums
 from .delta import codes_sparse, deltas_that_pay, nonzero_count, xor_bytes
 from .derive import cast, find_casts, find_duplicates
 from .encode import tensor_bytes
@@ -145,10 +144,7 @@ def _checksums(tensors: list[torch.Tensor], positions: list[int]) -> dict[int, t
         else:
             out[i] = torch.zeros((), dtype=torch.int64, device=tensors[i].device)
     for members in by_device.values():
-        datas = [tensor_bytes(tensors[i]) for i in members]
-        sums = segment_sums(datas, np.arange(len(datas)), np.zeros(len(datas), np.int64),
-                            np.array([d.numel() for d in datas], dtype=np.int64))
-        out.update(zip(members, sums.unbind()))
+        out.update(zip(members, tensor_sums([tensor_bytes(tensors[i]) for i in members]).unbind()))
     return out
 
 

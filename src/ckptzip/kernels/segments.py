@@ -49,6 +49,14 @@ def gather_bytes(bases: Sequence[torch.Tensor], base_index: np.ndarray, offsets:
     return out
 
 
+def tensor_sums(datas: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``wsum64`` of each whole 1-D uint8 tensor of ``datas`` (one device): :func:`segment_sums`
+    with a segment a tensor."""
+    count = len(datas)
+    return segment_sums(datas, np.arange(count), np.zeros(count, np.int64),
+                        np.array([d.numel() for d in datas], dtype=np.int64))
+
+
 def _as_signed(values: np.ndarray) -> np.ndarray:
     return values.astype(np.uint64).view(np.int64)
 
