@@ -13,11 +13,12 @@ from helpers import CkzParts, code_large_tensors_in_ranges, random_tensor, rewri
 
 import ckptzip
 from ckptzip.api import write_checkpoint
-from ckptzip.engine import delta, policy, reader as engine_reader
+from ckptzip.engine import delta, encode, policy, reader as engine_reader
 from ckptzip.engine.policy import Policy
 from ckptzip.engine.sources import DeltaBase
 from ckptzip.errors import CorruptCheckpointError
 from ckptzip.format import BaseRef
+from ckptzip.transforms import sparse as sparse_transform
 
 REF = BaseRef(7, "step_00000007.ckz", "0123456789abcdef")
 SHAPE = (257, 129)  # an odd element count: the bitmap's last byte is part tail
@@ -216,3 +217,20 @@ def test_a_gpu_sparse_residue_codes_its_bitmap_with_lz_only_where_nearly_nothing
     assert all(v in ({"id": "gdeflate", "algorithm_type": 0}, {"id": "raw"}) for v in values)  # as planes are
     back = _load(blob, {"w": base.cuda()})["w"]
     assert torch.equal(tensor_bits(back.cpu()), tensor_bits(later))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_delta_save_is_the_same_file_byte_for_byte_whether_residues_are_coded_together_or_alone(
+        monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    pairs = {f"w{n}": _pair(dtype, density, shape, seed=n) for n, (dtype, density, shape) in enumerate(
+        [(torch.bfloat16, 0.02, (64, 96)), (torch.float32, 0.05, SHAPE), (torch.bfloat16, 0.001, (128, 128)),
+         (torch.float16, 0.1, (96, 40))])}
+    base = {k: b.to(device) for k, (b, _) in pairs.items()}
+    state = {k: later.to(device) for k, (_, later) in pairs.items()}
+    monkeypatch.setattr(sparse_transform, "GROUPED_DEVICES", frozenset({"cpu", "cuda"}))
+    together = _save(state, base)
+    monkeypatch.setattr(encode, "forward_many", lambda transforms, datas: [t.forward(d) for t, d in zip(transforms, datas)])
+    assert _save(state, base) == together
+    assert all(_entry(together, k)[0].transforms[0]["id"] == "sparse" for k in state)  # the odd SHAPE alone
+    loaded = _load(together, base)
+    assert all(torch.equal(tensor_bits(loaded[k].cpu()), tensor_bits(v.cpu())) for k, v in state.items())

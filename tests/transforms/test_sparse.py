@@ -9,6 +9,7 @@ from helpers import random_tensor, sparse_residue
 
 from ckptzip import CorruptCheckpointError
 from ckptzip.transforms import Sparse, get_transform
+from ckptzip.transforms import sparse as sparse_module
 from ckptzip.transforms.sparse import pack_bits
 
 DTYPES = [torch.uint8, torch.bfloat16, torch.float16, torch.float32, torch.float64]
@@ -114,3 +115,24 @@ def test_pack_bits_gathers_every_byte_pattern_as_numpy_does(offset: int, tail: i
     patterns = np.unpackbits(np.arange(256, dtype=np.uint8), bitorder="little").astype(bool)  # every 8-bit pattern
     mask = torch.from_numpy(np.r_[np.zeros(offset, bool), patterns, np.ones(tail, bool)])[offset:]
     assert pack_bits(mask).numpy().tobytes() == np.packbits(mask.numpy(), bitorder="little").tobytes()
+
+
+@pytest.mark.parametrize("group_bytes", [64 << 20, 3000], ids=["one-group", "many-groups"])
+def test_forward_many_gives_each_tensor_the_streams_forward_gives_it(monkeypatch: pytest.MonkeyPatch,
+                                                                     group_bytes: int) -> None:
+    monkeypatch.setattr(sparse_module, "GROUP_BYTES", group_bytes)
+    monkeypatch.setattr(sparse_module, "GROUPED_DEVICES", frozenset({"cpu", "cuda"}))
+    datas, transforms = [], []
+    for n, (dtype, elements, density) in enumerate([(torch.bfloat16, 1024, 0.02), (torch.float32, 999, 0.1),
+                                                     (torch.bfloat16, 4096, 0.0), (torch.float32, 2048, 0.5),
+                                                     (torch.uint8, 800, 0.3), (torch.bfloat16, 16, 1.0),
+                                                     (torch.float64, 512, 0.01), (torch.bfloat16, 0, 0.0)]):
+        data = sparse_residue(dtype, (elements,), density, seed=n).view(torch.uint8)
+        if n == 3:  # a view that does not start on an element of its storage's word
+            data = torch.cat([torch.zeros(2, dtype=torch.uint8), data])[2:]
+        datas.append(data)
+        transforms.append(Sparse(dtype.itemsize, int(_nonzero(data, dtype.itemsize).sum())))
+    together = sparse_module.forward_many(transforms, datas)
+    for t, d, streams in zip(transforms, datas, together, strict=True):
+        alone = t.forward(d)
+        assert [s.numpy().tobytes() for s in streams] == [s.numpy().tobytes() for s in alone]

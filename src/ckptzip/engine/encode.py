@@ -23,6 +23,7 @@ from ..kernels import distinct
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums, tensor_sums
 from ..transforms import BytePlanes, Sparse, Transform
+from ..transforms.sparse import forward_many
 from ..uploads import to_device
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, entropy_of_counts
 from .policy import (LOW_ENTROPY_BITS, RAW, SPARSE_LZ_MAX_DENSITY, STRUCTURED_TRIAL_BYTES, TRIAL_BYTES, TRIAL_MIN_GAIN,
@@ -225,7 +226,7 @@ def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.nda
     """The sparse streams of tensors ``idx`` (bitmap, value planes) into one buffer, each at an
     aligned offset, added to ``builder`` with their transforms; returns their wsum64."""
     coded = [Sparse(int(itemsize[i]), int(nonzero[i])) for i in idx]
-    parts = [t.forward(datas[i]) for t, i in zip(coded, idx)]
+    parts = forward_many(coded, [datas[i] for i in idx])
     sizes = np.array([p.numel() for ps in parts for p in ps], dtype=np.int64)
     offsets, total = _aligned_layout(sizes)
     pad = torch.zeros(PLANE_ALIGN, dtype=torch.uint8, device=datas[0].device)

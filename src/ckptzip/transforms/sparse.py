@@ -13,7 +13,7 @@ ops below run alike on the CPU and on CUDA, with no host sync (``count`` sizes t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -58,6 +58,58 @@ def unpack_bits(bitmap: torch.Tensor, elements: int) -> tuple[torch.Tensor, torc
     inside = torch.count_nonzero(bits[:elements])
     tail = torch.count_nonzero(bits[elements:])
     return bits[:elements].view(torch.bool), inside + (tail != 0) * (elements + 1)
+
+
+# Tensors whose elements forward_many codes together: a group's concatenated residues, masks and
+# gathered values are temporaries of about this many bytes (a launch per op and group, not per tensor).
+GROUP_BYTES = 64 << 20
+# Devices where it groups them: on a GPU each op's launch and Python cost more than the group's
+# concatenation; on one CPU core the concatenation made a delta save of 150 bf16 tensors slower
+# (0.445 against 0.412 s).
+GROUPED_DEVICES = frozenset({"cuda"})
+
+
+def forward_many(transforms: Sequence[Sparse], datas: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``[t.forward(d) for t, d in zip(transforms, datas)]``, the same bytes, with each op run once
+    over groups of tensors of one item size (up to :data:`GROUP_BYTES`) instead of once a tensor:
+    a group's elements are concatenated, masked, gathered and split into planes together, and each
+    tensor's streams are views of the group's (on :data:`GROUPED_DEVICES`). Tensors whose element
+    count is not a multiple of 8 (their bitmaps would not end on a byte) are coded one by one."""
+    out: list[list[torch.Tensor] | None] = [None] * len(datas)
+    groups: dict[int, list[list[int]]] = {}
+    for i, (t, d) in enumerate(zip(transforms, datas)):
+        if d.device.type not in GROUPED_DEVICES or (d.numel() // t.itemsize) % 8:
+            out[i] = t.forward(d)
+            continue
+        runs = groups.setdefault(t.itemsize, [[]])
+        if runs[-1] and sum(datas[j].numel() for j in runs[-1]) + d.numel() > GROUP_BYTES:
+            runs.append([])
+        runs[-1].append(i)
+    for k, runs in groups.items():
+        for members in runs:
+            for i, streams in zip(members, _forward_group(k, [transforms[i] for i in members],
+                                                          [datas[i] for i in members])):
+                out[i] = streams
+    assert all(streams is not None for streams in out)
+    return cast(list[list[torch.Tensor]], out)
+
+
+def _forward_group(itemsize: int, transforms: Sequence[Sparse], datas: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The streams of tensors of one item size, whose element counts are multiples of 8."""
+    x = torch.cat([element_view(d if d.storage_offset() % itemsize == 0 else d.clone(), itemsize) for d in datas])
+    mask = x != 0
+    counts = [t.count for t in transforms]
+    values = x[torch.nonzero_static(mask, size=sum(counts)).view(-1)].view(torch.uint8)
+    planes = [values] if itemsize == 1 else BytePlanes(itemsize).forward(values)
+    bitmap = pack_bits(mask)
+    streams, element, value = [], 0, 0
+    for d, count in zip(datas, counts):
+        elements = d.numel() // itemsize
+        streams.append([bitmap[element // 8 : (element + elements) // 8],
+                        *(p[value : value + count] for p in planes)])
+        element += elements
+        value += count
+    return streams
 
 
 class Sparse(Transform):
