@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import abc
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
+
+# What :meth:`Codec.queue_segments` returns: called, the coded chunks' buffer, offsets and lengths.
+Segments = Callable[[], tuple[torch.Tensor, np.ndarray, np.ndarray]]
 
 
 class Codec(abc.ABC):
@@ -58,6 +61,13 @@ class Codec(abc.ABC):
         sizes = np.array([c.numel() for c in coded], dtype=np.int64)
         out = torch.cat(coded) if coded else base.new_empty(0)
         return out, np.cumsum(sizes) - sizes, sizes
+
+    def queue_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> Segments:
+        """:meth:`encode_segments`, its result asked for later: a GPU codec queues its work on the
+        current stream and waits for the coded sizes only when asked (the host meanwhile prepares
+        the next batch); other codecs code at once."""
+        coded = self.encode_segments(base, offsets, lengths)
+        return lambda: coded
 
     def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
                         dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:

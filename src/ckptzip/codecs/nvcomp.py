@@ -10,8 +10,10 @@ Contract, beyond :class:`~ckptzip.codecs.base.Codec`:
 
 - One call codes a whole batch with one nvCOMP launch on the current torch CUDA stream, through
   nvCOMP's C API (:mod:`._nvcomp_lib`): the chunks' addresses and sizes go to the device in one
-  copy, and nothing is done per chunk in Python. Encoding waits for the compressed sizes; decoding
-  waits for the decoded sizes and statuses, so it names a bad chunk. Nothing else synchronises.
+  copy, and nothing is done per chunk in Python. Encoding waits for the compressed sizes (queued,
+  ``queue_segments``: only when its result is asked for, and only for the copy of the sizes);
+  decoding waits for the decoded sizes and statuses, so it names a bad chunk. Nothing else
+  synchronises.
 - nvCOMP's scratch and outputs come from torch's caching allocator, on the current stream: from
   the memory torch can hand out (:mod:`ckptzip.engine.memory`), never a private ``cudaMalloc``.
 - Chunks must be non-empty (``ValueError`` otherwise) and at most ``max_chunk_bytes``; with a
@@ -29,7 +31,7 @@ from __future__ import annotations
 import functools
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,7 +41,7 @@ from .. import blocks
 from ..errors import CodecUnavailableError, CorruptCheckpointError, CorruptChunkError
 from ..uploads import to_device
 from . import _nvcomp_lib
-from .base import Codec
+from .base import Codec, Segments
 from .registry import declare, mark_unavailable, register
 
 _INSTALL_HINT = "pip install ckptzip[gpu], or ckptzip[gpu-cu13] for CUDA 13"
@@ -167,7 +169,24 @@ def _choice(codec_id: str, name: str, value: Any, allowed: Sequence[int] | Seque
 
 def _read(results: torch.Tensor, count: int) -> tuple[np.ndarray, np.ndarray]:
     """(sizes, statuses) of a launch's chunks (:meth:`_NvcompCodec._launch`): the one wait for the GPU."""
-    host: np.ndarray = results.cpu().numpy()
+    return _split_results(results.cpu().numpy(), count)
+
+
+def _read_later(results: torch.Tensor, count: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    """:func:`_read`, the copy queued now on the current stream and waited for when called."""
+    host = torch.empty(results.shape, dtype=results.dtype, pin_memory=True)
+    host.copy_(results, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(results.device))
+
+    def read() -> tuple[np.ndarray, np.ndarray]:
+        copied.synchronize()
+        return _split_results(host.numpy(), count)
+
+    return read
+
+
+def _split_results(host: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     return host[:count], host[count:].view(np.int32)[:count]
 
 
@@ -238,7 +257,7 @@ class _NvcompCodec(Codec):
         self._check_sizes(sizes, ValueError, "has")
         with torch.cuda.device(device):
             _packed, ptrs = _addresses(chunks, sizes.tolist(), self.alignment)  # kept until the sizes are read
-            out, offsets, compressed = self._compress(lib, device, ptrs, sizes)
+            out, offsets, compressed = self._compress(lib, device, ptrs, sizes)()
         return _views(out, offsets.tolist(), compressed.tolist())
 
     def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
@@ -269,8 +288,15 @@ class _NvcompCodec(Codec):
                         ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """One nvCOMP launch over chunks of ``base`` read in place (they must start at the codec's
         alignment); the outputs lie in slots of the compressed-size bound, one sync for the sizes."""
+        return self.queue_segments(base, offsets, lengths)()
+
+    def queue_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> Segments:
+        """:meth:`encode_segments` queued on the current stream: the sizes are copied to pinned
+        memory behind the launch, and the host waits for that copy, not for what is queued after
+        it, when the result is asked for."""
         if not len(lengths):
-            return base.new_empty(0), offsets, lengths
+            empty = (base.new_empty(0), offsets, lengths)
+            return lambda: empty
         lib = _library(self.codec_id)
         device = self._check_chunks([base])
         self._check_sizes(lengths, ValueError, "has")
@@ -297,9 +323,9 @@ class _NvcompCodec(Codec):
             self._decompress(lib, device, _at(src, src_offsets), src_lengths, _at(dst, dst_offsets), raw_lengths)
 
     def _compress(self, lib: _nvcomp_lib.Library, device: torch.device, ins: np.ndarray, sizes: np.ndarray
-                  ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """One launch over chunks at the device addresses ``ins``: (output buffer, each chunk's
-        offset in it, compressed sizes). Outputs lie in slots of the compressed-size bound,
+                  ) -> Segments:
+        """One launch over chunks at the device addresses ``ins``, queued; called, the result is
+        (output buffer, each chunk's offset in it, compressed sizes). Outputs lie in slots of the compressed-size bound,
         zeroed: whatever nvCOMP leaves unwritten within a chunk's reported size would otherwise
         carry stale device memory into the file, and files would differ with the process's
         allocation history (a memset: ~0.5 ms per GiB on an H200)."""
@@ -308,13 +334,19 @@ class _NvcompCodec(Codec):
         out_offsets = np.arange(sizes.size, dtype=np.int64) * slot
         out = blocks.zeros(slot * sizes.size, device)
         results = self._launch(lib, device, False, [ins, sizes, _at(out, out_offsets)], capacity, int(sizes.sum()))
-        compressed, statuses = _read(results, sizes.size)
-        failed = np.flatnonzero(statuses)
-        if failed.size:
-            index = int(failed[0])
-            raise _nvcomp_lib.LibraryError(f"nvCOMP {self.codec_id} could not compress chunk {index} of "
-                                           f"{int(sizes[index])} bytes: {_nvcomp_lib.status_name(int(statuses[index]))}")
-        return out, out_offsets, compressed.copy()
+        read = _read_later(results, sizes.size)
+
+        def result() -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+            compressed, statuses = read()
+            failed = np.flatnonzero(statuses)
+            if failed.size:
+                index = int(failed[0])
+                raise _nvcomp_lib.LibraryError(
+                    f"nvCOMP {self.codec_id} could not compress chunk {index} of {int(sizes[index])} bytes: "
+                    f"{_nvcomp_lib.status_name(int(statuses[index]))}")
+            return out, out_offsets, compressed.copy()
+
+        return result
 
     def _decompress(self, lib: _nvcomp_lib.Library, device: torch.device, ins: np.ndarray, in_sizes: np.ndarray, outs: np.ndarray,
                     raw: np.ndarray) -> None:

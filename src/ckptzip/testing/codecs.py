@@ -109,6 +109,21 @@ class CodecTests:
         codec.decode_segments(coded, coded_offsets, coded_lengths, out, offsets, lengths)
         assert torch.equal(out, base[: int(lengths.sum())])
 
+    def test_queued_segments_give_what_encoding_them_at_once_gives(self, codec: Codec,
+                                                                   chunks: dict[str, torch.Tensor]) -> None:
+        align = max(256, codec.alignment)
+        base = torch.cat([chunks["floats"], chunks["bf16"]])[: 16 * 1024 // align * align]
+        lengths = np.array([align * 4, align * 8], dtype=np.int64)
+        offsets = np.cumsum(lengths) - lengths
+        first = codec.queue_segments(base, offsets[:1], lengths[:1])
+        second = codec.queue_segments(base, offsets[1:], lengths[1:])  # queued behind the first
+        for queued, at in ((second, slice(1, 2)), (first, slice(0, 1))):  # asked for in the other order
+            got, got_offsets, got_lengths = queued()
+            want, want_offsets, want_lengths = codec.encode_segments(base, offsets[at], lengths[at])
+            assert got_lengths.tolist() == want_lengths.tolist()
+            assert torch.equal(got[int(got_offsets[0]):][: int(got_lengths[0])],
+                               want[int(want_offsets[0]):][: int(want_lengths[0])])
+
     def test_its_chunks_decode_with_the_codec_of_its_decoder_configuration(
             self, codec: Codec, chunks: dict[str, torch.Tensor]) -> None:
         decoder = get_codec(codec.decoder_config(), self.backend)
