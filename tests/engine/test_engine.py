@@ -32,7 +32,7 @@ from ckptzip.engine import plan as engine_plan
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import writer as engine_writer
 from ckptzip.engine.decode import Runs, decode_batch
-from ckptzip.engine.encode import PLANE, Streams, _Batch, _trial, encode_batch
+from ckptzip.engine.encode import PLANE, Streams, _Batch, _trial, encode_batch, start_batch
 from ckptzip.engine.policy import Policy
 from ckptzip.errors import UsageError
 from ckptzip.kernels import distinct
@@ -104,6 +104,24 @@ def test_a_batch_decodes_to_what_was_encoded(device: str) -> None:
     with ckptzip.open(io.BytesIO(data.getvalue()), map_location=device) as reader:
         for i, t in enumerate(tensors):
             assert_same(reader[str(i)], t)
+
+
+def test_a_started_batch_finishes_as_an_encoded_one_and_codes_by_the_entropies_given_ahead() -> None:
+    g = torch.Generator().manual_seed(3)
+    tensors = [(torch.randn(8192, generator=g) * 0.02).bfloat16(), torch.randn(4096, generator=g)]
+    policy = Policy.parse("auto")
+    want = encode_batch(tensors, policy, "cpu")
+    started = start_batch(tensors, policy, "cpu").finish()
+    assert torch.equal(started.stored, want.stored)
+    assert [(r.transforms, r.streams) for r in started.recipes] == [(r.transforms, r.streams) for r in want.recipes]
+    assert [s.codec["id"] for s in want.recipes[0].streams] == ["raw", "zstd"]  # the sign/exponent plane coded
+    # every plane said to be near-random (and too small for a trial to say otherwise): stored raw
+    raw = start_batch(tensors, policy, "cpu", entropies=np.full((2, 8), 8.0, dtype=np.float32)).finish()
+    assert [[s.codec["id"] for s in r.streams] for r in raw.recipes] == [["raw"] * 2, ["raw"] * 4]
+    assert raw.stored.numel() == sum(t.nbytes for t in tensors)
+    data = io.BytesIO()
+    ckptzip.save({"a": tensors[0], "b": tensors[1]}, data)
+    assert_same(ckptzip.load(data.getvalue()), {"a": tensors[0], "b": tensors[1]})
 
 
 def test_the_cpu_backend_codes_a_near_random_plane_that_still_shrinks() -> None:

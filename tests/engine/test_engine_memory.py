@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import ckptzip
+from ckptzip.engine import encode as engine_encode
 from ckptzip.engine import memory
 from ckptzip.engine import plan as engine_plan
 from ckptzip.engine import reader as engine_reader
@@ -129,13 +130,13 @@ def test_gpus_whose_batches_are_small_code_them_in_the_codecs_small_batch_chunks
     monkeypatch.setattr(engine_writer.Policy, "gpu_scratch_bytes", lambda self: 0)  # gdeflate asks none
     policy = engine_writer.Policy.parse("auto")
     limits = engine_plan.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
-    assert list(limits.block) == [cuda[1]]  # 2 GiB: batches of a seventh, in blocks
+    assert list(limits.block) == [cuda[1]]  # 2 GiB: batches of a twelfth, in blocks
     assert limits.policy_on(cuda[0], policy) is policy  # 2 GiB batches
     small = limits.policy_on(cuda[1], policy)
     assert small == engine_writer.Policy("auto", small_batches=True)
     capped = engine_plan.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None, 256 * MIB)
     assert not capped.block and capped.policy_on(cuda[0], policy) == small  # host snapshots' 256 MiB batches
-    free[1] = 10 << 30  # blocks of 1.43 GiB: launches of many chunks
+    free[1] = 10 << 30  # blocks of about 850 MiB: launches of many chunks
     roomy = engine_plan.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
     assert list(roomy.block) == [cuda[1]] and roomy.policy_on(cuda[1], policy) is policy
     gdeflate = type("Gdeflate", (), {"chunk_bytes": 256 << 10, "small_batch_chunk_bytes": 128 << 10,
@@ -180,13 +181,13 @@ def test_two_gpu_batches_are_coded_at_once_only_where_every_budget_holds_them_at
 @needs_cuda
 def test_two_lanes_write_the_file_one_lane_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     threads: set[str] = set()
-    real, of = engine_writer.encode_batch, engine_plan.GpuLimits.of
+    real, of = engine_writer.start_batch, engine_plan.GpuLimits.of
 
     def spy(*args: object, **kwargs: object) -> object:
         threads.add(threading.current_thread().name.split("_")[0])
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine_writer, "encode_batch", spy)
+    monkeypatch.setattr(engine_writer, "start_batch", spy)
     monkeypatch.setattr(engine_plan.GpuLimits, "of",  # 32 MiB batches: many of them
                         classmethod(lambda cls, tensors, policy, gpu_memory, batch_cap=None: of(tensors, policy, gpu_memory,
                                                                                                32 * MIB)))
@@ -350,16 +351,17 @@ def test_a_small_cap_codes_large_tensors_in_ranges_on_the_gpu_and_stays_bit_exac
 @gpu
 @needs_cuda
 def test_a_batch_that_runs_out_of_memory_is_encoded_in_halves(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = engine_writer.encode_batch
+    real = engine_writer.start_batch
     sizes: list[int] = []
 
-    def flaky(tensors: list[torch.Tensor], policy: object, backend: str, sparse: object = None) -> object:
+    def flaky(tensors: list[torch.Tensor], policy: object, backend: str, sparse: object = None,
+              entropies: object = None) -> object:
         sizes.append(len(tensors))
         if backend == "cuda" and len(tensors) > 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
-        return real(tensors, policy, backend, sparse)  # type: ignore[arg-type]
+        return real(tensors, policy, backend, sparse, entropies)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine_writer, "encode_batch", flaky)
+    monkeypatch.setattr(engine_writer, "start_batch", flaky)
     state = _state(n=6)
     buf = io.BytesIO()
     ckptzip.save(state, buf)
@@ -369,23 +371,76 @@ def test_a_batch_that_runs_out_of_memory_is_encoded_in_halves(monkeypatch: pytes
 
 @gpu
 @needs_cuda
+def test_a_filled_gpus_batches_read_their_entropies_ahead_and_finish_after_the_next_starts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    start, finish = engine_writer.start_batch, engine_writer.PendingBatch.finish
+
+    def started(*args: object, **kwargs: object) -> object:
+        events.append("start")
+        return start(*args, **kwargs)  # type: ignore[arg-type]
+
+    def finished(self: engine_writer.PendingBatch) -> object:
+        events.append("finish")
+        return finish(self)
+
+    def no_wait(hist: torch.Tensor) -> object:
+        raise AssertionError("a batch waited for its split's byte counts")
+
+    monkeypatch.setattr(engine_writer, "start_batch", started)
+    monkeypatch.setattr(engine_writer.PendingBatch, "finish", finished)
+    monkeypatch.setattr(engine_encode, "_plane_entropies", no_wait)
+    state = _state(n=8)  # 16 MiB tensors
+    buf = io.BytesIO()
+    ckptzip.save(state, buf, gpu_memory=640 * MIB)  # batches in blocks: a few tensors each
+    assert events.count("start") > 2 and events[:3] == ["start", "start", "finish"]
+    assert_same(ckptzip.load(buf.getvalue()), state)
+
+
+@gpu
+@needs_cuda
+def test_a_started_batch_whose_finish_runs_out_of_memory_is_coded_smaller(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    finish = engine_writer.PendingBatch.finish
+    failed: list[int] = []
+
+    def scarce(self: engine_writer.PendingBatch) -> object:
+        if not failed:
+            failed.append(len(self.batch.transforms))
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 MiB")
+        return finish(self)
+
+    monkeypatch.setattr(engine_writer.PendingBatch, "finish", scarce)
+    state = _state(n=8)
+    buf = io.BytesIO()
+    with caplog.at_level(logging.INFO, logger="ckptzip"):
+        ckptzip.save(state, buf, gpu_memory=640 * MIB)
+    assert failed and failed[0] > 1
+    assert len([r for r in caplog.records if "ran out of memory" in r.getMessage()]) == 1
+    assert_same(ckptzip.load(buf.getvalue()), state)
+
+
+@gpu
+@needs_cuda
 def test_a_lone_tensor_that_runs_out_of_memory_is_coded_in_ranges_and_later_batches_are_split_first(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    real = engine_writer.encode_batch
+    real = engine_writer.start_batch
     tried: list[int] = []
 
-    def scarce(tensors: list[torch.Tensor], policy: object, backend: str, sparse: object = None) -> object:
+    def scarce(tensors: list[torch.Tensor], policy: object, backend: str, sparse: object = None,
+               entropies: object = None) -> object:
         nbytes = sum(t.nbytes for t in tensors)
         tried.append(nbytes)
         if backend == "cuda" and nbytes >= 64 * MIB:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 192.00 MiB")
-        return real(tensors, policy, backend, sparse)  # type: ignore[arg-type]
+        return real(tensors, policy, backend, sparse, entropies)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine_writer, "encode_batch", scarce)
+    monkeypatch.setattr(engine_writer, "start_batch", scarce)
+    monkeypatch.setattr(engine_plan, "OVERLAP_WORKING_SETS", 7)  # batches of 130 MiB (a seventh): two tensors
     state = _state(n=4, elements=1 << 24)  # four 64 MiB fp32 tensors, each too large here
     buf = io.BytesIO()
     with caplog.at_level(logging.INFO, logger="ckptzip"):
-        ckptzip.save(state, buf, gpu_memory=910 * MIB)  # batches of 130 MiB (a seventh): two tensors
+        ckptzip.save(state, buf, gpu_memory=910 * MIB)
     # the first batch (w0, w1 and the 8-byte step, packed first fit) fails; its halves are coded
     # lazily, after the next batch (w2 and w3) is tried: 8 bytes smaller than the one that failed,
     # it fails too; then w0 alone; everything after is split before it is tried

@@ -1,9 +1,12 @@
 """Tensors → stored chunks, a batch at a time, on one backend (a CUDA device or the CPU).
 
 One pass splits every multi-byte tensor of the batch into byte planes (one launch per item size,
-checksums and sampled byte counts included); one host sync reads the plane entropies; the policy
-codes the planes that carry structure, with one codec call per codec; a last pass gathers every
-stored chunk into one buffer in file order and checksums each chunk. The plan is built with NumPy
+checksums and sampled byte counts included); one host sync reads the plane entropies (unless they
+were read ahead, :func:`~.estimate.sampled_plane_entropies`); the policy codes the planes that
+carry structure, with one codec call per codec, queued (:func:`start_batch`); then
+:meth:`PendingBatch.finish` waits for the coded sizes and a last pass gathers every stored chunk
+into one buffer in file order and checksums each chunk. A GPU's batches are finished one behind:
+the host splits the next while the GPU codes this one. The plan is built with NumPy
 over the whole batch: no Python work per chunk. XOR residues with few non-zero elements are coded
 sparse instead (:class:`~ckptzip.transforms.Sparse`: a bitmap and the non-zero values' planes,
 each coded as a near-constant float plane is).
@@ -19,6 +22,7 @@ import numpy as np
 import torch
 
 from .. import blocks
+from ..codecs.base import Segments
 from ..kernels import distinct
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums, tensor_sums
@@ -179,6 +183,15 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
     """Encode tensors that all live on the backend's device (``backend`` "cuda": one CUDA device;
     "cpu": host memory) into one :class:`EncodedBatch`. ``sparse``: per tensor, its number of
     non-zero elements where it is to be coded sparse (XOR residues, :mod:`.delta`), else None."""
+    return start_batch(tensors, policy, backend, sparse).finish()
+
+
+def start_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
+                sparse: Sequence[int | None] | None = None, entropies: np.ndarray | None = None) -> PendingBatch:
+    """:func:`encode_batch` up to its codecs: on a GPU queued, not waited for, so the host can
+    prepare the next batch while they run. ``entropies``: each tensor's plane entropies
+    (``[tensors, 8]`` bits/byte, :func:`~.estimate.sampled_plane_entropies`), known ahead; without
+    them the split's sampled byte counts are read, which waits for the split."""
     datas = [tensor_bytes(t) for t in tensors]
     device = datas[0].device
     count = len(datas)
@@ -218,7 +231,9 @@ def encode_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
         checksums[to_device(nonempty, device)] = sums
         builder.add(buffer, whole, offsets, nbytes[whole], WHOLE)
     batch = builder.build(checksums)
-    return _assemble(batch, _choose_codecs(batch, hist, floating, policy, backend), policy, backend)
+    coding = _choose_codecs(batch, _plane_entropies(hist) if entropies is None else entropies, floating, policy,
+                            backend)
+    return _queue_codecs(batch, coding, policy, backend)
 
 
 def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.ndarray, nonzero: np.ndarray,
@@ -239,9 +254,10 @@ def _sparse_streams(datas: list[torch.Tensor], idx: np.ndarray, itemsize: np.nda
     return tensor_sums([datas[i] for i in idx])
 
 
-def _choose_codecs(batch: _Batch, hist: torch.Tensor, floating: np.ndarray, policy: Policy, backend: str) -> _Coding:
-    """The codec each stream of ``batch`` is tried with, and the streams a trial already coded
-    whole (:func:`_trial`). ``SPARSE`` streams (a sparse residue's bitmap and its values' planes)
+def _choose_codecs(batch: _Batch, entropies: np.ndarray, floating: np.ndarray, policy: Policy, backend: str
+                   ) -> _Coding:
+    """The codec each stream of ``batch`` is tried with (``entropies``: each tensor's plane
+    entropies), and the streams a trial already coded whole (:func:`_trial`). ``SPARSE`` streams (a sparse residue's bitmap and its values' planes)
     are coded as structured planes are, but a bitmap so sparse that it is nearly all zero bytes
     as near-constant planes are (:data:`~.policy.SPARSE_LZ_MAX_DENSITY`)."""
     streams = batch.streams
@@ -251,7 +267,6 @@ def _choose_codecs(batch: _Batch, hist: torch.Tensor, floating: np.ndarray, poli
         return coding
     is_plane = streams.kind == PLANE
     if is_plane.any():
-        entropies = _plane_entropies(hist)  # the one sync before coding
         plane_entropy = entropies[streams.tensor, np.minimum(streams.index, 7)]
     candidates = policy.plane_candidates(backend)
     low = policy.low_entropy_candidate(backend)
@@ -301,7 +316,8 @@ def _density(batch: _Batch, s: int) -> float:
 
 
 def _plane_entropies(hist: torch.Tensor) -> np.ndarray:
-    """Entropy in bits/byte of each tensor's sampled plane bytes (``[tensors, 8]``)."""
+    """Entropy in bits/byte of each tensor's sampled plane bytes (``[tensors, 8]``): on a GPU,
+    the wait for the split."""
     if hist.is_cuda:
         return entropy_of_counts(hist.view(-1, 8, 256)).cpu().numpy()
     return entropy_of_count_array(hist.numpy().reshape(-1, 8, 256))
@@ -349,10 +365,60 @@ def _trial(picked: np.ndarray, batch: _Batch, candidates: list[dict[str, Any]], 
     return picks, whole
 
 
-def _assemble(batch: _Batch, coding: _Coding, policy: Policy, backend: str) -> EncodedBatch:
-    """Chunk every stream, code the coded ones (one call per codec and buffer; streams in
-    ``coding.precoded`` were coded by a trial, as one chunk), fall back to raw where coding did
-    not shrink a stream, then gather all stored chunks in file order."""
+@dataclass
+class PendingBatch:
+    """A batch whose codecs are queued (:func:`start_batch`): its chunks (per chunk: stream, raw
+    length, and where its bytes lie so far) and each codec call's members, chunks and result;
+    :meth:`finish` reads the coded sizes and gathers the stored chunks."""
+
+    batch: _Batch
+    configs: list[dict[str, Any]]
+    nchunks: np.ndarray
+    c_stream: np.ndarray
+    c_raw: np.ndarray
+    c_base: np.ndarray
+    c_offset: np.ndarray
+    c_length: np.ndarray
+    calls: list[tuple[list[int], np.ndarray, Segments]]
+
+    def finish(self) -> EncodedBatch:
+        """Fall back to raw where coding did not shrink a stream, then gather all stored chunks
+        in file order (on a GPU: queued, after one wait for the coded sizes)."""
+        batch, c_stream, c_base, c_offset, c_length = (self.batch, self.c_stream, self.c_base, self.c_offset,
+                                                       self.c_length)
+        size, bases = batch.streams.size, batch.bases
+        stream_codec = list(self.configs)
+        for members, sel, queued in self.calls:
+            out, out_offsets, out_lengths = queued()
+            coded_total = np.bincount(c_stream[sel], weights=out_lengths, minlength=size.size)
+            shrinks = coded_total[c_stream[sel]] < size[c_stream[sel]]
+            keep = sel[shrinks]
+            c_base[keep] = len(bases)
+            c_offset[keep] = out_offsets[shrinks]
+            c_length[keep] = out_lengths[shrinks]
+            bases.append(out)
+            for s in members:
+                if coded_total[s] >= size[s]:
+                    stream_codec[s] = RAW
+        self.calls = []
+        # File order within the batch: raw streams of whole 16-byte words first (so they are copied
+        # and checksummed word-wise at aligned addresses), then the rest; each stream back to back.
+        raw_stream = np.array([c["id"] == "raw" for c in stream_codec], dtype=bool)
+        first = raw_stream & (size % 16 == 0)
+        order = np.argsort(~first[c_stream], kind="stable")
+        lengths_in_order = c_length[order]
+        out_offsets = np.empty_like(c_length)
+        out_offsets[order] = np.cumsum(lengths_in_order) - lengths_in_order
+        stored = blocks.empty(int(c_length.sum()), batch.checksums.device)
+        digests = segment_sums(bases, c_base, c_offset, c_length, outs=[stored],
+                               out_index=np.zeros(c_length.size, np.int64), out_offsets=out_offsets)
+        return EncodedBatch(stored, out_offsets, c_length, self.c_raw, digests, batch.checksums,
+                            _recipes(batch, stream_codec, self.nchunks))
+
+
+def _queue_codecs(batch: _Batch, coding: _Coding, policy: Policy, backend: str) -> PendingBatch:
+    """Chunk every stream and queue the coding of the coded ones (one call per codec and buffer;
+    streams in ``coding.precoded`` were coded by a trial, as one chunk)."""
     streams, bases, configs = batch.streams, batch.bases, coding.configs
     size = streams.size
     cb = policy.chunk_sizes(configs, backend)
@@ -363,7 +429,6 @@ def _assemble(batch: _Batch, coding: _Coding, policy: Policy, backend: str) -> E
     c_base = streams.base[c_stream].copy()
     c_offset = streams.offset[c_stream] + within * cb[c_stream]
     c_length = c_raw.copy()
-    stream_codec = list(configs)
     groups: dict[tuple[str, int], list[int]] = {}
     first_chunk = np.cumsum(nchunks) - nchunks
     for s, config in enumerate(configs):
@@ -371,33 +436,12 @@ def _assemble(batch: _Batch, coding: _Coding, policy: Policy, backend: str) -> E
             c_base[first_chunk[s]], c_offset[first_chunk[s]], c_length[first_chunk[s]] = coding.precoded[s]
         elif config["id"] != "raw" and nchunks[s]:
             groups.setdefault((_key(config), int(streams.base[s])), []).append(s)
+    calls: list[tuple[list[int], np.ndarray, Segments]] = []
     for (_, base), members in groups.items():
-        codec = codec_for(configs[members[0]], backend)
         sel = np.flatnonzero(np.isin(c_stream, members))
-        out, out_offsets, out_lengths = codec.encode_segments(bases[base], c_offset[sel], c_raw[sel])
-        coded_total = np.bincount(c_stream[sel], weights=out_lengths, minlength=size.size)
-        shrinks = coded_total[c_stream[sel]] < size[c_stream[sel]]
-        keep = sel[shrinks]
-        c_base[keep] = len(bases)
-        c_offset[keep] = out_offsets[shrinks]
-        c_length[keep] = out_lengths[shrinks]
-        bases.append(out)
-        for s in members:
-            if coded_total[s] >= size[s]:
-                stream_codec[s] = RAW
-    # File order within the batch: raw streams of whole 16-byte words first (so they are copied
-    # and checksummed word-wise at aligned addresses), then the rest; each stream back to back.
-    raw_stream = np.array([c["id"] == "raw" for c in stream_codec], dtype=bool)
-    first = raw_stream & (size % 16 == 0)
-    order = np.argsort(~first[c_stream], kind="stable")
-    lengths_in_order = c_length[order]
-    out_offsets = np.empty_like(c_length)
-    out_offsets[order] = np.cumsum(lengths_in_order) - lengths_in_order
-    stored = blocks.empty(int(c_length.sum()), batch.checksums.device)
-    digests = segment_sums(bases, c_base, c_offset, c_length, outs=[stored],
-                           out_index=np.zeros(c_length.size, np.int64), out_offsets=out_offsets)
-    return EncodedBatch(stored, out_offsets, c_length, c_raw, digests, batch.checksums,
-                        _recipes(batch, stream_codec, nchunks))
+        queued = codec_for(configs[members[0]], backend).queue_segments(bases[base], c_offset[sel], c_raw[sel])
+        calls.append((members, sel, queued))
+    return PendingBatch(batch, configs, nchunks, c_stream, c_raw, c_base, c_offset, c_length, calls)
 
 
 def _recipes(batch: _Batch, codecs: list[dict[str, Any]], nchunks: np.ndarray) -> list[Recipe]:

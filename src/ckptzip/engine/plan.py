@@ -121,6 +121,12 @@ TWO_LANE_WORKING_SETS = SAVE_WORKING_SETS + 3
 # each, so no tensor larger than a batch is coded whole and no batch holds more.
 BLOCK_WORKING_SETS = SAVE_WORKING_SETS + 1
 BLOCK_SLACK = 2 << 20
+# There, a batch's codecs run while the host splits the next batch (the writer finishes each
+# batch after starting the next, :func:`~.encode.start_batch`): the next batch's planes and its
+# codec outputs are held beside the others, in blocks of a twelfth of the budget. On an H200 with
+# 2 GiB free, a ninth ran batches out of memory and a twelfth none; smaller blocks were slower
+# (bench/RESULTS.md, seventeenth session).
+OVERLAP_WORKING_SETS = 12
 # GPU batches of at most this many bytes code their planes with the codecs' small-batch chunk
 # sizes (Codec.small_batch_chunk_bytes): their sign/exponent planes hold fewer chunks than one
 # launch runs at once (a GPU with a few GiB free; host snapshots' 256 MiB batches).
@@ -173,7 +179,8 @@ class GpuLimits:
     budget: dict[torch.device, int]
     lanes: int = 1  # GPU batches coded at once
     host: frozenset[torch.device] = frozenset()  # GPUs whose tensors are coded on the host
-    # GPUs whose batches allocate their buffers in blocks of one size (:mod:`ckptzip.blocks`): that size
+    # GPUs whose batches allocate their buffers in blocks of one size (:mod:`ckptzip.blocks`): that
+    # size; each of their batches is finished after the next is started (OVERLAP_WORKING_SETS)
     block: dict[torch.device, int] = field(default_factory=dict)
 
     @classmethod
@@ -182,8 +189,8 @@ class GpuLimits:
         """The limits of a save's GPUs: each budget less the scratch the policy's GPU codecs need
         beside the batches; a GPU whose budget leaves less than half the minimum beside that
         scratch codes on the host. Where one lane runs and the budget, not ``batch_cap``, limits
-        the batches, a batch is a seventh of the budget and holds no more, and its buffers are
-        blocks of one size (:data:`BLOCK_WORKING_SETS`)."""
+        the batches, a batch is a twelfth of the budget and holds no more, and its buffers are
+        blocks of one size (:data:`OVERLAP_WORKING_SETS`)."""
         batch_cap = SAVE_BATCH_BYTES["cuda"] if batch_cap is None else batch_cap
         devices = {key.device for key in _keys(tensors, policy) if key.backend == "cuda"}
         budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
@@ -196,7 +203,7 @@ class GpuLimits:
         budgets = [memory.Budget(b.device, b.nbytes - scratch) for b in budgets if b.device not in host]
         count = lanes(budgets, batch_cap)
         tight = {b.device for b in budgets if count == 1 and b.nbytes // SAVE_WORKING_SETS < batch_cap}
-        sets = {b.device: BLOCK_WORKING_SETS if b.device in tight else SAVE_WORKING_SETS for b in budgets}
+        sets = {b.device: OVERLAP_WORKING_SETS if b.device in tight else SAVE_WORKING_SETS for b in budgets}
         batch = {b.device: b.batch_bytes(sets[b.device], batch_cap) for b in budgets}
         largest = {b.device: batch[b.device] if b.device in tight else b.nbytes // SAVE_WORKING_SETS for b in budgets}
         return cls(batch, largest, {b.device: b.nbytes for b in budgets}, count, host,

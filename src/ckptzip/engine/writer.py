@@ -32,7 +32,8 @@ from ..errors import GpuMemoryError
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry, digest_hexes
 from . import memory
 from .ahead import Task, run_ahead
-from .encode import EncodedBatch, Part, encode_batch, tensor_bytes
+from .encode import EncodedBatch, Part, PendingBatch, encode_batch, start_batch, tensor_bytes
+from .estimate import sampled_plane_entropies
 from .parts import encode_part, plane_count, quarters, ranges, stream_codecs, worth_parts
 from .plan import BatchKey, GpuLimits, halving, save_batches
 from .policy import Policy
@@ -103,30 +104,56 @@ _Encoded = Iterable[tuple[list[int], EncodedBatch]]
 
 
 def _encode(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int, ceiling: _Ceiling,
-            sparse: list[int | None], block: int | None = None) -> _Encoded:
+            sparse: list[int | None], block: int | None = None, entropies: np.ndarray | None = None) -> _Encoded:
     """Encode one batch: ``[(positions in the batch, encoded)]``, one part unless a GPU ran out of
     memory (:func:`_smaller`, whose buffers are of their own sizes). A CPU batch's codecs use
     ``share`` threads (:func:`batch_share`). ``sparse``: the tensors' non-zero counts where they
     are coded sparse (:func:`encode_batch`). ``block``: a GPU batch's buffers in blocks of that
-    size (:func:`~ckptzip.blocks.uniform`)."""
+    size (:func:`~ckptzip.blocks.uniform`). ``entropies``: the tensors' plane entropies, known
+    ahead: the GPU batch's codecs are then only queued here, and the batch is finished when the
+    result is iterated (:func:`_finished`), after the caller has started the next."""
     if key.backend != "cuda":
         with codec_threads(share):
             return [(list(range(len(tensors))), encode_batch(_moved(tensors, _CPU), policy, "cpu", sparse))]
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     if nbytes < ceiling.nbytes:
-        try:
-            with _on(key.device), blocks.uniform(block):
-                return [(list(range(len(tensors))),
-                         encode_batch(_moved(tensors, key.device), policy, "cuda", sparse))]
-        except (torch.OutOfMemoryError, RuntimeError) as exc:
-            if not memory.is_out_of_memory(exc):
-                raise
-            failure = memory.failure_line(exc)
-        # out of the except block: the failed attempt's memory is freed with its frames
-        ceiling.nbytes = nbytes
-        _LOG.info("ckptzip: a GPU batch of %d tensors (%d MiB) ran out of memory on %s (%s); coding batches "
-                  "that large smaller from now on", len(tensors), nbytes >> 20, key.device, failure)
-    return _smaller(tensors, key, policy, share, ceiling, sparse)
+        pending = _on_gpu(key, block, ceiling, tensors,
+                          lambda: start_batch(_moved(tensors, key.device), policy, "cuda", sparse, entropies))
+        if pending is not None:
+            finished = _finished(pending, tensors, key, policy, share, ceiling, sparse, block, entropies)
+            return finished if entropies is not None else list(finished)
+    return _smaller(tensors, key, policy, share, ceiling, sparse, entropies)
+
+
+def _on_gpu(key: BatchKey, block: int | None, ceiling: _Ceiling, tensors: list[torch.Tensor],
+            attempt: Callable[[], T]) -> T | None:
+    """``attempt()`` on the batch's GPU, its buffers in blocks of ``block``; None where it ran out
+    of memory (later batches as large as ``tensors`` are then coded smaller: ``ceiling``)."""
+    try:
+        with _on(key.device), blocks.uniform(block):
+            return attempt()
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not memory.is_out_of_memory(exc):
+            raise
+        failure = memory.failure_line(exc)
+    # out of the except block: the failed attempt's memory is freed with its frames
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    ceiling.nbytes = nbytes
+    _LOG.info("ckptzip: a GPU batch of %d tensors (%d MiB) ran out of memory on %s (%s); coding batches "
+              "that large smaller from now on", len(tensors), nbytes >> 20, key.device, failure)
+    return None
+
+
+def _finished(pending: PendingBatch, tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int,
+              ceiling: _Ceiling, sparse: list[int | None], block: int | None, entropies: np.ndarray | None
+              ) -> Iterator[tuple[list[int], EncodedBatch]]:
+    """A started GPU batch, finished (or, where that runs out of memory, coded smaller)."""
+    batch = _on_gpu(key, block, ceiling, tensors, pending.finish)
+    del pending  # a failed batch's buffers freed before it is coded smaller
+    if batch is None:
+        yield from _smaller(tensors, key, policy, share, ceiling, sparse, entropies)
+    else:
+        yield list(range(len(tensors))), batch
 
 
 _CPU = torch.device("cpu")
@@ -139,14 +166,16 @@ def _moved(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tens
 
 
 def _smaller(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: int, ceiling: _Ceiling,
-             sparse: list[int | None]) -> Iterator[tuple[list[int], EncodedBatch]]:
+             sparse: list[int | None], entropies: np.ndarray | None = None
+             ) -> Iterator[tuple[list[int], EncodedBatch]]:
     """A GPU batch too large for the memory at hand, coded smaller, lazily (each piece leaves the
     GPU before the next is coded): in halves of the most even bytes; a lone tensor in element ranges a quarter of the
     size that failed (as byte planes, sparse or not), or on the host when it is too small for ranges."""
     if len(tensors) > 1:
         half = halving([t.numel() * t.element_size() for t in tensors])
-        yield from _encode(tensors[:half], key, policy, share, ceiling, sparse[:half])
-        for positions, batch in _encode(tensors[half:], key, policy, share, ceiling, sparse[half:]):
+        parts = (None, None) if entropies is None else (entropies[:half], entropies[half:])
+        yield from _encode(tensors[:half], key, policy, share, ceiling, sparse[:half], None, parts[0])
+        for positions, batch in _encode(tensors[half:], key, policy, share, ceiling, sparse[half:], None, parts[1]):
             yield [half + p for p in positions], batch
     elif tensors[0].is_cuda and worth_parts(tensors[0]):
         yield from _in_ranges(tensors[0], key, policy, ceiling.nbytes // 4)
@@ -402,6 +431,7 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     counts = sparse or [None] * len(tensors)
     plan = [(key, [chosen[i] for i in idx])
             for key, idx in save_batches([tensors[i] for i in chosen], policy, limits)]
+    entropies = _entropies_ahead(tensors, plan, limits)
     workers, share = cpu_workers(sum(key.backend == "cpu" for key, _ in plan))
     ceiling = _Ceiling()
     # GPU work runs on the caller's current stream (from a lane thread too): after what the caller
@@ -415,7 +445,8 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
              if key.parts and limits else
              functools.partial(_on_stream, streams.get(key.device), _encode, [tensors[i] for i in idx], key,
                                policies[key.device], share, ceiling, [counts[i] for i in idx],
-                               limits.block.get(key.device) if limits else None),
+                               limits.block.get(key.device) if limits else None,
+                               entropies[idx] if key.device in entropies.devices else None),
              inline=key.backend == "cuda")
         for key, idx in plan
     )
@@ -425,6 +456,34 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
             metas = [_Meta.of(recorded[i]) for i in part]
             stager.stage(part, [names[i] for i in part], metas, batch)
             on_progress(sum(m.nbytes for m in metas))
+
+
+@dataclass
+class _Entropies:
+    """Plane entropies of the tensors batched on ``devices``, by the tensor's position (rows of
+    the others: 0)."""
+
+    devices: frozenset[torch.device]
+    rows: np.ndarray
+
+    def __getitem__(self, positions: list[int]) -> np.ndarray:
+        return self.rows[positions]
+
+
+def _entropies_ahead(tensors: list[torch.Tensor], plan: list[tuple[BatchKey, list[int]]], limits: GpuLimits | None
+                     ) -> _Entropies:
+    """Where a GPU's batches are in blocks (its budget limits them, one lane), the plane
+    entropies of its batches' tensors, read in one wait before the first batch, so that each
+    batch is started before the previous one is finished (:func:`_encode`)."""
+    rows = np.zeros((len(tensors), 8), dtype=np.float32)
+    devices = frozenset(key.device for key, _ in plan
+                        if limits and limits.lanes == 1 and key.device in limits.block and not key.parts)
+    for device in devices:
+        on = [i for key, idx in plan if key.device == device and not key.parts for i in idx]
+        with _on(device):
+            rows[on] = sampled_plane_entropies([tensor_bytes(tensors[i]) for i in on],
+                                               np.array([tensors[i].element_size() for i in on]))
+    return _Entropies(devices, rows)
 
 
 def _on_stream(stream: torch.cuda.Stream | None, encode: Callable[..., _Encoded], *args: Any) -> _Encoded:
