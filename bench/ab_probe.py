@@ -6,7 +6,7 @@ for all of them.
 the values to try, as Python literals (a dict or tuple among them too); several ``--set`` change
 their attributes together, variant by variant. ``--what save`` times ``ckptzip.save`` of a
 7B-like state to a file object that discards its input (with the GPU filled to leave ``--free``
-GiB, if given); ``--what host`` times what ``CheckpointManager.save`` blocks with host snapshots
+GiB, if given; ``--check``: each variant's first save also restored and compared); ``--what host`` times what ``CheckpointManager.save`` blocks with host snapshots
 (``prepare`` first; each variant its own manager); ``--what load`` and ``--what cpu-load`` time
 ``ckptzip.load`` of the state saved on the GPU (``codec="auto"``), from bytes in host memory, to
 the GPU and to the CPU (``--cpu-decode``: on the CPU's cores, as a machine without a GPU would,
@@ -57,6 +57,16 @@ def setting(dotted: str) -> tuple[Any, str]:
     raise SystemExit(f"{dotted}: no module to import")
 
 
+def check_save(state: dict[str, torch.Tensor]) -> None:
+    """Save ``state`` into memory, load it to the CPU, and compare every tensor's bytes."""
+    buffer = io.BytesIO()
+    ckptzip.save(state, buffer)
+    loaded = ckptzip.load(buffer.getvalue(), map_location="cpu")
+    assert all(torch.equal(loaded[n].view(torch.uint8), t.cpu().view(torch.uint8)) for n, t in state.items()), \
+        "not bit-exact"
+    print("bit-exact", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", required=True, action="append",
@@ -66,6 +76,9 @@ def main() -> None:
     p.add_argument("--free", type=float, help="GiB of GPU memory left free beside the state")
     p.add_argument("--cpu-decode", action="store_true",
                    help="cpu-load: decode on the CPU's cores, as a machine without a GPU would")
+    p.add_argument("--check", action="store_true",
+                   help="save: each variant's first save also into memory, loaded to the CPU and compared bit-exactly")
+    p.add_argument("--log", action="store_true", help="print ckptzip's log records (batches out of memory among them)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--reps", type=int, default=3, help="timed calls per variant and round")
     args = p.parse_args()
@@ -81,6 +94,8 @@ def main() -> None:
     failures = OutOfMemoryCount()
     logging.getLogger("ckptzip").addHandler(failures)
     logging.getLogger("ckptzip").setLevel(logging.INFO)
+    if args.log:
+        logging.basicConfig(format="  log: %(message)s")
     state = llama_like_state(args.gib)
     data = b""
     target = "cpu" if args.what == "cpu-load" else None  # where loads go (None: where it was saved)
@@ -112,6 +127,8 @@ def main() -> None:
                     sink = discard_sink()
                     ckptzip.save(state, sink)  # untimed: the variant's first call
                     stored[k] = sink.nbytes
+                    if args.check and r == 0:
+                        check_save(state)
                     times[k] += [timed(lambda: ckptzip.save(state, discard_sink()))[0] for _ in range(args.reps)]
                 else:
                     run = f"ab-{r}-{k}"
