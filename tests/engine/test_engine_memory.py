@@ -120,6 +120,29 @@ def test_batches_are_sized_from_the_budget(monkeypatch: pytest.MonkeyPatch) -> N
     assert memory.budget(device, None, "save").batch_bytes(6, 1 << 30) == 50 * MIB
 
 
+def test_batches_overlap_in_blocks_and_where_the_budget_holds_enough_of_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(engine_plan, "_keys", lambda tensors, policy, limits=None: [engine_plan.BatchKey("cuda", cuda)])
+    monkeypatch.setattr(engine_writer.Policy, "gpu_scratch_bytes", lambda self: 0)
+    policy = engine_writer.Policy.parse("auto")
+    free = [0]
+    monkeypatch.setattr(memory, "available", lambda device: free[0])
+
+    def limits(batch_cap: int | None = None) -> engine_plan.GpuLimits:
+        return engine_plan.GpuLimits.of([torch.empty(0)], policy, None, batch_cap)
+
+    free[0] = 2 << 30  # the budget limits the batches: blocks, overlapped
+    assert cuda in limits().block and limits().overlap == {cuda}
+    free[0] = 64 << 30  # two lanes of 2 GiB batches: not overlapped
+    assert limits().lanes == 2 and not limits().overlap
+    free[0] = 16 << 30  # one lane of 2 GiB batches, not twelve of them
+    assert limits().lanes == 1 and not limits().block and not limits().overlap
+    free[0] = 3300 * MIB  # a host snapshot's 256 MiB batches: twelve fit, overlapped without blocks
+    assert not limits(256 * MIB).block and limits(256 * MIB).overlap == {cuda}
+    free[0] = 2800 * MIB
+    assert not limits(256 * MIB).block and not limits(256 * MIB).overlap
+
+
 def test_gpus_whose_batches_are_small_code_them_in_the_codecs_small_batch_chunks(
         monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = [torch.device("cuda", 0), torch.device("cuda", 1)]

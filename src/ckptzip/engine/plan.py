@@ -121,11 +121,12 @@ TWO_LANE_WORKING_SETS = SAVE_WORKING_SETS + 3
 # each, so no tensor larger than a batch is coded whole and no batch holds more.
 BLOCK_WORKING_SETS = SAVE_WORKING_SETS + 1
 BLOCK_SLACK = 2 << 20
-# There, a batch's codecs run while the host splits the next batch (the writer finishes each
-# batch after starting the next, :func:`~.encode.start_batch`): the next batch's planes and its
-# codec outputs are held beside the others, in blocks of a twelfth of the budget. On an H200 with
-# 2 GiB free, a ninth ran batches out of memory and a twelfth none; smaller blocks were slower
-# (bench/RESULTS.md, seventeenth session).
+# There, and with one lane wherever the budget holds this many batches (a host snapshot's 256 MiB
+# ones with 3 GiB free), a batch's codecs run while the host splits the next batch (the writer
+# finishes each batch after starting the next, :func:`~.encode.start_batch`): the next batch's
+# planes and codec outputs are held beside the others, in blocks of a twelfth of the budget. On
+# an H200 with 2 GiB free, a ninth ran batches out of memory and a twelfth none; smaller blocks
+# were slower (bench/RESULTS.md, seventeenth session).
 OVERLAP_WORKING_SETS = 12
 # GPU batches of at most this many bytes code their planes with the codecs' small-batch chunk
 # sizes (Codec.small_batch_chunk_bytes): their sign/exponent planes hold fewer chunks than one
@@ -179,9 +180,11 @@ class GpuLimits:
     budget: dict[torch.device, int]
     lanes: int = 1  # GPU batches coded at once
     host: frozenset[torch.device] = frozenset()  # GPUs whose tensors are coded on the host
-    # GPUs whose batches allocate their buffers in blocks of one size (:mod:`ckptzip.blocks`): that
-    # size; each of their batches is finished after the next is started (OVERLAP_WORKING_SETS)
+    # GPUs whose batches allocate their buffers in blocks of one size (:mod:`ckptzip.blocks`): that size
     block: dict[torch.device, int] = field(default_factory=dict)
+    # GPUs whose batches are each finished after the next is started (OVERLAP_WORKING_SETS): those
+    # in blocks, and those whose budget holds that many of their batches (a host snapshot's)
+    overlap: frozenset[torch.device] = frozenset()
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor], policy: Policy, gpu_memory: int | None,
@@ -206,8 +209,10 @@ class GpuLimits:
         sets = {b.device: OVERLAP_WORKING_SETS if b.device in tight else SAVE_WORKING_SETS for b in budgets}
         batch = {b.device: b.batch_bytes(sets[b.device], batch_cap) for b in budgets}
         largest = {b.device: batch[b.device] if b.device in tight else b.nbytes // SAVE_WORKING_SETS for b in budgets}
+        overlap = frozenset(b.device for b in budgets if count == 1 and (
+            b.device in tight or b.nbytes >= OVERLAP_WORKING_SETS * batch[b.device]))
         return cls(batch, largest, {b.device: b.nbytes for b in budgets}, count, host,
-                   {device: batch[device] + BLOCK_SLACK for device in tight})
+                   {device: batch[device] + BLOCK_SLACK for device in tight}, overlap)
 
     def fits(self, device: torch.device, tensor: torch.Tensor) -> bool:
         return tensor.numel() * tensor.element_size() <= self.largest.get(device, sys.maxsize)

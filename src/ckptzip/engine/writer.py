@@ -472,12 +472,11 @@ class _Entropies:
 
 def _entropies_ahead(tensors: list[torch.Tensor], plan: list[tuple[BatchKey, list[int]]], limits: GpuLimits | None
                      ) -> _Entropies:
-    """Where a GPU's batches are in blocks (its budget limits them, one lane), the plane
-    entropies of its batches' tensors, read in one wait before the first batch, so that each
-    batch is started before the previous one is finished (:func:`_encode`)."""
+    """Where a GPU's batches overlap (:attr:`~.plan.GpuLimits.overlap`), the plane entropies of
+    its batches' tensors, read in one wait before the first batch, so that each batch is started
+    before the previous one is finished (:func:`_encode`)."""
     rows = np.zeros((len(tensors), 8), dtype=np.float32)
-    devices = frozenset(key.device for key, _ in plan
-                        if limits and limits.lanes == 1 and key.device in limits.block and not key.parts)
+    devices = frozenset(key.device for key, _ in plan if limits and key.device in limits.overlap and not key.parts)
     for device in devices:
         on = [i for key, idx in plan if key.device == device and not key.parts for i in idx]
         with _on(device):

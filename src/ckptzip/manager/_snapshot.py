@@ -37,11 +37,11 @@ DEVICE_HEADROOM = 2 << 30
 HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
 # A host snapshot copies about this share of the bytes it would code on a GPU raw to pinned host
 # memory instead, on a side stream while the GPU codes the rest (the copy engines and the GPU work
-# at once; on a filled H200 the GPU codes about 23 GB/s and the link carries about 50), and codes
-# those tensors on the host when the snapshot is written, in the background. The 40.5 GB state
-# with 3 GiB free blocked 1.04-1.15 s at 0.5 and 1.16-1.26 s at 0.4 (1.68-1.83 s coding it all);
-# host memory: half the raw bytes plus half the stored ones, 1.19x the stored size at a ratio of 1.25.
-HOST_RAW_SHARE = 0.5
+# at once), and codes those tensors on the host when the snapshot is written, in the background.
+# The 40.5 GB state with 3 GiB free, its batches overlapped (engine.plan.OVERLAP_WORKING_SETS), on
+# an H200: saves blocked 0.88-0.99 s at 0.5, 0.87-0.88 s at 0.25, 0.88-1.01 s at 0.1; host memory
+# grew 1.21x, 1.17x and 1.15x the stored size (bench/RESULTS.md, seventeenth session).
+HOST_RAW_SHARE = 0.25
 # Pieces of those copies, and how many may wait in the copy engine at once (other copies of the
 # device wait behind them: about 1 ms at 50 GB/s).
 TRICKLE_PIECE_BYTES = 16 << 20
