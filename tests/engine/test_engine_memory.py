@@ -422,6 +422,29 @@ def test_a_filled_gpus_batches_read_their_entropies_ahead_and_finish_after_the_n
 
 @gpu
 @needs_cuda
+def test_a_gpu_without_room_to_sample_its_entropies_ahead_codes_its_batches_one_after_another(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    waited: list[int] = []
+    wait = engine_encode._plane_entropies
+
+    def scarce(*args: object) -> object:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB")
+
+    def counted(hist: torch.Tensor) -> object:
+        waited.append(hist.shape[0])
+        return wait(hist)
+
+    monkeypatch.setattr(engine_writer, "sampled_plane_entropies", scarce)
+    monkeypatch.setattr(engine_encode, "_plane_entropies", counted)
+    state = _state(n=8)
+    buf = io.BytesIO()
+    ckptzip.save(state, buf, gpu_memory=640 * MIB)
+    assert len(waited) > 1  # every batch waited for its split, none failed
+    assert_same(ckptzip.load(buf.getvalue()), state)
+
+
+@gpu
+@needs_cuda
 def test_a_started_batch_whose_finish_runs_out_of_memory_is_coded_smaller(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     finish = engine_writer.PendingBatch.finish

@@ -474,15 +474,22 @@ def _entropies_ahead(tensors: list[torch.Tensor], plan: list[tuple[BatchKey, lis
                      ) -> _Entropies:
     """Where a GPU's batches overlap (:attr:`~.plan.GpuLimits.overlap`), the plane entropies of
     its batches' tensors, read in one wait before the first batch, so that each batch is started
-    before the previous one is finished (:func:`_encode`)."""
+    before the previous one is finished (:func:`_encode`). A GPU without room for the sampling's
+    counts (about 100 MiB) codes its batches one after another, as where they do not overlap."""
     rows = np.zeros((len(tensors), 8), dtype=np.float32)
-    devices = frozenset(key.device for key, _ in plan if limits and key.device in limits.overlap and not key.parts)
-    for device in devices:
+    devices: set[torch.device] = set()
+    for device in {key.device for key, _ in plan if limits and key.device in limits.overlap and not key.parts}:
         on = [i for key, idx in plan if key.device == device and not key.parts for i in idx]
-        with _on(device):
-            rows[on] = sampled_plane_entropies([tensor_bytes(tensors[i]) for i in on],
-                                               np.array([tensors[i].element_size() for i in on]))
-    return _Entropies(devices, rows)
+        try:
+            with _on(device):
+                rows[on] = sampled_plane_entropies([tensor_bytes(tensors[i]) for i in on],
+                                                   np.array([tensors[i].element_size() for i in on]))
+        except (torch.OutOfMemoryError, RuntimeError) as exc:  # its batches then wait for their splits
+            if not memory.is_out_of_memory(exc):
+                raise
+            continue
+        devices.add(device)
+    return _Entropies(frozenset(devices), rows)
 
 
 def _on_stream(stream: torch.cuda.Stream | None, encode: Callable[..., _Encoded], *args: Any) -> _Encoded:
