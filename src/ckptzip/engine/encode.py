@@ -400,7 +400,6 @@ class PendingBatch:
             for s in members:
                 if coded_total[s] >= size[s]:
                     stream_codec[s] = RAW
-        self.calls = []
         # File order within the batch: raw streams of whole 16-byte words first (so they are copied
         # and checksummed word-wise at aligned addresses), then the rest; each stream back to back.
         raw_stream = np.array([c["id"] == "raw" for c in stream_codec], dtype=bool)
