@@ -115,18 +115,17 @@ SAVE_WORKING_SETS = 6
 # the device) where the budget holds a second batch's peak beside the others at the full batch
 # size of a save: never on a filled GPU, where two lanes make torch's allocator free and retry.
 TWO_LANE_WORKING_SETS = SAVE_WORKING_SETS + 3
-# With one lane, a batch's buffers are blocks of one size (ckptzip.blocks): its planes, up to two
-# codec outputs and its stored chunks, beside the two batches' stored chunks the pipeline holds:
-# six blocks, a batch and BLOCK_SLACK each (the planes' alignment), in a seventh of the budget
-# each, so no tensor larger than a batch is coded whole and no batch holds more.
-BLOCK_WORKING_SETS = SAVE_WORKING_SETS + 1
+# Where one lane runs and the budget limits the batches, a batch's buffers are blocks of one size
+# (ckptzip.blocks), a batch and BLOCK_SLACK each (the planes' alignment), so no tensor larger than
+# a batch is coded whole and no batch holds more. There, and with one lane wherever the budget
+# holds this many batches (a host snapshot's 256 MiB ones with 3 GiB free), a batch's codecs run
+# while the host splits the next batch (the writer finishes each batch after starting the next,
+# :func:`~.encode.start_batch`): beside a batch's planes, up to two codec outputs and its stored
+# chunks, and the two batches' stored chunks the pipeline holds, the next batch's planes and codec
+# outputs are held too, in blocks of a twelfth of the budget. On an H200 with 2 GiB free, a ninth
+# ran batches out of memory and a twelfth none; smaller blocks were slower (bench/RESULTS.md,
+# seventeenth session).
 BLOCK_SLACK = 2 << 20
-# There, and with one lane wherever the budget holds this many batches (a host snapshot's 256 MiB
-# ones with 3 GiB free), a batch's codecs run while the host splits the next batch (the writer
-# finishes each batch after starting the next, :func:`~.encode.start_batch`): the next batch's
-# planes and codec outputs are held beside the others, in blocks of a twelfth of the budget. On
-# an H200 with 2 GiB free, a ninth ran batches out of memory and a twelfth none; smaller blocks
-# were slower (bench/RESULTS.md, seventeenth session).
 OVERLAP_WORKING_SETS = 12
 # GPU batches of at most this many bytes code their planes with the codecs' small-batch chunk
 # sizes (Codec.small_batch_chunk_bytes): their sign/exponent planes hold fewer chunks than one
