@@ -68,8 +68,9 @@ def test_a_save_right_after_prepare_uses_the_reserved_buffer_not_a_second_one(tm
         manager.save(1, state)  # before the reservation can have finished
         manager.wait()
         pinned = manager._snapshots._free[(torch.device("cpu"), True)]
+        raw = [f"w{i}" for i in range(10 - round(10 * HOST_RAW_SHARE), 10)]  # copied raw, to one buffer
         assert len(pinned) == 1
-        assert pinned[0].numel() >= sum(state[f"w{i}"].nbytes for i in range(5, 10))
+        assert pinned[0].numel() >= sum(state[name].nbytes for name in raw)
         assert_same(manager.restore(1, map_location="cpu"), {k: v.cpu() for k, v in state.items()})
 
 
