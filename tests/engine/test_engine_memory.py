@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import io
 import logging
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -97,7 +98,7 @@ def test_a_snapshot_whose_coding_fails_gives_its_staging_buffers_back(monkeypatc
 
     def failing(encode: object, stager: engine_writer._Stager, sink: object) -> None:
         for buffer in taken:  # two batches staged, then the third runs out of memory
-            stager._deliver(engine_writer._Job((buffer, 10), first=True))
+            stager._deliver(engine_writer._Job((buffer[:10], 10), first=True, release=buffer))
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
 
     monkeypatch.setattr(engine_writer, "_run_pipeline", failing)
@@ -107,6 +108,55 @@ def test_a_snapshot_whose_coding_fails_gives_its_staging_buffers_back(monkeypatc
         engine_writer.stage_state(["w"], [torch.ones(4)], engine_writer.Policy.parse("auto"), pool,  # type: ignore[arg-type]
                                   1 << 20)
     assert [b.data_ptr() for b in pool.released] == [b.data_ptr() for b in taken]
+
+
+def test_staged_batches_fill_the_pools_buffers_back_to_back() -> None:
+    class Pool:
+        buffer_bytes = 100
+
+        def __init__(self) -> None:
+            self.taken: list[torch.Tensor] = []
+
+        def acquire(self) -> torch.Tensor:
+            self.taken.append(torch.zeros(self.buffer_bytes, dtype=torch.uint8))
+            return self.taken[-1]
+
+    pool, packing = Pool(), engine_writer._Packing()
+    pieces = []
+    for batch in (30, 90, 180, 0, 5):  # a batch's bytes, taken as _stage does
+        start = 0
+        while True:
+            piece, release = packing.take(batch - start, pool)  # type: ignore[arg-type]
+            pieces.append((piece, release))
+            start += piece.numel()
+            if start == batch:
+                break
+    assert [p.numel() for p, _ in pieces] == [30, 70, 20, 80, 100, 0, 5]
+    assert [r is not None for _, r in pieces] == [False, True, False, True, True, False, False]
+    assert len(pool.taken) == 4 and packing.buffer is pool.taken[3] and packing.fill == 5  # 305 bytes in 4 buffers
+    # each piece lies where the last one ended
+    assert [p.data_ptr() for p, _ in pieces[:2]] == [pool.taken[0].data_ptr(), pool.taken[0].data_ptr() + 30]
+    assert pieces[2][0].data_ptr() == pool.taken[1].data_ptr() and pieces[3][0].data_ptr() == pool.taken[1].data_ptr() + 20
+
+
+@gpu
+@needs_cuda
+def test_a_host_snapshots_batches_share_their_staging_buffers_and_give_them_all_back() -> None:
+    from ckptzip.engine.staging import PinnedPool
+    from ckptzip.tree import flatten
+
+    state = _state(n=6, elements=(3 << 20) // 4 + 1000)  # 3 MiB and a bit, each: batches end mid-buffer
+    flat = flatten(state)
+    pool = PinnedPool(1 << 20, sys.maxsize)
+    staged = engine_writer.stage_state([t.name for t in flat.tensors], [t.tensor for t in flat.tensors],
+                                       engine_writer.Policy.parse("auto"), pool, 4 << 20)
+    buffers = {id(job.release) for job in staged.jobs if job.release is not None}
+    assert len(buffers) == -(-staged.nbytes // (1 << 20))  # packed: no partly used buffer a batch
+    assert staged.occupied_bytes == len(buffers) << 20
+    buf = io.BytesIO()
+    engine_writer.write_staged(buf, staged, flat.tree, engine_writer.Policy.parse("auto"))
+    assert pool._free.qsize() == pool._created  # every buffer back in the pool
+    assert_same(ckptzip.load(buf.getvalue()), state)
 
 
 def test_batches_are_sized_from_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:

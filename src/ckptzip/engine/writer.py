@@ -211,19 +211,49 @@ class _Record:
 @dataclass
 class _Job:
     """One piece of a batch on its way to the file, valid once ``ready`` has completed; the
-    batch's first piece marks where it starts, its last carries the record."""
+    batch's first piece marks where it starts, its last carries the record. ``release``: the
+    pool buffer this piece is the last to use (batches are packed into the buffers back to back,
+    :class:`_Packing`), given back once the piece is written."""
 
     piece: tuple[torch.Tensor, int]
     first: bool
     record: _Record | None = None
     ready: torch.cuda.Event | None = None
+    release: torch.Tensor | None = None
+
+
+@dataclass
+class _Packing:
+    """The pool buffer a save's staged batches are filling: the next batch's stored bytes go on
+    where the last one's ended, so the pool holds the stored bytes and not a partly used buffer
+    a batch (a host snapshot's 256 MiB batches in 16 MiB buffers: 4 % more host memory)."""
+
+    buffer: torch.Tensor | None = None
+    fill: int = 0
+
+    def room(self, pool: PinnedPool) -> torch.Tensor:
+        """The buffer being filled (a new one from ``pool`` when none is)."""
+        if self.buffer is None:
+            self.buffer, self.fill = pool.acquire(), 0  # waits while the writer holds every buffer
+        return self.buffer
+
+    def take(self, limit: int, pool: PinnedPool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to ``limit`` bytes of the buffer (what it has left), and the buffer where they fill it."""
+        buffer = self.room(pool)
+        n = min(limit, pool.buffer_bytes - self.fill)
+        piece = buffer[self.fill : self.fill + n]
+        self.fill += n
+        if self.fill < pool.buffer_bytes:
+            return piece, None
+        self.buffer = None
+        return piece, buffer
 
 
 def _stage(positions: list[int], names: list[str], tensors: list[_Meta], batch: EncodedBatch,
-           pool: PinnedPool | None, encoded: torch.cuda.Event | None) -> Iterator[_Job]:
-    """Move a batch's stored bytes and checksums to the host, a pinned buffer at a time (device
-    batches: large async copies on the copy stream, after ``encoded``; host batches: nothing to
-    move)."""
+           pool: PinnedPool | None, encoded: torch.cuda.Event | None, packing: _Packing) -> Iterator[_Job]:
+    """Move a batch's stored bytes and checksums to the host, into the pool's buffers where
+    ``packing`` left off (device batches: large async copies on the copy stream, after
+    ``encoded``; host batches: nothing to move)."""
     stored = batch.stored
     if not stored.is_cuda:
         meta = torch.cat([batch.digests, batch.checksums])
@@ -241,20 +271,21 @@ def _stage(positions: list[int], names: list[str], tensors: list[_Meta], batch: 
     # the record keeps the host columns only: device memory is freed once the copies have run
     nothing = torch.empty(0, dtype=torch.uint8)
     batch = dataclasses.replace(batch, stored=nothing, digests=nothing, checksums=nothing)
-    starts = list(range(0, stored.numel(), pool.buffer_bytes)) or [0]
-    for k, start in enumerate(starts):
-        n = min(pool.buffer_bytes, stored.numel() - start)
-        buffer = pool.acquire()  # waits while the writer holds every buffer
+    start, first = 0, True
+    while first or start < stored.numel():
+        piece, release = packing.take(stored.numel() - start, pool)
+        n = piece.numel()
         record = None
         with torch.cuda.stream(stream):
-            buffer[:n].copy_(stored[start : start + n], non_blocking=True)
-            if k == len(starts) - 1:
+            piece.copy_(stored[start : start + n], non_blocking=True)
+            if start + n == stored.numel():
                 host_meta = torch.empty(meta.shape, dtype=meta.dtype, pin_memory=True)
                 host_meta.copy_(meta, non_blocking=True)
                 record = _Record(positions, names, tensors, batch, host_meta)
             ready = torch.cuda.Event()
             ready.record(stream)
-        yield _Job((buffer, n), k == 0, record, ready)
+        yield _Job((piece, n), first, record, ready, release)
+        start, first = start + n, False
 
 
 class _InOrder(Generic[T]):
@@ -316,8 +347,8 @@ class _Sink(_InOrder[_Job]):
         self._write(job)
 
     def _finish(self, job: _Job) -> None:
-        if self._pool is not None:
-            self._pool.release(job.piece[0])
+        if self._pool is not None and job.release is not None:
+            self._pool.release(job.release)
 
     def _write(self, job: _Job) -> None:
         if job.ready is not None:
@@ -395,20 +426,41 @@ def _file_descriptor(f: BinaryIO) -> int | None:
 _Batch = tuple[list[int], list[str], list[_Meta], EncodedBatch, "torch.cuda.Event | None"]
 
 
-class _Stager(_InOrder[_Batch]):
+class _End:
+    """The stager's last item: the buffer its batches were filling is handed on with a last job."""
+
+
+class _Stager(_InOrder[_Batch | _End]):
     """Moves encoded batches to host memory (:func:`_stage`) on a thread of its own, handing each
     piece to ``deliver`` in order, so the encoding thread goes on to the next batch at once. At
-    most one batch waits in line (device memory stays bounded)."""
+    most one batch waits in line (device memory stays bounded). Batches fill the pool's buffers
+    back to back (:class:`_Packing`); :meth:`close` hands on the last one."""
 
     def __init__(self, pool: PinnedPool | None, deliver: Callable[[_Job], None]) -> None:
         self._pool = pool
         self._deliver = deliver
+        self._packing = _Packing()
         super().__init__("ckptzip-stage", 1)
 
-    def _handle(self, item: _Batch) -> None:
+    def _handle(self, item: _Batch | _End) -> None:
+        if isinstance(item, _End):
+            last = self._packing.buffer
+            if last is not None:
+                self._deliver(_Job((last[:0], 0), False, release=last))
+                self._packing.buffer = None  # handed on (else _finish gives it back)
+            return
         positions, names, metas, batch, encoded = item
-        for job in _stage(positions, names, metas, batch, self._pool, encoded):
+        for job in _stage(positions, names, metas, batch, self._pool, encoded, self._packing):
             self._deliver(job)
+
+    def _finish(self, item: _Batch | _End) -> None:
+        if isinstance(item, _End) and self._packing.buffer is not None and self._pool is not None:
+            self._pool.release(self._packing.buffer)  # not handed on (an error came first): back to the pool
+            self._packing.buffer = None
+
+    def close(self) -> None:
+        self._queue.put(_End())  # after every batch, an error or not
+        super().close()
 
     def stage(self, positions: list[int], names: list[str], metas: list[_Meta], batch: EncodedBatch) -> None:
         """Queue a batch whose encoding was queued on the current stream."""
@@ -581,15 +633,16 @@ class StagedState:
 
     @property
     def occupied_bytes(self) -> int:
-        """Bytes of the pool's buffers the staged bytes occupy (a batch's last buffer is partly used)."""
-        return len(self.jobs) * self.pool.buffer_bytes
+        """Bytes of the pool's buffers the staged bytes occupy (the last one partly used)."""
+        return sum(job.release is not None for job in self.jobs) * self.pool.buffer_bytes
 
     def release(self) -> None:
         """Return the buffers to the pool (a write does this as it goes)."""
         for job in self.jobs:
             if job.ready is not None:
                 job.ready.synchronize()
-            self.pool.release(job.piece[0])
+            if job.release is not None:
+                self.pool.release(job.release)
         self.jobs = []
 
 

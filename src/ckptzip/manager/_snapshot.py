@@ -49,8 +49,8 @@ TRICKLE_AHEAD = 3
 # Host snapshots' pinned staging is kept at this much above the buffers the last snapshot occupied
 # (not its stored bytes: a pool smaller than that grows again, buffer by buffer, while a save blocks).
 STAGING_MARGIN = 1.05
-# Host snapshots stage each batch's stored bytes in buffers of this size: a batch's last buffer is
-# partly used, so smaller buffers waste less.
+# Host snapshots stage their batches' stored bytes in buffers of this size, back to back (only the
+# snapshot's last buffer is partly used).
 STAGING_BUFFER_BYTES = 16 << 20
 _GIB = 1 << 30
 _LOG = logging.getLogger("ckptzip")
