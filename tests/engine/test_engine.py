@@ -334,12 +334,11 @@ def test_a_reserved_slab_gives_pinned_buffers_that_copy_asynchronously_and_are_r
 
 
 @pytest.mark.gpu
-def test_a_pool_reserves_in_slabs_and_trims_only_whole_free_slabs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pool_reserves_in_slabs_and_trims_only_whole_free_slabs() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     from ckptzip.engine import staging
-    monkeypatch.setattr(staging, "SLAB_BYTES", 2 << 20)
-    pool = staging.PinnedPool(buffer_bytes=1 << 20, count=1 << 30)
+    pool = staging.PinnedPool(buffer_bytes=1 << 20, count=1 << 30, slab_bytes=2 << 20)
     pool.reserve(5 << 20)  # slabs of 2, 2 and 1 buffers
     assert pool.reserved == 5 << 20
     held = pool.acquire()  # a buffer of the first slab
@@ -377,12 +376,11 @@ def test_a_load_to_the_cpu_of_tensors_decoded_on_the_gpu_comes_down_through_a_po
 
 
 @pytest.mark.gpu
-def test_a_bounded_pool_grows_by_slabs_as_large_as_it_holds_up_to_its_count(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bounded_pool_grows_by_slabs_as_large_as_it_holds_up_to_its_count() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     from ckptzip.engine import staging
-    monkeypatch.setattr(staging, "SLAB_BYTES", 4 << 20)
-    pool = staging.PinnedPool(buffer_bytes=1 << 20, count=11)
+    pool = staging.PinnedPool(buffer_bytes=1 << 20, count=11, slab_bytes=4 << 20)
     held = [pool.acquire() for _ in range(11)]
     assert [s.nbytes >> 20 for s in pool._slabs] == [1, 1, 2, 4, 3]  # doubling, a slab at most 4, 11 in all
     assert all(b.is_pinned() for b in held) and len({b.data_ptr() for b in held}) == 11

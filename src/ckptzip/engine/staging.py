@@ -4,8 +4,9 @@ loads, a copy stream per device, and GPU tensors brought to new host tensors thr
 Host memory is bounded by the pool (``CKPTZIP_PINNED_MB`` in all, default 1024 MiB in 64 MiB
 buffers, created on first use), never by the size of the state: when every buffer waits for the
 disk, the GPU side waits too (back-pressure). Pools that grow with the state (snapshot staging)
-reserve their buffers in slabs of at most :data:`SLAB_BYTES`, so they can shrink again by whole
-slabs (:meth:`PinnedPool.trim`) once a smaller state, or a better ratio, needs less.
+reserve their buffers in slabs (at most :data:`SLAB_BYTES` unless the pool says otherwise), so they
+can shrink again by whole slabs (:meth:`PinnedPool.trim`) once a smaller state, or a better ratio,
+needs less.
 """
 
 from __future__ import annotations
@@ -68,11 +69,13 @@ class Slab:
 
 
 class PinnedPool:
-    """Pinned host buffers, created on first use (at most ``count``) and reused."""
+    """Pinned host buffers, created on first use (at most ``count``) and reused. ``slab_bytes``:
+    the most one registration pins; a pool holds up to a slab more than it was asked for."""
 
-    def __init__(self, buffer_bytes: int = BUFFER_BYTES, count: int | None = None) -> None:
+    def __init__(self, buffer_bytes: int = BUFFER_BYTES, count: int | None = None, slab_bytes: int = SLAB_BYTES) -> None:
         self.buffer_bytes = buffer_bytes
         self.count = count or _pool_buffers()  # sys.maxsize: a pool that grows as needed
+        self.slab_bytes = slab_bytes
         self._free: queue.Queue[torch.Tensor] = queue.Queue()
         self._created = 0
         self._slabs: list[Slab] = []
@@ -80,7 +83,7 @@ class PinnedPool:
 
     def acquire(self) -> torch.Tensor:
         """A free buffer; blocks while all are in use. A pool short of buffers grows by a slab as
-        large as what it holds (1, 1, 2, 4... buffers, at most :data:`SLAB_BYTES`): registering
+        large as what it holds (1, 1, 2, 4... buffers, at most ``slab_bytes``): registering
         a slab costs a fraction of pinning its buffers one by one, a fresh process's first save
         and load included, and a state that needs few buffers pins few."""
         try:
@@ -97,7 +100,7 @@ class PinnedPool:
 
     @property
     def _per_slab(self) -> int:
-        return max(1, SLAB_BYTES // self.buffer_bytes)
+        return max(1, self.slab_bytes // self.buffer_bytes)
 
     def _add_slab(self, n: int) -> list[torch.Tensor]:
         """``n`` new buffers, in one slab (the caller holds the lock); pinned one by one where host

@@ -40,18 +40,25 @@ HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
 # at once), and codes those tensors on the host when the snapshot is written, in the background.
 # The 40.5 GB state with 3 GiB free, its batches overlapped (engine.plan.OVERLAP_WORKING_SETS), on
 # an H200: saves blocked 0.88-0.99 s at 0.5, 0.87-0.88 s at 0.25, 0.88-1.01 s at 0.1; host memory
-# grew 1.21x, 1.17x and 1.15x the stored size (bench/RESULTS.md, seventeenth session).
+# grew 1.21x, 1.17x and 1.15x the stored size (bench/RESULTS.md, seventeenth session). With the
+# staging below packed and trimmed closer: 0.86-0.95 s at 0.25, 0.89-1.01 s at 0.2 (eighteenth).
 HOST_RAW_SHARE = 0.25
 # Pieces of those copies, and how many may wait in the copy engine at once (other copies of the
 # device wait behind them: about 1 ms at 50 GB/s).
 TRICKLE_PIECE_BYTES = 16 << 20
 TRICKLE_AHEAD = 3
 # Host snapshots' pinned staging is kept at this much above the buffers the last snapshot occupied
-# (not its stored bytes: a pool smaller than that grows again, buffer by buffer, while a save blocks).
-STAGING_MARGIN = 1.05
+# (a pool smaller than that grows again, buffer by buffer, while a save blocks). Batches fill the
+# buffers back to back, so the next snapshot of the same state occupies as many: the 40.5 GB state
+# with 3 GiB free blocked 0.86-0.95 s at 1.02 with 256 MiB slabs, its host memory 1.07x the stored
+# size plus about 1 GiB (bench/RESULTS.md, eighteenth session).
+STAGING_MARGIN = 1.02
 # Host snapshots stage their batches' stored bytes in buffers of this size, back to back (only the
 # snapshot's last buffer is partly used).
 STAGING_BUFFER_BYTES = 16 << 20
+# ... registered in slabs of at most this size: the pool holds up to a slab more than the margin asks
+# (the first snapshot's pool grows by slabs, one after ``prepare()`` shrinks by slabs).
+STAGING_SLAB_BYTES = 256 << 20
 _GIB = 1 << 30
 _LOG = logging.getLogger("ckptzip")
 
@@ -173,7 +180,7 @@ class SnapshotPool:
         self.last_reason: str | None = None
         self._free: dict[_BufferKey, list[torch.Tensor]] = {}
         self._slabs: dict[int, Slab] = {}  # registered host memory of the pinned buffers, by address
-        self._staging = PinnedPool(STAGING_BUFFER_BYTES, count=sys.maxsize)
+        self._staging = PinnedPool(STAGING_BUFFER_BYTES, count=sys.maxsize, slab_bytes=STAGING_SLAB_BYTES)
         self._staged_bytes: int | None = None  # staging buffers the last host snapshot occupied
         self._reserving: threading.Thread | None = None  # reserve_host's, until a snapshot waited for it
         self._lock = threading.Lock()
