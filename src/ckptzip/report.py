@@ -163,10 +163,10 @@ def portability_note(entries: list[TensorEntry]) -> str:
             f"GPU-only codecs: {', '.join(gpu_only)}; loading needs an NVIDIA GPU with nvCOMP "
             "(ckptzip[gpu]). For CPU use: ckptzip convert SRC DST --codec portable"
         )
-    nvcomp_cpu = sorted(codecs & gpu_first_ids())
-    if nvcomp_cpu:
+    compiled = sorted(codecs & gpu_first_ids())
+    if compiled:
         return (
-            f"loads on a GPU or, for {', '.join(nvcomp_cpu)}, on a Linux CPU with nvCOMP's CPU library "
-            "(ckptzip[gdeflate]); elsewhere: ckptzip convert SRC DST --codec portable"
+            f"loads on a GPU or, for {', '.join(compiled)}, on a CPU where ckptzip was built with its C decoder "
+            "(any install from source with a C compiler); elsewhere: ckptzip convert SRC DST --codec portable"
         )
     return "portable: every codec has a CPU decoder; loads on any machine"

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ckptzip.codecs import has_codec
+from ckptzip.codecs import _gdeflate_lib, has_codec
 from ckptzip.testing import CodecTests
 
 
@@ -32,7 +32,8 @@ class TestLz4(CodecTests):
     codec_config: ClassVar[dict[str, Any]] = {"id": "lz4"}
 
 
-@pytest.mark.skipif(not has_codec("gdeflate", "cpu"), reason="nvCOMP's CPU library is not installed")
+@pytest.mark.skipif(_gdeflate_lib.load()[0] is None or not has_codec("gdeflate", "cpu"),
+                    reason="nvCOMP's CPU library (the encoder) is not installed")
 class TestGdeflateCpu(CodecTests):
     codec_config: ClassVar[dict[str, Any]] = {"id": "gdeflate", "algorithm_type": 1}
 

@@ -1,5 +1,6 @@
-"""The CPU gdeflate codec (nvCOMP's libnvcomp_cpu through ckptzip's shim): round trips, chunks an
-H200 wrote, damaged input, files, and the library's absence."""
+"""The CPU gdeflate codec (ckptzip's decoder, nvCOMP's libnvcomp_cpu encoder through ckptzip's
+shim): round trips, damaged input, files, and the absence of either (the decoder's bitstream
+tests: test_gdeflate_decoder.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from golden_state import golden_state
 from helpers import assert_same
 
 GOLDEN = Path(__file__).parents[1] / "golden"
-needs_library = pytest.mark.skipif(not has_codec("gdeflate", "cpu"), reason="nvCOMP's CPU library is not installed")
+needs_decoder = pytest.mark.skipif(not has_codec("gdeflate", "cpu"), reason="ckptzip's GDeflate decoder is not built")
+needs_library = pytest.mark.skipif(_gdeflate_lib.load()[0] is None or not has_codec("gdeflate", "cpu"),
+                                   reason="nvCOMP's CPU library (the encoder) is not installed")
 SIZES = [1, 2, 7, 255, 256, 257, 4095, 4096, 65535, 65536]
 
 
@@ -93,20 +96,6 @@ def test_encoder_rejects_empty_and_oversized_chunks(size: int) -> None:
 
 
 @needs_library
-def test_chunks_an_h200_wrote_decode_bit_exactly() -> None:
-    """tests/golden/gdeflate_gpu_chunks.npz: chunks nvCOMP 6.0's GPU gdeflate (RAW) coded on an
-    H200, algorithm types 0, 1 and 5, up to 256 KiB (more than the CPU encoder takes)."""
-    golden = np.load(GOLDEN / "gdeflate_gpu_chunks.npz")
-    names = [k for k in golden.files if k.startswith("enc_")]
-    assert len(names) == 16
-    for name in names:
-        _, size, algorithm_type = name.split("_")
-        raw = golden[f"raw_{size}"]
-        (got,) = _codec(int(algorithm_type)).decode([torch.from_numpy(golden[name])], [raw.size])
-        assert np.array_equal(got.numpy(), raw), name
-
-
-@needs_library
 def test_a_damaged_chunk_is_named() -> None:
     codec = _codec()
     chunks = [_data(n, "bf16") for n in (4096, 65536, 4096)]
@@ -146,7 +135,7 @@ def test_an_empty_stored_chunk_is_named() -> None:
     assert info.value.chunk == 1
 
 
-@needs_library
+@needs_decoder
 def test_garbage_never_crashes_and_is_named() -> None:
     rng = np.random.default_rng(0)
     codec = _codec()
@@ -194,6 +183,11 @@ def without_library(monkeypatch: pytest.MonkeyPatch) -> None:
     """The registry as a machine without libnvcomp_cpu (nor a GPU that runs gdeflate) has it."""
     monkeypatch.setattr(_gdeflate_lib, "load", _gdeflate_lib.load.__wrapped__)  # not the cached first try
     monkeypatch.setattr(_gdeflate_lib, "_library_candidates", lambda: ["/nonexistent/libnvcomp_cpu.so.6"])
+    _fresh_registry(monkeypatch)
+
+
+def _fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gdeflate known to the registry as before its first use, on the CPU only."""
     monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items() if k[0] != "gdeflate"})
     monkeypatch.setattr(registry, "_UNAVAILABLE", {k: v for k, v in registry._UNAVAILABLE.items()
                                                    if k != ("gdeflate", "cpu")})
@@ -202,36 +196,61 @@ def without_library(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policy, "_codec", policy._codec.__wrapped__)  # no cached codec objects
 
 
-def _assert_hint(message: str) -> None:
-    assert "codec 'gdeflate' cannot run on the CPU here: nvCOMP's CPU library libnvcomp_cpu is not found" in message
+def _assert_encoder_hint(message: str) -> None:
+    assert "codec 'gdeflate' cannot encode on the CPU here: nvCOMP's CPU library libnvcomp_cpu is not found" in message
     assert "pip install ckptzip[gdeflate]" in message
-    assert "`ckptzip convert SRC DST --codec portable`" in message
+    assert 'code with a CPU codec (codec="auto", "portable" or "zstd") or on a CUDA GPU' in message
 
 
+@needs_decoder
 @pytest.mark.usefixtures("without_library")
-def test_without_the_library_the_codec_says_how_to_get_it() -> None:
-    assert not has_codec("gdeflate", "cpu")
+def test_without_the_library_the_codec_decodes_and_says_how_to_encode() -> None:
+    assert has_codec("gdeflate", "cpu")
+    golden = np.load(GOLDEN / "gdeflate_gpu_chunks.npz")
+    (got,) = _codec().decode([torch.from_numpy(golden["enc_4096_1"])], [4096])
+    assert np.array_equal(got.numpy(), golden["raw_4096"])
     with pytest.raises(CodecUnavailableError) as info:
-        get_codec({"id": "gdeflate", "algorithm_type": 0}, "cpu")
-    _assert_hint(str(info.value))
+        _codec().encode([_data(100, "bf16")])
+    _assert_encoder_hint(str(info.value))
     with pytest.raises(CodecUnavailableError) as info:
-        gdeflate_cpu.GdeflateCpuCodec(0)
-    _assert_hint(str(info.value))
+        ckptzip.save(_state(), io.BytesIO(), codec="gdeflate")
+    _assert_encoder_hint(str(info.value))
 
 
 @needs_library
-def test_without_the_library_a_gdeflate_file_says_how_to_read_it(monkeypatch: pytest.MonkeyPatch,
-                                                                   request: pytest.FixtureRequest) -> None:
+def test_without_the_library_a_gdeflate_file_loads(request: pytest.FixtureRequest) -> None:
     buffer = io.BytesIO()
     ckptzip.save(_state(), buffer, codec="gdeflate")
     request.getfixturevalue("without_library")
+    assert_same(ckptzip.load(io.BytesIO(buffer.getvalue())), _state())
+
+
+def _assert_decoder_hint(message: str) -> None:
+    assert "codec 'gdeflate' cannot run on the CPU here: ckptzip was installed without its GDeflate decoder" in message
+    assert "where a C compiler (gcc or clang) is at hand" in message
+    assert "`ckptzip convert SRC DST --codec portable`" in message
+
+
+@needs_library
+def test_without_the_decoder_the_codec_and_a_gdeflate_file_say_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    buffer = io.BytesIO()
+    ckptzip.save(_state(), buffer, codec="gdeflate")
+    monkeypatch.setattr(gdeflate_cpu, "_decoder", lambda: None)
+    _fresh_registry(monkeypatch)
+    assert not has_codec("gdeflate", "cpu")
+    with pytest.raises(CodecUnavailableError) as info:
+        get_codec({"id": "gdeflate", "algorithm_type": 0}, "cpu")
+    _assert_decoder_hint(str(info.value))
+    with pytest.raises(CodecUnavailableError) as info:
+        gdeflate_cpu.GdeflateCpuCodec(0)
+    _assert_decoder_hint(str(info.value))
     with pytest.raises(CodecUnavailableError) as info:
         ckptzip.load(io.BytesIO(buffer.getvalue()))
-    _assert_hint(str(info.value))
+    _assert_decoder_hint(str(info.value))
     assert "tensor 'w'" in str(info.value)
 
 
-def test_without_the_shim_the_codec_says_how_to_build_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_shim_the_encoder_says_how_to_build_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_gdeflate_lib, "_shim_path", lambda: None)
     library, reason = _gdeflate_lib._load()
     assert library is None and reason is not None
@@ -261,11 +280,11 @@ def test_the_report_says_where_a_gdeflate_file_loads() -> None:
     ckptzip.save(_state(), buffer, codec="gdeflate")
     with ckptzip.open(io.BytesIO(buffer.getvalue())) as reader:
         note = portability_note(reader.entries())
-    assert note.startswith("loads on a GPU or, for gdeflate, on a Linux CPU with nvCOMP's CPU library")
+    assert note.startswith("loads on a GPU or, for gdeflate, on a CPU where ckptzip was built with its C decoder")
     assert "ckptzip convert SRC DST --codec portable" in note
 
 
-@needs_library
+@needs_decoder
 def test_the_golden_file_an_h200_saved_with_auto_loads_on_the_cpu() -> None:
     """tests/golden/gpu_gdeflate_v2_1.ckz: tests/golden_state.py's state on an H200, saved with
     ``codec="auto"`` by bench/gdeflate_check.py."""

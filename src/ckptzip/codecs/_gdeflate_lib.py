@@ -1,9 +1,11 @@
-"""nvCOMP's CPU GDeflate functions (``libnvcomp_cpu``), reached through ckptzip's C++ shim.
+"""nvCOMP's CPU GDeflate encoder (``libnvcomp_cpu``), reached through ckptzip's C++ shim.
+
+ckptzip decodes GDeflate with its own decoder (``_gdeflate.c``); nvCOMP's library only encodes.
 
 Why a shim and not plain ctypes: nvCOMP declares these functions only in C++
-(``nvcomp/native/gdeflate_cpu.h``, namespace ``nvcomp::gdeflate``) and reports every error,
-a damaged stream included, by throwing ``nvcomp::NVCompException``. A C++ exception cannot
-unwind through ctypes' (C) frames: the process aborts. The shim (``_gdeflate_shim.cpp``, an
+(``nvcomp/native/gdeflate_cpu.h``, namespace ``nvcomp::gdeflate``) and reports every error by
+throwing ``nvcomp::NVCompException``. A C++ exception cannot unwind through ctypes' (C) frames:
+the process aborts. The shim (``_gdeflate_shim.cpp``, an
 optional extension of the package's build, with no link-time dependency on nvCOMP) opens the
 library with dlopen, calls it inside ``try``/``catch (...)`` and returns an error code and message;
 ctypes calls the shim's ``extern "C"`` functions (the GIL released, as for any ctypes call).
@@ -14,7 +16,7 @@ chunk makes the compressor divide by zero (SIGFPE); the codec never passes one.
 The library is looked for at ``CKPTZIP_NVCOMP_CPU_LIB`` (a path), then in the installed
 ``nvidia.libnvcomp`` package (wheels ``nvidia-libnvcomp-cu12``/``-cu13``, Linux x86-64 and
 aarch64), then by its soname through the dynamic loader. Nothing is loaded before a GDeflate
-chunk is coded on the CPU.
+chunk is encoded on the CPU.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ ENV_VAR = "CKPTZIP_NVCOMP_CPU_LIB"
 SONAME = "libnvcomp_cpu.so.6"
 INSTALL_HINT = (
     "on Linux x86-64 or aarch64: pip install ckptzip[gdeflate] (nvidia-libnvcomp-cu12; ckptzip[gpu] has it too), "
-    f"or point {ENV_VAR} at a libnvcomp_cpu.so; elsewhere, convert the file once on a machine that decodes it "
-    "(one with a CUDA GPU, or Linux with that library): `ckptzip convert SRC DST --codec portable`"
+    f"or point {ENV_VAR} at a libnvcomp_cpu.so; elsewhere, code with a CPU codec "
+    '(codec="auto", "portable" or "zstd") or on a CUDA GPU'
 )
 _ERR_BYTES = 512
 _Ptr = ctypes.c_void_p
@@ -64,7 +66,6 @@ class _Library:
         self._shim = shim
         shim.ckz_gdeflate_max_output.argtypes = [_Size, ctypes.POINTER(_Size), ctypes.c_char_p, _Size]
         shim.ckz_gdeflate_compress.argtypes = [_Ptr, _Ptr, _Size, _Size, _Ptr, _Ptr, ctypes.c_int, ctypes.c_char_p, _Size]
-        shim.ckz_gdeflate_decompress.argtypes = [_Ptr, _Ptr, _Size, _Ptr, _Ptr, _Ptr, ctypes.c_char_p, _Size]
 
     def _check(self, rc: int, err: ctypes.Array[ctypes.c_char]) -> None:
         if rc != 0:
@@ -84,16 +85,6 @@ class _Library:
         sizes, err = np.zeros(ins.size, np.uint64), ctypes.create_string_buffer(_ERR_BYTES)
         self._check(self._shim.ckz_gdeflate_compress(ins.ctypes.data, counts.ctypes.data, max_chunk, ins.size,
                                                      outs.ctypes.data, sizes.ctypes.data, level, err, _ERR_BYTES), err)
-        return sizes
-
-    def decompress(self, in_ptrs: np.ndarray, in_bytes: np.ndarray, out_ptrs: np.ndarray, capacity: np.ndarray
-                   ) -> np.ndarray:
-        """nvcomp::gdeflate::decompressCPU; each chunk's writes stay within its ``capacity``;
-        returns the decoded sizes."""
-        ins, counts, outs, room = _u64(in_ptrs), _u64(in_bytes), _u64(out_ptrs), _u64(capacity)
-        sizes, err = np.zeros(ins.size, np.uint64), ctypes.create_string_buffer(_ERR_BYTES)
-        self._check(self._shim.ckz_gdeflate_decompress(ins.ctypes.data, counts.ctypes.data, ins.size, outs.ctypes.data,
-                                                       room.ctypes.data, sizes.ctypes.data, err, _ERR_BYTES), err)
         return sizes
 
 

@@ -1,5 +1,6 @@
-// A C ABI over nvCOMP's CPU GDeflate functions (libnvcomp_cpu, nvcomp/native/gdeflate_cpu.h),
-// loaded at run time: ckptzip.codecs.gdeflate_cpu calls these through ctypes.
+// A C ABI over nvCOMP's CPU GDeflate encoder (libnvcomp_cpu, nvcomp/native/gdeflate_cpu.h),
+// loaded at run time: ckptzip.codecs.gdeflate_cpu encodes through these, by ctypes (it decodes
+// with ckptzip's own decoder, _gdeflate.c).
 //
 // nvCOMP declares its CPU GDeflate API only in C++ and reports errors by throwing
 // nvcomp::NVCompException; an exception unwinding into ctypes' frames aborts the process. Every
@@ -16,17 +17,14 @@ namespace {
 
 using MaxOutputFn = void (*)(size_t, size_t *);
 using CompressFn = void (*)(const void *const *, const size_t *, size_t, size_t, void *const *, size_t *, int);
-using DecompressFn = void (*)(const void *const *, const size_t *, size_t, void *const *, size_t *, size_t *);
 
-// Itanium C++ ABI names of nvcomp::gdeflate::{compressCPUGetMaxOutputChunkSize, compressCPU,
-// decompressCPU} (size_t is unsigned long on the 64-bit Linux targets).
+// Itanium C++ ABI names of nvcomp::gdeflate::{compressCPUGetMaxOutputChunkSize, compressCPU}
+// (size_t is unsigned long on the 64-bit Linux targets).
 constexpr const char *kMaxOutput = "_ZN6nvcomp8gdeflate32compressCPUGetMaxOutputChunkSizeEmPm";
 constexpr const char *kCompress = "_ZN6nvcomp8gdeflate11compressCPUEPKPKvPKmmmPKPvPmi";
-constexpr const char *kDecompress = "_ZN6nvcomp8gdeflate13decompressCPUEPKPKvPKmmPKPvPmSA_";
 
 MaxOutputFn max_output = nullptr;
 CompressFn compress = nullptr;
-DecompressFn decompress = nullptr;
 
 void say(char *err, size_t errlen, const char *what) {
     if (err != nullptr && errlen > 0) std::snprintf(err, errlen, "%s", what);
@@ -34,7 +32,7 @@ void say(char *err, size_t errlen, const char *what) {
 
 template <typename Call>
 int guarded(char *err, size_t errlen, Call call) noexcept {
-    if (decompress == nullptr) {
+    if (compress == nullptr) {
         say(err, errlen, "libnvcomp_cpu is not loaded");
         return 2;
     }
@@ -53,7 +51,7 @@ int guarded(char *err, size_t errlen, Call call) noexcept {
 
 extern "C" {
 
-// Load the library at ``path`` and its three functions; 0 on success (idempotent: the caller
+// Load the library at ``path`` and its two functions; 0 on success (idempotent: the caller
 // serialises it, and a second call with the same library is a no-op).
 int ckz_gdeflate_load(const char *path, char *err, size_t errlen) noexcept {
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -64,15 +62,13 @@ int ckz_gdeflate_load(const char *path, char *err, size_t errlen) noexcept {
     }
     auto m = reinterpret_cast<MaxOutputFn>(dlsym(lib, kMaxOutput));
     auto c = reinterpret_cast<CompressFn>(dlsym(lib, kCompress));
-    auto d = reinterpret_cast<DecompressFn>(dlsym(lib, kDecompress));
-    if (m == nullptr || c == nullptr || d == nullptr) {
+    if (m == nullptr || c == nullptr) {
         say(err, errlen, "the library lacks nvcomp::gdeflate's CPU functions (nvCOMP >= 5 has them)");
         dlclose(lib);
         return 1;
     }
     max_output = m;
     compress = c;
-    decompress = d;
     return 0;
 }
 
@@ -83,11 +79,6 @@ int ckz_gdeflate_max_output(size_t chunk_bytes, size_t *bound, char *err, size_t
 int ckz_gdeflate_compress(const void *const *in_ptr, const size_t *in_bytes, size_t max_chunk_bytes, size_t count,
                           void *const *out_ptr, size_t *out_bytes, int level, char *err, size_t errlen) noexcept {
     return guarded(err, errlen, [&] { compress(in_ptr, in_bytes, max_chunk_bytes, count, out_ptr, out_bytes, level); });
-}
-
-int ckz_gdeflate_decompress(const void *const *in_ptr, const size_t *in_bytes, size_t count, void *const *out_ptr,
-                            size_t *out_capacity, size_t *out_bytes, char *err, size_t errlen) noexcept {
-    return guarded(err, errlen, [&] { decompress(in_ptr, in_bytes, count, out_ptr, out_capacity, out_bytes); });
 }
 
 }  // extern "C"

@@ -1,22 +1,28 @@
-"""``gdeflate`` on the CPU: nvCOMP's GDeflate chunks, decoded and encoded by ``libnvcomp_cpu``.
+"""``gdeflate`` on the CPU: nvCOMP's GDeflate chunks, decoded by ckptzip's own decoder and
+encoded by nvCOMP's ``libnvcomp_cpu``.
 
 A chunk is one bare GDeflate stream, what nvCOMP's GPU codec stores (its RAW bitstream), so
-either side decodes the other's chunks. Decoding takes chunks of any size the GPU wrote;
-encoding takes chunks of at most 64 KiB (the CPU compressor's limit) at libdeflate-style level
-:data:`LEVEL`, whatever ``algorithm_type`` says (that option steers nvCOMP's GPU encoder only).
+either side decodes the other's chunks. Decoding (``_gdeflate.c``, compiled by the package's
+build) takes chunks of any size the GPU wrote, on any CPU; encoding takes chunks of at most
+64 KiB (the CPU compressor's limit) at libdeflate-style level :data:`LEVEL`, whatever
+``algorithm_type`` says (that option steers nvCOMP's GPU encoder only), where nvCOMP's library
+loads (:mod:`._gdeflate_lib`, on first use; elsewhere encoding raises ``CodecUnavailableError``
+with the reason and the fix).
 
 Untrusted input: every chunk decodes into exactly its declared raw size (the decoder's writes
-stay within it) and must fill it; a stream nvCOMP rejects, or one that decodes to another size,
-raises ``CorruptChunkError`` naming the chunk. Decoding is linear in the stored and raw
-bytes. Empty chunks never reach the library (its compressor divides by the chunk size).
+stay within it, its reads within the chunk) and must fill it; a malformed stream, or one that
+decodes to another size, raises ``CorruptChunkError`` naming the chunk. Decoding is linear in
+the stored and raw bytes. Empty chunks never reach nvCOMP (its compressor divides by the chunk
+size).
 
-The library loads on first use (:mod:`._gdeflate_lib`); where it cannot, the codec is
-unavailable on the CPU with the reason and the fix.
+Without the compiled decoder (ckptzip built with no C compiler) the codec is unavailable on the
+CPU, with the reason and the fix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +37,20 @@ from .registry import declare, mark_unavailable, register
 MAX_DECODE_CHUNK = 1 << 31  # the largest chunk nvCOMP's GPU encoder writes
 LEVEL = 1  # fastest level that codes (0 stores); on exponent planes within 10 % of level 12's ratio at 20x its speed
 ALGORITHM_TYPES = range(6)
+NO_DECODER = ("ckptzip was installed without its GDeflate decoder (C, compiled when ckptzip is installed from "
+              "source); reinstall ckptzip where a C compiler (gcc or clang) is at hand, or convert the file once on "
+              "a machine that decodes it: `ckptzip convert SRC DST --codec portable`")
+_Decode = Callable[[np.ndarray, np.ndarray], tuple[int, str] | None]
+
+
+@functools.cache
+def _decoder() -> _Decode | None:
+    """The compiled decoder's ``decode(rows, sizes)`` (see ``_gdeflate.c``), or None where it was not built."""
+    try:
+        from ._gdeflate import decode
+    except ImportError:
+        return None
+    return decode
 
 
 def _addresses(tensor: torch.Tensor, offsets: np.ndarray) -> np.ndarray:
@@ -50,7 +70,8 @@ def _corrupt(index: int, what: str) -> CorruptChunkError:
 
 
 class GdeflateCpuCodec(Codec):
-    """nvCOMP GDeflate chunks on the CPU; interchangeable with the GPU ``gdeflate`` codec."""
+    """nvCOMP GDeflate chunks on the CPU; interchangeable with the GPU ``gdeflate`` codec. Decodes wherever
+    ckptzip's decoder was compiled; encodes where nvCOMP's CPU library loads too."""
 
     codec_id = "gdeflate"
     backend = "cpu"
@@ -62,10 +83,10 @@ class GdeflateCpuCodec(Codec):
             raise ValueError(f"codec 'gdeflate' option algorithm_type must be one of {list(ALGORITHM_TYPES)}, "
                              f"got {algorithm_type!r}")
         self.algorithm_type = algorithm_type
-        library, reason = _gdeflate_lib.load()
-        if library is None:  # built directly, not through the registry (which knows the reason)
-            raise CodecUnavailableError(f"codec 'gdeflate' cannot run on the CPU here: {reason}.")
-        self._lib = library
+        decode = _decoder()
+        if decode is None:  # built directly, not through the registry (which knows the reason)
+            raise CodecUnavailableError(f"codec 'gdeflate' cannot run on the CPU here: {NO_DECODER}.")
+        self._decode = decode
 
     def get_config(self) -> dict[str, Any]:
         return {"id": self.codec_id, "algorithm_type": self.algorithm_type}
@@ -101,15 +122,18 @@ class GdeflateCpuCodec(Codec):
             index = int(np.argmax((lengths <= 0) | (lengths > self.max_chunk_bytes)))
             raise ValueError(f"gdeflate (cpu) encodes chunks of 1 to {self.max_chunk_bytes} bytes; "
                              f"chunk {index} has {int(lengths[index])}")
+        library, reason = _gdeflate_lib.load()
+        if library is None:
+            raise CodecUnavailableError(f"codec 'gdeflate' cannot encode on the CPU here: {reason}.")
         largest = int(lengths.max())
-        slot = self._lib.max_output(largest)
+        slot = library.max_output(largest)
         out = torch.zeros(slot * lengths.size, dtype=torch.uint8)  # zeroed: no stale bytes between slots
         out_offsets = np.arange(lengths.size, dtype=np.int64) * slot
         sizes = np.zeros(lengths.size, dtype=np.uint64)
         in_ptrs, out_ptrs = _addresses(base, offsets), _addresses(out, out_offsets)
 
         def run(group: np.ndarray) -> None:
-            sizes[group] = self._lib.compress(in_ptrs[group], lengths[group], largest, out_ptrs[group], LEVEL)
+            sizes[group] = library.compress(in_ptrs[group], lengths[group], largest, out_ptrs[group], LEVEL)
 
         parallel_map(run, chunk_groups(lengths), int(lengths.sum()))
         return out, out_offsets, sizes.astype(np.int64)
@@ -121,31 +145,23 @@ class GdeflateCpuCodec(Codec):
         self._check_raw(raw_lengths)
         if (src_lengths <= 0).any():
             raise _corrupt(int(np.argmax(src_lengths <= 0)), "is empty; a compressed chunk has bytes")
-        in_ptrs, out_ptrs = _addresses(src, src_offsets), _addresses(dst, dst_offsets)
+        rows = np.empty((raw_lengths.size, 4), np.int64)  # as _gdeflate.c takes them
+        rows[:, 0], rows[:, 1] = _addresses(src, src_offsets), src_lengths
+        rows[:, 2], rows[:, 3] = _addresses(dst, dst_offsets), raw_lengths
 
         def run(group: np.ndarray) -> None:
-            try:
-                self._decode_group(group, in_ptrs, src_lengths, out_ptrs, raw_lengths)
-                return
-            except _gdeflate_lib.LibraryError:
-                pass
-            for index in group.tolist():  # name the chunk nvCOMP rejects (each one alone decodes it anew)
-                try:
-                    self._decode_group(np.array([index]), in_ptrs, src_lengths, out_ptrs, raw_lengths)
-                except _gdeflate_lib.LibraryError as exc:
-                    raise _corrupt(index, f"does not decode on the CPU: {exc}") from exc
+            sizes = np.zeros(group.size, np.uint64)
+            failed = self._decode(np.ascontiguousarray(rows[group]), sizes)
+            if failed is not None:
+                row, why = failed
+                raise _corrupt(int(group[row]), f"does not decode on the CPU: {why}")
+            short = sizes != raw_lengths[group].astype(np.uint64)
+            if short.any():
+                first = int(np.argmax(short))
+                raise _corrupt(int(group[first]), f"decoded to {int(sizes[first])} bytes, "
+                                                  f"expected {int(raw_lengths[group][first])}")
 
         parallel_map(run, chunk_groups(raw_lengths), int(raw_lengths.sum()))
-
-    def _decode_group(self, group: np.ndarray, in_ptrs: np.ndarray, in_bytes: np.ndarray, out_ptrs: np.ndarray,
-                      raw: np.ndarray) -> None:
-        """Decode chunks ``group`` in one library call (``LibraryError`` where nvCOMP rejects one);
-        a chunk that decodes to another size than ``raw`` declares is a ``CorruptChunkError``."""
-        got = self._lib.decompress(in_ptrs[group], in_bytes[group], out_ptrs[group], raw[group])
-        short = got != raw[group].astype(np.uint64)
-        if short.any():
-            first = int(np.argmax(short))
-            raise _corrupt(int(group[first]), f"decoded to {int(got[first])} bytes, expected {int(raw[group][first])}")
 
     def _check_raw(self, raw: np.ndarray) -> None:
         bad = (raw <= 0) | (raw > MAX_DECODE_CHUNK)
@@ -155,11 +171,10 @@ class GdeflateCpuCodec(Codec):
 
 
 def _load() -> None:
-    _, reason = _gdeflate_lib.load()
-    if reason is None:
+    if _decoder() is not None:
         register(GdeflateCpuCodec)
     else:
-        mark_unavailable(GdeflateCpuCodec.codec_id, "cpu", reason)
+        mark_unavailable(GdeflateCpuCodec.codec_id, "cpu", NO_DECODER)
 
 
 declare([GdeflateCpuCodec.codec_id], "cpu", _load, gpu_first=True)

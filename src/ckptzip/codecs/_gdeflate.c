@@ -1,0 +1,537 @@
+/* GDeflate decoder of ckptzip.codecs.gdeflate_cpu (private; that module is the interface).
+ *
+ * A chunk is one bare GDeflate stream, as nvCOMP writes it: DEFLATE blocks (RFC 1951, with
+ * Deflate64's meanings of length symbol 285, 3 + 16 extra bits, and distance symbols 30 and 31)
+ * whose bits are dealt to 32 lanes. Each lane reads its own little-endian 64-bit buffer; the
+ * stream opens with one 32-bit word per lane, and after each operation a lane that took bits
+ * and holds fewer than 32 takes the stream's next word. An operation is one symbol with its
+ * extra bits. Lane 0 reads the block headers and a stored block's 16-bit length (no
+ * alignment, no complement); the code-length code's lengths go to lanes 0, 1, ... in turn;
+ * the code lengths, a stored block's bytes and the literal/length symbols go round-robin from
+ * lane 0 at each block. A lane that reads a length reads its distance in the next round, in
+ * place of a new symbol, while the match keeps its place in the output; after the end-of-block
+ * symbol only those distances are read.
+ *
+ * Untrusted input: every write stays within the chunk's output slot, reads stay within its
+ * bytes (words past the end read as zeros, and taking any of those bits fails the chunk as
+ * truncated), and the work is linear in the input and output. Codes must be complete, except
+ * a code of no codeword or of one 1-bit codeword (reading its unused half fails).
+ *
+ * decode(rows, sizes) releases the GIL; rows are (input address, length, output address,
+ * capacity), int64, and sizes receives the decoded lengths.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 32
+#define LIT_BITS 11 /* bits of the first-level tables; longer codes go through a second level */
+#define DIST_BITS 8
+#define PRE_BITS 7 /* the longest code-length code */
+#define MAX_LEN 15
+#define LIT_SYMS 288
+#define DIST_SYMS 32
+#define PRE_SYMS 19
+/* a first level and, per longer codeword at most, a second level of up to 2^(15 - bits) entries */
+#define LIT_ENTRIES ((1 << LIT_BITS) + LIT_SYMS * (1 << (MAX_LEN - LIT_BITS)))
+#define DIST_ENTRIES ((1 << DIST_BITS) + DIST_SYMS * (1 << (MAX_LEN - DIST_BITS)))
+
+/* A table entry: code length (bits 0-4), kind (5-7), extra bits or second-level bits (8-12),
+ * value (16-31: the literal, the length or distance base, or the second level's offset). */
+enum { LITERAL = 0, LENGTH = 1 << 5, END = 2 << 5, SUBTABLE = 3 << 5, INVALID = 4 << 5, KIND = 7 << 5 };
+#define ENTRY(kind, extra, value) ((uint32_t)(kind) | (uint32_t)(extra) << 8 | (uint32_t)(value) << 16)
+#define CODE_LEN(e) ((e) & 31)
+#define EXTRA(e) (((e) >> 8) & 31)
+#define VALUE(e) ((e) >> 16)
+
+typedef enum {
+    OK = 0, BAD_BLOCK, BAD_CODE, BAD_LENGTHS, BAD_SYMBOL, BAD_DISTANCE, TOO_LONG, TRUNCATED, NO_MEMORY
+} Status;
+
+static const char *const MESSAGES[] = {
+    "", "a block of reserved type 3", "an over-subscribed or incomplete Huffman code",
+    "code lengths that repeat nothing or run past their count", "a symbol its code does not allow",
+    "a distance beyond the start of the output", "more output than its declared size",
+    "its bits end before its last block does", "no memory for the decoder",
+};
+
+static const uint8_t PRECODE_ORDER[PRE_SYMS] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
+
+typedef struct {
+    const uint8_t *in;
+    size_t in_len, pos;     /* the input, and the offset of its next word */
+    uint64_t buf[LANES];    /* each lane's next bits, the first lowest */
+    uint32_t cnt[LANES];    /* bits in buf: 32 or more between operations */
+    uint32_t past[LANES];   /* how many of buf's top bits lie past the input's end */
+} Lanes;
+
+typedef struct {
+    uint8_t *out;
+    size_t cap, n;                      /* the slot's size, and the bytes decoded */
+    size_t match_at[LANES];             /* where each lane's pending match goes ... */
+    uint32_t match_len[LANES];          /* ... and its length */
+} Output;
+
+typedef struct {
+    uint32_t lit[LIT_ENTRIES], dist[DIST_ENTRIES], pre[1 << PRE_BITS];
+    uint32_t fixed_lit[LIT_ENTRIES], fixed_dist[DIST_ENTRIES];
+    int fixed_built;
+    uint8_t lens[LIT_SYMS + DIST_SYMS];
+} Tables;
+
+static inline uint32_t load32(const uint8_t *p) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return w; /* little-endian hosts only (checked at import) */
+}
+
+/* Give lane l the next word if it holds fewer than 32 bits; past the end, zeros. */
+static inline void refill(Lanes *s, unsigned l) {
+    if (s->cnt[l] < 32) {
+        uint32_t w = 0;
+        if (s->in_len >= 4 && s->pos <= s->in_len - 4) {
+            w = load32(s->in + s->pos);
+        } else {
+            size_t have = s->pos < s->in_len ? s->in_len - s->pos : 0;
+            memcpy(&w, s->in + (have ? s->pos : 0), have);
+            s->past[l] += 32 - 8 * (uint32_t)have;
+        }
+        s->buf[l] |= (uint64_t)w << s->cnt[l];
+        s->cnt[l] += 32;
+        s->pos += 4;
+    }
+}
+
+static inline void consume(Lanes *s, unsigned l, unsigned n) {
+    s->buf[l] >>= n;
+    s->cnt[l] -= n;
+}
+
+static inline uint32_t pop(Lanes *s, unsigned l, unsigned n) {
+    uint32_t v = (uint32_t)s->buf[l] & ((1u << n) - 1);
+    consume(s, l, n);
+    return v;
+}
+
+/* Whether some lane has taken bits from past the input's end. */
+static int overrun(const Lanes *s) {
+    unsigned l;
+    if (s->pos <= s->in_len) return 0;
+    for (l = 0; l < LANES; l++)
+        if (s->cnt[l] < s->past[l]) return 1;
+    return 0;
+}
+
+static inline uint32_t lookup(const uint32_t *table, unsigned bits, uint64_t b) {
+    uint32_t e = table[b & ((1u << bits) - 1)];
+    if ((e & KIND) == SUBTABLE) e = table[VALUE(e) + ((b >> bits) & ((1u << EXTRA(e)) - 1))];
+    return e;
+}
+
+static uint32_t reverse(uint32_t code, unsigned len) {
+    uint32_t r = 0;
+    while (len--) {
+        r = r << 1 | (code & 1);
+        code >>= 1;
+    }
+    return r;
+}
+
+/* Entry (without its code length) of literal/length symbol s. */
+static uint32_t lit_entry(unsigned s) {
+    unsigned i = s - 257, extra;
+    if (s < 256) return ENTRY(LITERAL, 0, s);
+    if (s == 256) return ENTRY(END, 0, 0);
+    if (s > 285) return ENTRY(INVALID, 0, 0);
+    if (s == 285) return ENTRY(LENGTH, 16, 3); /* Deflate64 */
+    if (i < 8) return ENTRY(LENGTH, 0, i + 3);
+    extra = (i >> 2) - 1;
+    return ENTRY(LENGTH, extra, ((4 + (i & 3)) << extra) + 3);
+}
+
+/* Entry (without its code length) of distance symbol s (30 and 31 as in Deflate64). */
+static uint32_t dist_entry(unsigned s) {
+    unsigned extra;
+    if (s < 4) return ENTRY(LITERAL, 0, s + 1);
+    extra = (s >> 1) - 1;
+    return ENTRY(LITERAL, extra, ((2 + (s & 1)) << extra) + 1);
+}
+
+/* Decode table of the canonical code of lengths lens[0..n) in `bits` first-level bits (and
+ * second levels after them); entry(s) gives symbol s's entry. BAD_CODE where the lengths
+ * over-subscribe the code space or leave part of it unused (but for none or one 1-bit code). */
+static Status build(uint32_t *table, unsigned bits, const uint8_t *lens, unsigned n, uint32_t (*entry)(unsigned)) {
+    unsigned count[MAX_LEN + 1] = {0}, first[MAX_LEN + 2], sorted[LIT_SYMS + DIST_SYMS];
+    unsigned len, s, i, used = 0, next_sub = 1u << bits;
+    uint32_t code[MAX_LEN + 1], left = 1;
+    uint8_t sub_bits[1 << LIT_BITS];
+    for (s = 0; s < n; s++) count[lens[s]]++;
+    for (len = 1; len <= MAX_LEN; len++) {
+        left = (left << 1) - count[len];
+        if ((int32_t)left < 0) return BAD_CODE;
+        used += count[len];
+    }
+    if (left) { /* incomplete: allowed with no codeword, or one of 1 bit; the rest reads as invalid */
+        if (used > 1 || (used == 1 && count[1] != 1)) return BAD_CODE;
+        for (i = 0; i < 1u << bits; i++) table[i] = ENTRY(INVALID, 0, 0);
+    }
+    /* symbols by (length, symbol), and the first canonical code of each length */
+    first[1] = 0;
+    code[0] = 0;
+    for (len = 1; len <= MAX_LEN; len++) {
+        first[len + 1] = first[len] + count[len];
+        code[len] = (code[len - 1] + (len > 1 ? count[len - 1] : 0)) << 1;
+    }
+    for (s = 0; s < n; s++)
+        if (lens[s]) sorted[first[lens[s]]++] = s;
+    memset(sub_bits, 0, sizeof(sub_bits));
+    for (i = 0; i < used; i++) { /* second-level sizes: the longest codeword under each prefix */
+        s = sorted[i];
+        len = lens[s];
+        if (len > bits) {
+            uint32_t c = code[len] + (i - (first[len] - count[len]));
+            unsigned prefix = reverse(c >> (len - bits), bits);
+            if (len - bits > sub_bits[prefix]) sub_bits[prefix] = (uint8_t)(len - bits);
+        }
+    }
+    for (i = 0; i < 1u << bits; i++)
+        if (sub_bits[i]) {
+            table[i] = ENTRY(SUBTABLE, sub_bits[i], next_sub) | bits;
+            next_sub += 1u << sub_bits[i];
+        }
+    for (i = 0; i < used; i++) {
+        uint32_t c, e, step, r;
+        s = sorted[i];
+        len = lens[s];
+        c = code[len] + (i - (first[len] - count[len]));
+        e = entry(s) | len;
+        if (len <= bits) {
+            for (r = reverse(c, len), step = 1u << len; r < 1u << bits; r += step) table[r] = e;
+        } else {
+            unsigned prefix = reverse(c >> (len - bits), bits), rest = len - bits;
+            uint32_t *sub = table + VALUE(table[prefix]);
+            for (r = reverse(c & ((1u << rest) - 1), rest), step = 1u << rest; r < 1u << sub_bits[prefix]; r += step)
+                sub[r] = e;
+        }
+    }
+    return OK;
+}
+
+static uint32_t pre_entry(unsigned s) { return ENTRY(LITERAL, 0, s); }
+
+/* A dynamic block's header (after its 3 bits): the two codes' tables. */
+static Status read_codes(Tables *t, Lanes *s) {
+    unsigned hlit, hdist, hclen, total, i, k, item;
+    uint8_t pre_lens[PRE_SYMS] = {0};
+    Status st;
+    hlit = pop(s, 0, 5) + 257;
+    hdist = pop(s, 0, 5) + 1;
+    hclen = pop(s, 0, 4) + 4;
+    refill(s, 0);
+    for (i = 0; i < hclen; i++) {
+        pre_lens[PRECODE_ORDER[i]] = (uint8_t)pop(s, i, 3);
+        refill(s, i);
+    }
+    if ((st = build(t->pre, PRE_BITS, pre_lens, PRE_SYMS, pre_entry)) != OK) return st;
+    total = hlit + hdist;
+    for (k = 0, item = 0; k < total; item++) {
+        unsigned l = item & (LANES - 1), sym, rep;
+        uint32_t e = t->pre[s->buf[l] & ((1u << PRE_BITS) - 1)];
+        uint8_t value = 0;
+        if ((e & KIND) == INVALID) return BAD_SYMBOL;
+        consume(s, l, CODE_LEN(e));
+        sym = VALUE(e);
+        if (sym < 16) {
+            t->lens[k++] = (uint8_t)sym;
+        } else {
+            if (sym == 16) {
+                if (k == 0) return BAD_LENGTHS;
+                value = t->lens[k - 1];
+                rep = 3 + pop(s, l, 2);
+            } else {
+                rep = sym == 17 ? 3 + pop(s, l, 3) : 11 + pop(s, l, 7);
+            }
+            if (rep > total - k) return BAD_LENGTHS;
+            memset(t->lens + k, value, rep);
+            k += rep;
+        }
+        refill(s, l);
+    }
+    if ((st = build(t->lit, LIT_BITS, t->lens, hlit, lit_entry)) != OK) return st;
+    return build(t->dist, DIST_BITS, t->lens + hlit, hdist, dist_entry);
+}
+
+static Status fixed_codes(Tables *t) {
+    unsigned i;
+    Status st;
+    if (t->fixed_built) return OK;
+    for (i = 0; i < LIT_SYMS; i++) t->lens[i] = i < 144 ? 8 : i < 256 ? 9 : i < 280 ? 7 : 8;
+    if ((st = build(t->fixed_lit, LIT_BITS, t->lens, LIT_SYMS, lit_entry)) != OK) return st;
+    memset(t->lens, 5, DIST_SYMS);
+    if ((st = build(t->fixed_dist, DIST_BITS, t->lens, DIST_SYMS, dist_entry)) != OK) return st;
+    t->fixed_built = 1;
+    return OK;
+}
+
+/* Copy a match of len bytes from dist back, byte by byte where they overlap (each byte may
+ * repeat one just written); never past the match's end, where later lanes' bytes may lie. */
+static inline void copy_match(uint8_t *dst, size_t dist, size_t len) {
+    const uint8_t *src = dst - dist;
+    if (dist >= len) {
+        memcpy(dst, src, len);
+    } else if (dist == 1) {
+        memset(dst, src[0], len);
+    } else {
+        size_t i;
+        for (i = 0; i < len; i++) dst[i] = src[i];
+    }
+}
+
+#define BATCH 4 /* rounds of literals decoded at once */
+#define GROUP 4 /* lanes decoded side by side */
+
+/* BATCH rounds of literals, each lane's from the bits it holds: lane by lane, every lane's
+ * symbols and the round after which it takes a word; then the words, in the stream's order
+ * (by round, then lane). Returns 0, having changed nothing (the output past o->n aside),
+ * where some lane meets another symbol or runs out of bits. */
+static int literal_batch(const uint32_t *lit, Lanes *s, Output *o) {
+    uint8_t *out = o->out + o->n;
+    uint32_t took[LANES], slot[LANES], bad = 0, first[BATCH + 1];
+    uint64_t counts = 0; /* lanes taking a word after each round (and none), a byte each */
+    unsigned l, g, r;
+    for (l = 0; l < LANES; l += GROUP) { /* GROUP lanes' symbols interleaved: independent lookups side by side */
+        uint64_t b[GROUP];
+        uint32_t spare[GROUP], t[GROUP], early[GROUP];
+        for (g = 0; g < GROUP; g++) {
+            b[g] = s->buf[l + g];
+            spare[g] = s->cnt[l + g] - 32;
+            t[g] = early[g] = 0;
+        }
+        for (r = 0; r < BATCH; r++)
+            for (g = 0; g < GROUP; g++) {
+                uint32_t e = lit[(b[g] >> t[g]) & ((1u << LIT_BITS) - 1)];
+                bad |= e;
+                out[r * LANES + l + g] = (uint8_t)VALUE(e);
+                t[g] += CODE_LEN(e);
+                early[g] += t[g] <= spare[g]; /* rounds after which the lane still holds 32 bits */
+            }
+        for (g = 0; g < GROUP; g++) {
+            bad |= (t[g] > spare[g] + 32) << 5; /* some symbol was not all in the buffer */
+            took[l + g] = t[g];
+            slot[l + g] = early[g] << 8 | (uint32_t)(counts >> (8 * early[g]) & 0xff); /* round, rank in it */
+            counts += (uint64_t)1 << (8 * early[g]);
+        }
+    }
+    if (bad & KIND) return 0;
+    for (r = 0, first[0] = 0; r < BATCH; r++) first[r + 1] = first[r] + (uint32_t)(counts >> (8 * r) & 0xff);
+    for (l = 0; l < LANES; l++) { /* branch-free: a lane takes a word about every other batch */
+        uint32_t c = s->cnt[l] - took[l], r = slot[l] >> 8, take = r < BATCH;
+        uint64_t w = load32(s->in + s->pos + 4 * ((first[r] + (slot[l] & 0xff)) & (0 - take)));
+        s->buf[l] = s->buf[l] >> took[l] | (w & (0 - (uint64_t)take)) << c;
+        s->cnt[l] = c + 32 * take;
+    }
+    s->pos += 4 * first[BATCH];
+    o->n += BATCH * LANES;
+    return 1;
+}
+
+/* Whole rounds of 32 literals while every lane reads one, the output has room and the input
+ * words: returns the lane whose symbol is not a literal (0 at a round's start). */
+static unsigned literal_rounds(const uint32_t *lit, Lanes *s, Output *o) {
+    unsigned l = 0;
+    while (o->cap - o->n >= BATCH * LANES && s->in_len >= 4 * LANES && s->pos <= s->in_len - 4 * LANES) {
+        uint8_t *out = o->out + o->n;
+        if (literal_batch(lit, s, o)) continue;
+        for (l = 0; l < LANES; l++) {
+            uint32_t e = lit[s->buf[l] & ((1u << LIT_BITS) - 1)];
+            if (e & KIND) goto stop;
+            out[l] = (uint8_t)VALUE(e);
+            consume(s, l, CODE_LEN(e));
+            refill(s, l);
+        }
+        o->n += LANES;
+    }
+    l = 0;
+stop:
+    o->n += l;
+    return l;
+}
+
+/* A compressed block's symbols, with the tables of its codes. */
+static Status huffman_block(const uint32_t *lit, const uint32_t *dist, Lanes *s, Output *o) {
+    uint32_t pending = 0; /* lanes whose match waits for its distance */
+    unsigned l = 0;
+    int ended = 0;
+    for (;;) {
+        uint64_t b;
+        uint32_t e, bit;
+        if (l == 0) {
+            if (overrun(s)) return TRUNCATED;
+            if (!pending && !ended) l = literal_rounds(lit, s, o);
+        }
+        b = s->buf[l];
+        bit = 1u << l;
+        if (pending & bit) {
+            size_t d, at = o->match_at[l];
+            e = lookup(dist, DIST_BITS, b);
+            if (e & KIND) return BAD_SYMBOL;
+            d = VALUE(e) + ((b >> CODE_LEN(e)) & ((1u << EXTRA(e)) - 1));
+            consume(s, l, CODE_LEN(e) + EXTRA(e));
+            if (d > at) return BAD_DISTANCE;
+            copy_match(o->out + at, d, o->match_len[l]);
+            pending &= ~bit;
+        } else if (!ended) {
+            e = lookup(lit, LIT_BITS, b);
+            switch (e & KIND) {
+            case LITERAL:
+                if (o->n == o->cap) return TOO_LONG;
+                o->out[o->n++] = (uint8_t)VALUE(e);
+                consume(s, l, CODE_LEN(e));
+                break;
+            case LENGTH: {
+                uint32_t len = VALUE(e) + (uint32_t)((b >> CODE_LEN(e)) & ((1u << EXTRA(e)) - 1));
+                consume(s, l, CODE_LEN(e) + EXTRA(e));
+                if (len > o->cap - o->n) return TOO_LONG;
+                o->match_at[l] = o->n;
+                o->match_len[l] = len;
+                o->n += len;
+                pending |= bit;
+                break;
+            }
+            case END:
+                consume(s, l, CODE_LEN(e));
+                ended = 1;
+                break;
+            default:
+                return BAD_SYMBOL;
+            }
+        }
+        refill(s, l);
+        if (ended && !pending) return OK;
+        l = (l + 1) & (LANES - 1);
+    }
+}
+
+/* A stored block (after its 3 bits): a 16-bit length, then the bytes round-robin. */
+static Status stored_block(Lanes *s, Output *o) {
+    uint32_t len = pop(s, 0, 16), i;
+    refill(s, 0);
+    if (len > o->cap - o->n) return TOO_LONG;
+    for (i = 0; i < len; i++) {
+        unsigned l = i & (LANES - 1);
+        o->out[o->n++] = (uint8_t)pop(s, l, 8);
+        refill(s, l);
+        if (l == LANES - 1 && overrun(s)) return TRUNCATED;
+    }
+    return OK;
+}
+
+static Status decode_chunk(Tables *t, const uint8_t *in, size_t in_len, uint8_t *out, size_t cap, size_t *size) {
+    Lanes s;
+    Output o;
+    unsigned l;
+    int final;
+    memset(&s, 0, sizeof(s));
+    s.in = in;
+    s.in_len = in_len;
+    o.out = out;
+    o.cap = cap;
+    o.n = 0;
+    for (l = 0; l < LANES; l++) refill(&s, l);
+    do {
+        uint32_t type;
+        Status st;
+        if (overrun(&s)) return TRUNCATED;
+        final = (int)pop(&s, 0, 1);
+        type = pop(&s, 0, 2);
+        refill(&s, 0);
+        if (type == 0) {
+            st = stored_block(&s, &o);
+        } else if (type == 1) {
+            st = fixed_codes(t);
+            if (st == OK) st = huffman_block(t->fixed_lit, t->fixed_dist, &s, &o);
+        } else if (type == 2) {
+            st = read_codes(t, &s);
+            if (st == OK) st = huffman_block(t->lit, t->dist, &s, &o);
+        } else {
+            st = BAD_BLOCK;
+        }
+        if (st != OK) return st;
+    } while (!final);
+    if (overrun(&s)) return TRUNCATED;
+    *size = o.n;
+    return OK;
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    if (view->len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items", what, view->len,
+                     itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* decode(rows, sizes) -> None, or (row, reason) of the first row that does not decode. */
+static PyObject *decode(PyObject *self, PyObject *args) {
+    PyObject *rows_obj, *sizes_obj;
+    Py_buffer rows, sizes;
+    Py_ssize_t n, r = 0;
+    Status st = OK;
+    Tables *t;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO", &rows_obj, &sizes_obj)) return NULL;
+    if (get_buffer(rows_obj, &rows, 0, 4 * sizeof(int64_t), "rows") < 0) return NULL;
+    if (get_buffer(sizes_obj, &sizes, 1, sizeof(uint64_t), "sizes") < 0) {
+        PyBuffer_Release(&rows);
+        return NULL;
+    }
+    n = rows.len / (Py_ssize_t)(4 * sizeof(int64_t));
+    if (sizes.len / (Py_ssize_t)sizeof(uint64_t) != n) {
+        PyBuffer_Release(&rows);
+        PyBuffer_Release(&sizes);
+        return PyErr_Format(PyExc_ValueError, "%zd rows but %zd sizes", n, sizes.len / (Py_ssize_t)sizeof(uint64_t));
+    }
+    Py_BEGIN_ALLOW_THREADS
+    t = (Tables *)malloc(sizeof(Tables));
+    if (t == NULL) {
+        st = NO_MEMORY;
+    } else {
+        t->fixed_built = 0;
+        for (r = 0; r < n; r++) {
+            const int64_t *row = (const int64_t *)rows.buf + 4 * r;
+            size_t got = 0;
+            st = decode_chunk(t, (const uint8_t *)(uintptr_t)row[0], (size_t)row[1], (uint8_t *)(uintptr_t)row[2],
+                              (size_t)row[3], &got);
+            if (st != OK) break;
+            ((uint64_t *)sizes.buf)[r] = got;
+        }
+        free(t);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&sizes);
+    if (st == NO_MEMORY) return PyErr_NoMemory();
+    if (st != OK) return Py_BuildValue("(ns)", r, MESSAGES[st]);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", decode, METH_VARARGS, "decode(rows, sizes): GDeflate chunks into their slots; None or (row, reason)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_gdeflate", "ckptzip's GDeflate decoder.", -1, methods};
+
+PyMODINIT_FUNC PyInit__gdeflate(void) {
+    const uint16_t one = 1;
+    if (*(const uint8_t *)&one != 1) {
+        PyErr_SetString(PyExc_ImportError, "ckptzip's GDeflate decoder needs a little-endian CPU");
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}
