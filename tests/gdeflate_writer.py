@@ -1,19 +1,25 @@
-"""A GDeflate writer for tests: streams of stored and fixed-code blocks with any symbols, and
-malformed ones, to check ckptzip's decoder on what nvCOMP's encoders rarely or never write.
+"""A GDeflate writer for tests and benchmarks: streams of stored, fixed-code and Huffman-only
+blocks with any symbols, and malformed ones, to check ckptzip's decoder on what nvCOMP's encoders
+rarely or never write (and, Huffman-only, on what its GPU encoder writes by default).
 
 The format (ckptzip/codecs/_gdeflate.c): DEFLATE's bits dealt to 32 lanes. An operation puts
 fields (value, bits; least significant bit first) on one lane; a lane that then holds fewer than
 32 unread bits takes the stream's next 32-bit word. :class:`Lanes` records the operations in the
-decoder's order and lays the words out; :func:`fixed_block` and :func:`stored_block` deal a
-block's operations as the decoder reads them.
+decoder's order and lays the words out; :func:`stored_block`, :func:`fixed_block` and
+:func:`huffman_block` deal a block's operations as the decoder reads them.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 LANES = 32
 END = 256
+PRECODE_ORDER = [16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15]
+Field = tuple[int, int]
 
 
 @dataclass
@@ -46,9 +52,40 @@ class Lanes:
         return b"".join(w.to_bytes(4, "little") for w in words)
 
 
-def _huffman(code: int, n: int) -> tuple[int, int]:
+def _huffman(code: int, n: int) -> Field:
     """A Huffman code (written most significant bit first) as an LSB-first field."""
     return int(format(code, f"0{n}b")[::-1], 2), n
+
+
+def code_lengths(counts: dict[int, int], limit: int) -> dict[int, int]:
+    """Lengths of a complete prefix code of at most ``limit`` bits for symbols with these counts."""
+    if len(counts) == 1:  # a second symbol makes the code complete
+        counts = {**counts, min(set(range(2)) - set(counts)): 1}
+    heap: list[tuple[int, int, list[int]]] = [(n, s, [s]) for s, n in counts.items()]
+    heapq.heapify(heap)
+    lens = dict.fromkeys(counts, 0)
+    while len(heap) > 1:
+        n1, s1, a = heapq.heappop(heap)
+        n2, _, b = heapq.heappop(heap)
+        for s in a + b:
+            lens[s] += 1
+        heapq.heappush(heap, (n1 + n2, s1, a + b))
+    lens = {s: min(n, limit) for s, n in lens.items()}
+    by_count = sorted(lens, key=lambda s: (counts[s], s))  # rarest first
+    while sum(2 ** (limit - n) for n in lens.values()) > 2**limit:  # over-subscribed: lengthen a rare short code
+        lens[next(s for s in by_count if lens[s] < limit)] += 1
+    while (room := 2**limit - sum(2 ** (limit - n) for n in lens.values())) > 0:  # incomplete: shorten a longest code
+        lens[max((s for s in lens if 2 ** (limit - lens[s]) <= room), key=lambda s: (lens[s], -counts[s]))] -= 1
+    return lens
+
+
+def canonical(lens: dict[int, int]) -> dict[int, Field]:
+    """DEFLATE's canonical code of these lengths, as fields."""
+    codes, code, previous = {}, 0, 0
+    for s in sorted(lens, key=lambda s: (lens[s], s)):
+        code <<= lens[s] - previous
+        codes[s], code, previous = _huffman(code, lens[s]), code + 1, lens[s]
+    return codes
 
 
 def fixed_code(symbol: int) -> tuple[int, int]:
@@ -99,10 +136,10 @@ def stored_block(lanes: Lanes, data: bytes, final: bool = True) -> None:
 Token = int | tuple[int, int]  # a literal or a symbol (0-287), or (length, distance)
 
 
-def fixed_block(lanes: Lanes, tokens: list[Token], final: bool = True) -> None:
-    """A fixed-code block of ``tokens`` then its end: round-robin from lane 0, a match's distance
-    on its lane in the next round."""
-    header(lanes, final, 1)
+def _symbols(lanes: Lanes, tokens: list[Token], literal: Callable[[int], Field]) -> None:
+    """``tokens`` then the end of the block, round-robin from lane 0: symbols in the code
+    ``literal``, a match's length and distance in the fixed codes, the distance on its lane in the
+    next round."""
     queue = [*tokens, END]
     distances: dict[int, int] = {}
     while queue or distances:
@@ -115,7 +152,51 @@ def fixed_block(lanes: Lanes, tokens: list[Token], final: bool = True) -> None:
                     lanes.op(lane, *length_fields(token[0]))
                     distances[lane] = token[1]
                 else:
-                    lanes.op(lane, fixed_code(token))
+                    lanes.op(lane, literal(token))
+
+
+def fixed_block(lanes: Lanes, tokens: list[Token], final: bool = True) -> None:
+    """A fixed-code block of ``tokens`` then its end."""
+    header(lanes, final, 1)
+    _symbols(lanes, tokens, fixed_code)
+
+
+def _run_length(lens: list[int]) -> list[tuple[int, Field | None]]:
+    """Code lengths as code-length symbols: runs of zeros (17, 18) and repeats (16)."""
+    items: list[tuple[int, Field | None]] = []
+    i = 0
+    while i < len(lens):
+        run = next((j for j in range(i, len(lens)) if lens[j] != lens[i]), len(lens)) - i
+        if lens[i] == 0 and run >= 3:
+            n = min(run, 138)
+            items.append((18, (n - 11, 7)) if n >= 11 else (17, (n - 3, 3)))
+        elif i > 0 and lens[i] == lens[i - 1] and run >= 3:
+            n = min(run, 6)
+            items.append((16, (n - 3, 2)))
+        else:
+            n = 1
+            items.append((lens[i], None))
+        i += n
+    return items
+
+
+def huffman_block(lanes: Lanes, data: bytes, final: bool = True) -> None:
+    """A dynamic block of literals only, its code from ``data``'s counts (15 bits at most) and no
+    distance code: what nvCOMP's GPU encoder writes with ``algorithm_type`` 0."""
+    lens = code_lengths({**Counter(data), END: 1}, 15)
+    all_lens = [lens.get(s, 0) for s in range(257)] + [0]  # one distance length, 0: no distance code
+    items = _run_length(all_lens)
+    pre_lens = code_lengths(dict(Counter(sym for sym, _ in items)), 7)
+    count = max(4, 1 + max(i for i, s in enumerate(PRECODE_ORDER) if pre_lens.get(s, 0)))
+    header(lanes, final, 2)
+    lanes.op(0, (0, 5), (0, 5), (count - 4, 4))
+    for lane, symbol in enumerate(PRECODE_ORDER[:count]):
+        lanes.op(lane, (pre_lens.get(symbol, 0), 3))
+    pre_codes = canonical(pre_lens)
+    for i, (symbol, extra) in enumerate(items):
+        lanes.op(i % LANES, pre_codes[symbol], *([extra] if extra else []))
+    codes = canonical(lens)
+    _symbols(lanes, list(data), codes.__getitem__)
 
 
 def expand(tokens: list[Token], into: bytearray) -> None:

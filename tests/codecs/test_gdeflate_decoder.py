@@ -1,9 +1,11 @@
 """ckptzip's GDeflate decoder (codecs/_gdeflate.c) through the CPU codec: bit-exact on chunks an
 H200 and nvCOMP's CPU encoder wrote and on streams of every block type written here
-(tests/gdeflate_writer.py), and every malformed stream an error naming its chunk."""
+(tests/gdeflate_writer.py, whose streams nvCOMP's CPU decoder reads alike), and every malformed
+stream an error naming its chunk."""
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import torch
 from ckptzip.codecs import _gdeflate_lib, get_codec, has_codec
 from ckptzip.codecs.gdeflate_cpu import GdeflateCpuCodec
 from ckptzip.errors import CorruptChunkError
-from gdeflate_writer import END, Lanes, Token, expand, fixed_block, header, stored_block
+from gdeflate_writer import END, Lanes, Token, expand, fixed_block, header, huffman_block, stored_block
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 pytestmark = pytest.mark.skipif(not has_codec("gdeflate", "cpu"), reason="ckptzip's GDeflate decoder is not built")
@@ -29,6 +31,20 @@ def _codec() -> GdeflateCpuCodec:
 def _decode(stream: bytes, raw: int) -> bytes:
     (got,) = _codec().decode([torch.frombuffer(bytearray(stream), dtype=torch.uint8)], [raw])
     return got.numpy().tobytes()
+
+
+def _planes(n: int, seed: int) -> dict[str, bytes]:
+    """``n`` bytes of the planes nvCOMP's GPU encoder codes Huffman-only: fp32 exponents, bf16 signs and exponents."""
+    g = torch.Generator().manual_seed(seed)
+    weights = torch.randn(n, generator=g) * 0.02
+    return {"fp32": (weights.view(torch.int32) >> 23 & 0xFF).to(torch.uint8).numpy().tobytes(),
+            "bf16": (weights.bfloat16().view(torch.int16) >> 8 & 0xFF).to(torch.uint8).numpy().tobytes()}
+
+
+def _huffman(data: bytes) -> bytes:
+    lanes = Lanes()
+    huffman_block(lanes, data)
+    return lanes.stream()
 
 
 def _fixed(*blocks: list[Token]) -> tuple[bytes, bytes]:
@@ -48,6 +64,12 @@ def test_chunks_an_h200_wrote_decode_without_nvcomp() -> None:
     for name in names:
         raw = golden[f"raw_{name.split('_')[1]}"]
         assert _decode(golden[name].tobytes(), raw.size) == raw.tobytes(), name
+
+
+@pytest.mark.parametrize("n", [1, 2, 33, 4096, 65_537])
+def test_huffman_only_planes_decode_bit_exactly(n: int) -> None:
+    for data in _planes(n, n).values():
+        assert _decode(_huffman(data), n) == data
 
 
 @pytest.mark.parametrize("sizes", [[0], [1], [31, 32, 33], [65535, 1000], [0, 5, 0]])
@@ -186,6 +208,34 @@ def test_damaged_streams_never_crash_and_decode_to_their_size_or_fail() -> None:
                 failed += 1
             assert bool((slot[:32] == 0xA5).all()) and bool((slot[32 + raw:] == 0xA5).all())
     assert failed > 0
+
+
+def _nvcomp_decode(stream: bytes, raw: int) -> bytes:
+    """nvCOMP's CPU decoder (nvcomp::gdeflate::decompressCPU), called directly: on valid streams
+    only, since it throws a C++ exception on others, which no ctypes frame survives."""
+    library = ctypes.CDLL(_gdeflate_lib._library_candidates()[0])
+    decompress = library._ZN6nvcomp8gdeflate13decompressCPUEPKPKvPKmmPKPvPmSA_
+    src, out = np.frombuffer(stream, np.uint8), np.zeros(raw, np.uint8)
+    got = (ctypes.c_size_t * 1)()
+    decompress((ctypes.c_void_p * 1)(src.ctypes.data), (ctypes.c_size_t * 1)(src.size), ctypes.c_size_t(1),
+               (ctypes.c_void_p * 1)(out.ctypes.data), (ctypes.c_size_t * 1)(raw), got)
+    return out[: got[0]].tobytes()
+
+
+@needs_encoder
+def test_nvcomps_cpu_decoder_reads_the_streams_written_here_alike() -> None:
+    """The writer's (and so the decoder's) reading of the format is nvCOMP's: Huffman-only, stored and fixed
+    blocks, Deflate64's long lengths and far distances."""
+    streams = [(_huffman(data), data) for data in _planes(65_536, 3).values()]
+    streams.append(_fixed([int(x) for x in np.random.default_rng(4).integers(0, 256, 50_000)],
+                          [(3, 1), (258, 7), (1000, 40_000), (65_538, 49_200), (40, 2)]))
+    lanes = Lanes()
+    stored_block(lanes, b"stored", final=False)
+    fixed_block(lanes, [(6, 6), 1])
+    streams.append((lanes.stream(), b"storedstored\x01"))
+    for stream, want in streams:
+        assert _nvcomp_decode(stream, len(want)) == want
+        assert _decode(stream, len(want)) == want
 
 
 def _kind(kind: str, n: int, g: torch.Generator) -> torch.Tensor:
