@@ -75,8 +75,8 @@ typedef struct {
 } Output;
 
 typedef struct {
-    uint32_t lit[LIT_ENTRIES], dist[DIST_ENTRIES], pre[1 << PRE_BITS];
-    uint32_t fixed_lit[LIT_ENTRIES], fixed_dist[DIST_ENTRIES];
+    uint32_t lit[LIT_ENTRIES], dist[DIST_ENTRIES], pre[1 << PRE_BITS], pairs[1 << LIT_BITS];
+    uint32_t fixed_lit[LIT_ENTRIES], fixed_dist[DIST_ENTRIES], fixed_pairs[1 << LIT_BITS];
     int fixed_built;
     uint8_t lens[LIT_SYMS + DIST_SYMS];
 } Tables;
@@ -219,6 +219,21 @@ static Status build(uint32_t *table, unsigned bits, const uint8_t *lens, unsigne
     return OK;
 }
 
+/* Pairs of literals: for each LIT_BITS bits, the two literals whose codes they begin with where
+ * both are there (a literal's own code may be the whole of them): literals in bits 0-15, the
+ * first code's length in bits 16-20, both codes' length in bits 24-28, and PAIR. */
+#define PAIR (1u << 31)
+
+static void build_pairs(uint32_t *pairs, const uint32_t *lit) {
+    uint32_t i;
+    for (i = 0; i < 1u << LIT_BITS; i++) {
+        uint32_t e = lit[i], n = CODE_LEN(e), f = lit[i >> n];
+        pairs[i] = 0;
+        if ((e & KIND) == LITERAL && (f & KIND) == LITERAL && n + CODE_LEN(f) <= LIT_BITS)
+            pairs[i] = VALUE(e) | VALUE(f) << 8 | n << 16 | (n + CODE_LEN(f)) << 24 | PAIR;
+    }
+}
+
 static uint32_t pre_entry(unsigned s) { return ENTRY(LITERAL, 0, s); }
 
 /* A dynamic block's header (after its 3 bits): the two codes' tables. */
@@ -260,6 +275,7 @@ static Status read_codes(Tables *t, Lanes *s) {
         refill(s, l);
     }
     if ((st = build(t->lit, LIT_BITS, t->lens, hlit, lit_entry)) != OK) return st;
+    build_pairs(t->pairs, t->lit);
     return build(t->dist, DIST_BITS, t->lens + hlit, hdist, dist_entry);
 }
 
@@ -269,6 +285,7 @@ static Status fixed_codes(Tables *t) {
     if (t->fixed_built) return OK;
     for (i = 0; i < LIT_SYMS; i++) t->lens[i] = i < 144 ? 8 : i < 256 ? 9 : i < 280 ? 7 : 8;
     if ((st = build(t->fixed_lit, LIT_BITS, t->lens, LIT_SYMS, lit_entry)) != OK) return st;
+    build_pairs(t->fixed_pairs, t->fixed_lit);
     memset(t->lens, 5, DIST_SYMS);
     if ((st = build(t->fixed_dist, DIST_BITS, t->lens, DIST_SYMS, dist_entry)) != OK) return st;
     t->fixed_built = 1;
@@ -289,61 +306,65 @@ static inline void copy_match(uint8_t *dst, size_t dist, size_t len) {
     }
 }
 
-#define BATCH 4 /* rounds of literals decoded at once */
-#define GROUP 4 /* lanes decoded side by side */
+#define BATCH 4 /* rounds of literals decoded at once: two pairs a lane */
 
-/* BATCH rounds of literals, each lane's from the bits it holds: lane by lane, every lane's
- * symbols and the round after which it takes a word; then the words, in the stream's order
- * (by round, then lane). Returns 0, having changed nothing (the output past o->n aside),
- * where some lane meets another symbol or runs out of bits. */
-static int literal_batch(const uint32_t *lit, Lanes *s, Output *o) {
+/* BATCH rounds of literals, each lane's from the bits it holds: lane by lane, its symbols and
+ * the round after which it takes a word; then the words, in the stream's order (by round,
+ * then lane). Returns 0, having changed nothing (the output past o->n aside), where some lane
+ * meets another symbol or runs out of bits. */
+static int literal_batch(const uint32_t *pairs, const uint32_t *lit, Lanes *s, Output *o) {
+    static const uint64_t one_more[BATCH + 1] = {1, 1 << 8, 1 << 16, 1 << 24, (uint64_t)1 << 32};
     uint8_t *out = o->out + o->n;
-    uint32_t took[LANES], slot[LANES], bad = 0, first[BATCH + 1];
-    uint64_t counts = 0; /* lanes taking a word after each round (and none), a byte each */
-    unsigned l, g, r;
-    for (l = 0; l < LANES; l += GROUP) { /* GROUP lanes' symbols interleaved: independent lookups side by side */
-        uint64_t b[GROUP];
-        uint32_t spare[GROUP], t[GROUP], early[GROUP];
-        for (g = 0; g < GROUP; g++) {
-            b[g] = s->buf[l + g];
-            spare[g] = s->cnt[l + g] - 32;
-            t[g] = early[g] = 0;
-        }
-        for (r = 0; r < BATCH; r++)
-            for (g = 0; g < GROUP; g++) {
-                uint32_t e = lit[(b[g] >> t[g]) & ((1u << LIT_BITS) - 1)];
-                bad |= e;
-                out[r * LANES + l + g] = (uint8_t)VALUE(e);
-                t[g] += CODE_LEN(e);
-                early[g] += t[g] <= spare[g]; /* rounds after which the lane still holds 32 bits */
+    uint64_t left[LANES], counts = 0; /* lanes taking a word after each round (and none), a byte each */
+    uint32_t held[LANES], takers[LANES], next[BATCH], n = 0, l, r;
+    for (l = 0; l < LANES; l++) {
+        uint64_t b = s->buf[l];
+        uint32_t spare = s->cnt[l] - 32, e = pairs[b & ((1u << LIT_BITS) - 1)], t = e >> 24 & 31, f, early;
+        f = pairs[(b >> t) & ((1u << LIT_BITS) - 1)];
+        if (e & f & PAIR) { /* 4 literals in at most 22 bits: all held */
+            uint32_t second = t <= spare; /* the lane holds 32 bits after the first pair: it takes its word in the second */
+            out[l] = (uint8_t)e;
+            out[LANES + l] = (uint8_t)(e >> 8);
+            out[2 * LANES + l] = (uint8_t)f;
+            out[3 * LANES + l] = (uint8_t)(f >> 8);
+            early = 2 * second + ((second ? t + (f >> 16 & 31) : e >> 16 & 31) <= spare);
+            t += f >> 24 & 31;
+            early += t <= spare; /* rounds after which the lane still holds 32 bits */
+        } else {
+            for (r = t = early = 0; r < BATCH; r++) {
+                e = lit[(b >> t) & ((1u << LIT_BITS) - 1)];
+                out[r * LANES + l] = (uint8_t)VALUE(e);
+                t += CODE_LEN(e);
+                early += t <= spare;
+                if ((e & KIND) || t > spare + 32) return 0; /* another symbol, or one not all in the buffer */
             }
-        for (g = 0; g < GROUP; g++) {
-            bad |= (t[g] > spare[g] + 32) << 5; /* some symbol was not all in the buffer */
-            took[l + g] = t[g];
-            slot[l + g] = early[g] << 8 | (uint32_t)(counts >> (8 * early[g]) & 0xff); /* round, rank in it */
-            counts += (uint64_t)1 << (8 * early[g]);
         }
+        left[l] = b >> t;
+        held[l] = spare + 32 - t;
+        takers[n] = l | early << 8;
+        n += early < BATCH;
+        counts += one_more[early];
     }
-    if (bad & KIND) return 0;
-    for (r = 0, first[0] = 0; r < BATCH; r++) first[r + 1] = first[r] + (uint32_t)(counts >> (8 * r) & 0xff);
-    for (l = 0; l < LANES; l++) { /* branch-free: a lane takes a word about every other batch */
-        uint32_t c = s->cnt[l] - took[l], r = slot[l] >> 8, take = r < BATCH;
-        uint64_t w = load32(s->in + s->pos + 4 * ((first[r] + (slot[l] & 0xff)) & (0 - take)));
-        s->buf[l] = s->buf[l] >> took[l] | (w & (0 - (uint64_t)take)) << c;
-        s->cnt[l] = c + 32 * take;
+    memcpy(s->buf, left, sizeof(left));
+    memcpy(s->cnt, held, sizeof(held));
+    for (r = 0, next[0] = 0; r + 1 < BATCH; r++) next[r + 1] = next[r] + (uint32_t)(counts >> (8 * r) & 0xff);
+    for (r = 0; r < n; r++) { /* the words in the stream's order: by round, then lane */
+        uint32_t lane = takers[r] & 0xff, at = next[takers[r] >> 8]++;
+        s->buf[lane] |= (uint64_t)load32(s->in + s->pos + 4 * at) << s->cnt[lane];
+        s->cnt[lane] += 32;
     }
-    s->pos += 4 * first[BATCH];
+    s->pos += 4 * n;
     o->n += BATCH * LANES;
     return 1;
 }
 
 /* Whole rounds of 32 literals while every lane reads one, the output has room and the input
  * words: returns the lane whose symbol is not a literal (0 at a round's start). */
-static unsigned literal_rounds(const uint32_t *lit, Lanes *s, Output *o) {
+static unsigned literal_rounds(const uint32_t *pairs, const uint32_t *lit, Lanes *s, Output *o) {
     unsigned l = 0;
     while (o->cap - o->n >= BATCH * LANES && s->in_len >= 4 * LANES && s->pos <= s->in_len - 4 * LANES) {
         uint8_t *out = o->out + o->n;
-        if (literal_batch(lit, s, o)) continue;
+        if (literal_batch(pairs, lit, s, o)) continue;
         for (l = 0; l < LANES; l++) {
             uint32_t e = lit[s->buf[l] & ((1u << LIT_BITS) - 1)];
             if (e & KIND) goto stop;
@@ -360,7 +381,7 @@ stop:
 }
 
 /* A compressed block's symbols, with the tables of its codes. */
-static Status huffman_block(const uint32_t *lit, const uint32_t *dist, Lanes *s, Output *o) {
+static Status huffman_block(const uint32_t *pairs, const uint32_t *lit, const uint32_t *dist, Lanes *s, Output *o) {
     uint32_t pending = 0; /* lanes whose match waits for its distance */
     unsigned l = 0;
     int ended = 0;
@@ -369,7 +390,7 @@ static Status huffman_block(const uint32_t *lit, const uint32_t *dist, Lanes *s,
         uint32_t e, bit;
         if (l == 0) {
             if (overrun(s)) return TRUNCATED;
-            if (!pending && !ended) l = literal_rounds(lit, s, o);
+            if (!pending && !ended) l = literal_rounds(pairs, lit, s, o);
         }
         b = s->buf[l];
         bit = 1u << l;
@@ -451,10 +472,10 @@ static Status decode_chunk(Tables *t, const uint8_t *in, size_t in_len, uint8_t 
             st = stored_block(&s, &o);
         } else if (type == 1) {
             st = fixed_codes(t);
-            if (st == OK) st = huffman_block(t->fixed_lit, t->fixed_dist, &s, &o);
+            if (st == OK) st = huffman_block(t->fixed_pairs, t->fixed_lit, t->fixed_dist, &s, &o);
         } else if (type == 2) {
             st = read_codes(t, &s);
-            if (st == OK) st = huffman_block(t->lit, t->dist, &s, &o);
+            if (st == OK) st = huffman_block(t->pairs, t->lit, t->dist, &s, &o);
         } else {
             st = BAD_BLOCK;
         }
