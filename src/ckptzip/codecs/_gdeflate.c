@@ -62,6 +62,7 @@ static const uint8_t PRECODE_ORDER[PRE_SYMS] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5
 typedef struct {
     const uint8_t *in;
     size_t in_len, pos;     /* the input, and the offset of its next word */
+    size_t whole;           /* where the input's whole words end */
     uint64_t buf[LANES];    /* each lane's next bits, the first lowest */
     uint32_t cnt[LANES];    /* bits in buf: 32 or more between operations */
     uint32_t past[LANES];   /* how many of buf's top bits lie past the input's end */
@@ -87,20 +88,25 @@ static inline uint32_t load32(const uint8_t *p) {
     return w; /* little-endian hosts only (checked at import) */
 }
 
-/* Give lane l the next word if it holds fewer than 32 bits; past the end, zeros. */
+/* The stream's next word, for lane l; past the end, zeros (counted in lane l's past bits). */
+static inline uint32_t next_word(Lanes *s, unsigned l) {
+    uint32_t w = 0;
+    if (s->pos < s->whole) {
+        w = load32(s->in + s->pos);
+    } else {
+        size_t have = s->pos < s->in_len ? s->in_len - s->pos : 0;
+        memcpy(&w, s->in + (have ? s->pos : 0), have);
+        s->past[l] += 32 - 8 * (uint32_t)have;
+    }
+    s->pos += 4;
+    return w;
+}
+
+/* Give lane l the next word if it holds fewer than 32 bits. */
 static inline void refill(Lanes *s, unsigned l) {
     if (s->cnt[l] < 32) {
-        uint32_t w = 0;
-        if (s->in_len >= 4 && s->pos <= s->in_len - 4) {
-            w = load32(s->in + s->pos);
-        } else {
-            size_t have = s->pos < s->in_len ? s->in_len - s->pos : 0;
-            memcpy(&w, s->in + (have ? s->pos : 0), have);
-            s->past[l] += 32 - 8 * (uint32_t)have;
-        }
-        s->buf[l] |= (uint64_t)w << s->cnt[l];
+        s->buf[l] |= (uint64_t)next_word(s, l) << s->cnt[l];
         s->cnt[l] += 32;
-        s->pos += 4;
     }
 }
 
@@ -292,17 +298,34 @@ static Status fixed_codes(Tables *t) {
     return OK;
 }
 
-/* Copy a match of len bytes from dist back, byte by byte where they overlap (each byte may
- * repeat one just written); never past the match's end, where later lanes' bytes may lie. */
+static inline void copy8(uint8_t *dst, const uint8_t *src) { memcpy(dst, src, 8); }
+
+/* Copy a match of len (3 or more) bytes from dist back, each byte maybe one just written; never
+ * past the match's end, where later lanes' bytes may lie. 8 bytes at a time once the source lies
+ * 8 bytes back or more (a multiple of dist is as good as dist), the last 8 again where they
+ * overlap (the same bytes). */
 static inline void copy_match(uint8_t *dst, size_t dist, size_t len) {
     const uint8_t *src = dst - dist;
-    if (dist >= len) {
-        memcpy(dst, src, len);
-    } else if (dist == 1) {
+    size_t i = 0, step = dist;
+    if (dist == 1) {
         memset(dst, src[0], len);
-    } else {
-        size_t i;
-        for (i = 0; i < len; i++) dst[i] = src[i];
+        return;
+    }
+    if (len < 8 && dist >= len) {
+        if (len == 3) {
+            memcpy(dst, src, 3);
+        } else {
+            memcpy(dst, src, 4);
+            memcpy(dst + len - 4, src + len - 4, 4);
+        }
+        return;
+    }
+    while (step < 8) step += dist;
+    for (; i < step - dist && i < len; i++) dst[i] = src[i];
+    for (; i + 8 <= len; i += 8) copy8(dst + i, dst + i - step);
+    if (i < len) {
+        if (len >= 8 && step == dist) copy8(dst + len - 8, src + len - 8);
+        else for (; i < len; i++) dst[i] = src[i];
     }
 }
 
@@ -359,12 +382,19 @@ static int literal_batch(const uint32_t *pairs, const uint32_t *lit, Lanes *s, O
 }
 
 /* Whole rounds of 32 literals while every lane reads one, the output has room and the input
- * words: returns the lane whose symbol is not a literal (0 at a round's start). */
-static unsigned literal_rounds(const uint32_t *pairs, const uint32_t *lit, Lanes *s, Output *o) {
+ * words: returns the lane whose symbol is not a literal (0 at a round's start). Batches are
+ * tried again only `*wait` calls after one fails (a block of matches fails most). */
+static unsigned literal_rounds(const uint32_t *pairs, const uint32_t *lit, Lanes *s, Output *o, unsigned *wait) {
     unsigned l = 0;
     while (o->cap - o->n >= BATCH * LANES && s->in_len >= 4 * LANES && s->pos <= s->in_len - 4 * LANES) {
         uint8_t *out = o->out + o->n;
-        if (literal_batch(pairs, lit, s, o)) continue;
+        if (*wait) {
+            --*wait;
+        } else if (literal_batch(pairs, lit, s, o)) {
+            continue;
+        } else {
+            *wait = 16;
+        }
         for (l = 0; l < LANES; l++) {
             uint32_t e = lit[s->buf[l] & ((1u << LIT_BITS) - 1)];
             if (e & KIND) goto stop;
@@ -380,59 +410,91 @@ stop:
     return l;
 }
 
-/* A compressed block's symbols, with the tables of its codes. */
+/* A compressed block's symbols, with the tables of its codes: round by round, each lane in turn
+ * reads a literal/length symbol or, after a length, its distance; literal rounds in batches. */
 static Status huffman_block(const uint32_t *pairs, const uint32_t *lit, const uint32_t *dist, Lanes *s, Output *o) {
+    uint8_t *restrict const out = o->out;
+    const size_t cap = o->cap;
+    size_t n = o->n;
     uint32_t pending = 0; /* lanes whose match waits for its distance */
-    unsigned l = 0;
+    unsigned l, wait = 0;
     int ended = 0;
-    for (;;) {
-        uint64_t b;
-        uint32_t e, bit;
-        if (l == 0) {
-            if (overrun(s)) return TRUNCATED;
-            if (!pending && !ended) l = literal_rounds(pairs, lit, s, o);
+    while (pending || !ended) {
+        if (overrun(s)) return TRUNCATED;
+        l = 0;
+        if (!pending) {
+            o->n = n;
+            l = literal_rounds(pairs, lit, s, o, &wait);
+            n = o->n;
         }
-        b = s->buf[l];
-        bit = 1u << l;
-        if (pending & bit) {
-            size_t d, at = o->match_at[l];
-            e = lookup(dist, DIST_BITS, b);
-            if (e & KIND) return BAD_SYMBOL;
-            d = VALUE(e) + ((b >> CODE_LEN(e)) & ((1u << EXTRA(e)) - 1));
-            consume(s, l, CODE_LEN(e) + EXTRA(e));
-            if (d > at) return BAD_DISTANCE;
-            copy_match(o->out + at, d, o->match_len[l]);
-            pending &= ~bit;
-        } else if (!ended) {
-            e = lookup(lit, LIT_BITS, b);
-            switch (e & KIND) {
-            case LITERAL:
-                if (o->n == o->cap) return TOO_LONG;
-                o->out[o->n++] = (uint8_t)VALUE(e);
-                consume(s, l, CODE_LEN(e));
-                break;
-            case LENGTH: {
-                uint32_t len = VALUE(e) + (uint32_t)((b >> CODE_LEN(e)) & ((1u << EXTRA(e)) - 1));
-                consume(s, l, CODE_LEN(e) + EXTRA(e));
-                if (len > o->cap - o->n) return TOO_LONG;
-                o->match_at[l] = o->n;
-                o->match_len[l] = len;
-                o->n += len;
-                pending |= bit;
-                break;
+        for (; l < LANES; l++) {
+            uint64_t b = s->buf[l];
+            uint32_t e, c = s->cnt[l];
+            if (pending >> l & 1) {
+                size_t d, at = o->match_at[l];
+                e = lookup(dist, DIST_BITS, b);
+                if (e & KIND) return BAD_SYMBOL;
+                d = VALUE(e) + ((b >> CODE_LEN(e)) & ((1u << EXTRA(e)) - 1));
+                b >>= CODE_LEN(e) + EXTRA(e);
+                c -= CODE_LEN(e) + EXTRA(e);
+                if (d > at) return BAD_DISTANCE;
+                copy_match(out + at, d, o->match_len[l]);
+                pending &= ~(1u << l);
+            } else if (!ended) {
+                e = lookup(lit, LIT_BITS, b);
+                if ((e & KIND) == LITERAL) {
+                    if (n == cap) return TOO_LONG;
+                    out[n++] = (uint8_t)VALUE(e);
+                    b >>= CODE_LEN(e);
+                    c -= CODE_LEN(e);
+                } else if ((e & KIND) == LENGTH) {
+                    uint32_t len = VALUE(e) + (uint32_t)((b >> CODE_LEN(e)) & ((1u << EXTRA(e)) - 1));
+                    b >>= CODE_LEN(e) + EXTRA(e);
+                    c -= CODE_LEN(e) + EXTRA(e);
+                    if (len > cap - n) return TOO_LONG;
+                    o->match_at[l] = n;
+                    o->match_len[l] = len;
+                    n += len;
+                    pending |= 1u << l;
+                } else if ((e & KIND) == END) {
+                    b >>= CODE_LEN(e);
+                    c -= CODE_LEN(e);
+                    ended = 1;
+                } else {
+                    return BAD_SYMBOL;
+                }
+            } else {
+                continue; /* an idle lane takes nothing */
             }
-            case END:
-                consume(s, l, CODE_LEN(e));
-                ended = 1;
-                break;
-            default:
-                return BAD_SYMBOL;
+            if (c < 32) {
+                b |= (uint64_t)next_word(s, l) << c;
+                c += 32;
             }
+            s->buf[l] = b;
+            s->cnt[l] = c;
         }
-        refill(s, l);
-        if (ended && !pending) return OK;
-        l = (l + 1) & (LANES - 1);
     }
+    o->n = n;
+    return OK;
+}
+
+/* Whole groups of 4 rounds of a stored block's bytes (as many as fit in `len`, the output and the
+ * input): every lane takes 8 bits a round, so each takes one word a group, after the same round
+ * in every group (its count is back where it was), and the words come in that order. */
+static uint32_t stored_groups(Lanes *s, uint8_t *out, uint32_t len) {
+    uint32_t at[LANES], per_round[4] = {0}, first[4], l, r, done = 0;
+    for (l = 0; l < LANES; l++) per_round[(s->cnt[l] - 32) / 8]++; /* it holds 32 bits until then */
+    for (r = 0, first[0] = 0; r < 3; r++) first[r + 1] = first[r] + per_round[r];
+    for (l = 0; l < LANES; l++) at[l] = 4 * first[(s->cnt[l] - 32) / 8]++;
+    for (; len - done >= 4 * LANES && s->in_len >= 4 * LANES && s->pos <= s->in_len - 4 * LANES; done += 4 * LANES) {
+        for (l = 0; l < LANES; l++) {
+            uint64_t b = s->buf[l];
+            for (r = 0; r < 4; r++) out[done + r * LANES + l] = (uint8_t)(b >> (8 * r));
+            s->buf[l] = b >> 32 | (uint64_t)load32(s->in + s->pos + at[l]) << (s->cnt[l] - 32);
+        }
+        s->pos += 4 * LANES;
+    }
+    return done;
 }
 
 /* A stored block (after its 3 bits): a 16-bit length, then the bytes round-robin. */
@@ -440,7 +502,8 @@ static Status stored_block(Lanes *s, Output *o) {
     uint32_t len = pop(s, 0, 16), i;
     refill(s, 0);
     if (len > o->cap - o->n) return TOO_LONG;
-    for (i = 0; i < len; i++) {
+    i = stored_groups(s, o->out + o->n, len);
+    for (o->n += i; i < len; i++) {
         unsigned l = i & (LANES - 1);
         o->out[o->n++] = (uint8_t)pop(s, l, 8);
         refill(s, l);
@@ -457,6 +520,7 @@ static Status decode_chunk(Tables *t, const uint8_t *in, size_t in_len, uint8_t 
     memset(&s, 0, sizeof(s));
     s.in = in;
     s.in_len = in_len;
+    s.whole = in_len & ~(size_t)3;
     o.out = out;
     o.cap = cap;
     o.n = 0;
