@@ -345,12 +345,14 @@ static int literal_batch(const uint32_t *pairs, const uint32_t *lit, Lanes *s, O
         uint32_t spare = s->cnt[l] - 32, e = pairs[b & ((1u << LIT_BITS) - 1)], t = e >> 24 & 31, f, early;
         f = pairs[(b >> t) & ((1u << LIT_BITS) - 1)];
         if (e & f & PAIR) { /* 4 literals in at most 22 bits: all held */
-            uint32_t second = t <= spare; /* the lane holds 32 bits after the first pair: it takes its word in the second */
+            /* whether the lane holds 32 bits after the first pair (then it takes its word in the second), and the
+             * end of the first literal of the pair it takes it in: chosen without a branch, either is as likely */
+            uint32_t second = t <= spare, mid = (e >> 16 & 31) ^ (((t + (f >> 16 & 31)) ^ (e >> 16 & 31)) & (0 - second));
             out[l] = (uint8_t)e;
             out[LANES + l] = (uint8_t)(e >> 8);
             out[2 * LANES + l] = (uint8_t)f;
             out[3 * LANES + l] = (uint8_t)(f >> 8);
-            early = 2 * second + ((second ? t + (f >> 16 & 31) : e >> 16 & 31) <= spare);
+            early = 2 * second + (mid <= spare);
             t += f >> 24 & 31;
             early += t <= spare; /* rounds after which the lane still holds 32 bits */
         } else {
