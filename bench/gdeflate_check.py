@@ -10,7 +10,7 @@ no GPU (``CUDA_VISIBLE_DEVICES=""``), timed, and compared with the state tensor 
 ``codec="auto"``) is written to ``--out`` for tests/golden. Prints one JSON summary.
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl   # nvCOMP wheels
-    python3 setup.py -q build_ext --inplace                                       # the GDeflate shim
+    python3 setup.py -q build_ext --inplace                                       # the GDeflate decoder
     PYTHONPATH=/tmp/site:src:tests python3 bench/gdeflate_check.py --gib 8 --out "$OUT"
 
 ``--gib 0.2``: a quick run. ``--dry-run``: no GPU; the state on the CPU, coded with

@@ -6,7 +6,7 @@ Presets:
   are stored raw, since coding them costs time and gains nothing. GPU: nvCOMP gdeflate in its
   Huffman-only mode (``algorithm_type`` 0): within 3 % of ans's ratio on sign/exponent planes
   (bench/RESULTS.md), slower (an H200: 118 against 381 GB/s encoding, 68 against 606 decoding),
-  and a CPU decodes it too (nvCOMP's CPU library, :mod:`ckptzip.codecs.gdeflate_cpu`); CPU: zstd.
+  and a CPU decodes it too (ckptzip's own decoder, :mod:`ckptzip.codecs.gdeflate_cpu`); CPU: zstd.
 - ``"fast"``: as auto, with the backend's fastest codec (GPU: nvCOMP ans, which only a GPU decodes).
 - ``"portable"``: as auto, with zstd everywhere, so the file decodes wherever ckptzip installs.
 A codec id (``"zstd"``, ``"ans"``, ``"gdeflate"``, ...) applies that codec to every tensor's raw bytes.
