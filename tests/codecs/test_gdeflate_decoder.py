@@ -85,12 +85,13 @@ def test_stored_blocks(sizes: list[int]) -> None:
 
 
 def test_fixed_code_blocks_with_matches_of_every_reach() -> None:
-    """Literals, overlapping and run-length matches, 258 (symbol 284) and Deflate64's long
-    lengths (symbol 285) and far distances (symbols 30, 31), matches whose distances come in the
-    block's last round, and an empty block between."""
+    """Literals, matches overlapping their source or not, short and long, run-length ones, 258
+    (symbol 284) and Deflate64's long lengths (symbol 285) and far distances (symbols 30, 31),
+    matches whose distances come in the block's last round, and an empty block between."""
     rng = np.random.default_rng(0)
     first = [int(x) for x in rng.integers(0, 256, 50_000)]
-    second: list[Token] = [(3, 1), (258, 7), (1000, 40_000), 9, (4, 3), (65_538, 49_200), 1, 2, (40, 2)]
+    second: list[Token] = [(3, 1), (258, 7), (1000, 40_000), 9, (4, 3), (65_538, 49_200), 1, 2, (40, 2),
+                           (20, 9), (5, 10), (16, 16), (17, 8), (7, 7), (9, 3)]
     last: list[Token] = [7] * 40 + [(3, 10)] * 5  # five matches in one round: their distances after the end
     stream, want = _fixed(first, second, [], last)
     assert _decode(stream, len(want)) == want

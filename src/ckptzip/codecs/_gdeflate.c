@@ -333,8 +333,8 @@ static inline void copy_match(uint8_t *dst, size_t dist, size_t len) {
 
 /* BATCH rounds of literals, each lane's from the bits it holds: lane by lane, its symbols and
  * the round after which it takes a word; then the words, in the stream's order (by round,
- * then lane). Returns 0, having changed nothing (the output past o->n aside), where some lane
- * meets another symbol or runs out of bits. */
+ * then lane). Returns 1; or, having changed nothing (the output past o->n aside), 0 where some
+ * lane meets another symbol, -1 where one meets a long code or runs out of bits. */
 static int literal_batch(const uint32_t *pairs, const uint32_t *lit, Lanes *s, Output *o) {
     static const uint64_t one_more[BATCH + 1] = {1, 1 << 8, 1 << 16, 1 << 24, (uint64_t)1 << 32};
     uint8_t *out = o->out + o->n;
@@ -361,7 +361,8 @@ static int literal_batch(const uint32_t *pairs, const uint32_t *lit, Lanes *s, O
                 out[r * LANES + l] = (uint8_t)VALUE(e);
                 t += CODE_LEN(e);
                 early += t <= spare;
-                if ((e & KIND) || t > spare + 32) return 0; /* another symbol, or one not all in the buffer */
+                if ((e & KIND) == SUBTABLE || t > spare + 32) return -1; /* a long code, or one not all held */
+                if (e & KIND) return 0;
             }
         }
         left[l] = b >> t;
@@ -384,21 +385,22 @@ static int literal_batch(const uint32_t *pairs, const uint32_t *lit, Lanes *s, O
 }
 
 /* Whole rounds of 32 literals while every lane reads one, the output has room and the input
- * words: returns the lane whose symbol is not a literal (0 at a round's start). Batches are
- * tried again only `*wait` calls after one fails (a block of matches fails most). */
+ * words: returns the lane whose symbol is not a literal (0 at a round's start). After a batch
+ * meets another symbol, the next `*wait` rounds go one at a time (a block of matches would fail
+ * most batches). */
 static unsigned literal_rounds(const uint32_t *pairs, const uint32_t *lit, Lanes *s, Output *o, unsigned *wait) {
     unsigned l = 0;
     while (o->cap - o->n >= BATCH * LANES && s->in_len >= 4 * LANES && s->pos <= s->in_len - 4 * LANES) {
         uint8_t *out = o->out + o->n;
         if (*wait) {
             --*wait;
-        } else if (literal_batch(pairs, lit, s, o)) {
-            continue;
         } else {
-            *wait = 16;
+            int batch = literal_batch(pairs, lit, s, o);
+            if (batch > 0) continue;
+            if (batch == 0) *wait = 16;
         }
         for (l = 0; l < LANES; l++) {
-            uint32_t e = lit[s->buf[l] & ((1u << LIT_BITS) - 1)];
+            uint32_t e = lookup(lit, LIT_BITS, s->buf[l]);
             if (e & KIND) goto stop;
             out[l] = (uint8_t)VALUE(e);
             consume(s, l, CODE_LEN(e));
