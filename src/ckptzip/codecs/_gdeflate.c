@@ -417,7 +417,7 @@ stop:
 /* A compressed block's symbols, with the tables of its codes: round by round, each lane in turn
  * reads a literal/length symbol or, after a length, its distance; literal rounds in batches. */
 static Status huffman_block(const uint32_t *pairs, const uint32_t *lit, const uint32_t *dist, Lanes *s, Output *o) {
-    uint8_t *restrict const out = o->out;
+    uint8_t *const out = o->out;
     const size_t cap = o->cap;
     size_t n = o->n;
     uint32_t pending = 0; /* lanes whose match waits for its distance */
