@@ -493,8 +493,23 @@ stop:
     return l;
 }
 
+/* The lowest lane of a non-empty set. */
+static inline unsigned lowest(uint32_t m) {
+#if defined(__GNUC__) || defined(__clang__)
+    return (unsigned)__builtin_ctz(m);
+#else
+    unsigned l = 0;
+    while (!(m >> l & 1)) l++;
+    return l;
+#endif
+}
+
 /* A compressed block's symbols, with the tables of its codes: round by round, each lane in turn
- * reads a literal/length symbol or, after a length, its distance; literal rounds in batches. */
+ * reads a literal/length symbol or, after a length, its distance; literal rounds in batches.
+ * Within a round, the lanes reading distances go first, then those reading symbols, then every
+ * lane that fell below 32 bits takes its word in lane order: the same output (no match reads
+ * bytes this round's symbols write, and the matches keep their order), the same words to the
+ * same lanes, and the error of the lowest failing lane. */
 static Status huffman_block(const uint64_t *runs, const uint32_t *lit, const uint32_t *dist, Lanes *s, Output *o) {
     uint8_t *const out = o->out;
     const size_t cap = o->cap;
@@ -502,7 +517,10 @@ static Status huffman_block(const uint64_t *runs, const uint32_t *lit, const uin
     uint32_t pending = 0; /* lanes whose match waits for its distance */
     unsigned l, wait = 0;
     int ended = 0;
+    uint8_t sink;
     while (pending || !ended) {
+        uint32_t m, lanes, symbols, low = 0, failed = LANES; /* low: lanes below 32 bits */
+        Status st = OK;
         if (overrun(s)) return TRUNCATED;
         l = 0;
         if (!pending) {
@@ -510,51 +528,76 @@ static Status huffman_block(const uint64_t *runs, const uint32_t *lit, const uin
             l = literal_rounds(runs, lit, s, o, &wait);
             n = o->n;
         }
-        for (; l < LANES; l++) {
-            uint64_t b = s->buf[l];
-            uint32_t e, c = s->cnt[l];
-            if (pending >> l & 1) {
-                size_t d, at = o->match_at[l];
-                e = lookup(dist, DIST_BITS, b);
-                if (e & KIND) return BAD_SYMBOL;
-                d = VALUE(e) + ((b >> CODE_LEN(e)) & ((1u << EXTRA(e)) - 1));
-                b >>= CODE_LEN(e) + EXTRA(e);
-                c -= CODE_LEN(e) + EXTRA(e);
-                if (d > at) return BAD_DISTANCE;
-                copy_match(out + at, d, o->match_len[l]);
-                pending &= ~(1u << l);
-            } else if (!ended) {
-                e = lookup(lit, LIT_BITS, b);
-                if ((e & KIND) == LITERAL) {
-                    if (n == cap) return TOO_LONG;
-                    out[n++] = (uint8_t)VALUE(e);
-                    b >>= CODE_LEN(e);
-                    c -= CODE_LEN(e);
-                } else if ((e & KIND) == LENGTH) {
-                    uint32_t len = VALUE(e) + (uint32_t)((b >> CODE_LEN(e)) & ((1u << EXTRA(e)) - 1));
-                    b >>= CODE_LEN(e) + EXTRA(e);
-                    c -= CODE_LEN(e) + EXTRA(e);
-                    if (len > cap - n) return TOO_LONG;
-                    o->match_at[l] = n;
-                    o->match_len[l] = len;
-                    n += len;
-                    pending |= 1u << l;
-                } else if ((e & KIND) == END) {
-                    b >>= CODE_LEN(e);
-                    c -= CODE_LEN(e);
-                    ended = 1;
-                } else {
-                    return BAD_SYMBOL;
+        lanes = ~0u << l; /* l < 32 */
+        symbols = ended ? 0 : ~pending & lanes;
+        for (m = pending & lanes; m; m &= m - 1) { /* distances, lane by lane */
+            size_t d, at;
+            uint64_t b;
+            uint32_t e;
+            l = lowest(m);
+            b = s->buf[l];
+            at = o->match_at[l];
+            e = lookup(dist, DIST_BITS, b);
+            if (e & KIND) {
+                st = BAD_SYMBOL;
+                failed = l;
+                break;
+            }
+            d = VALUE(e) + ((b >> CODE_LEN(e)) & ((1u << EXTRA(e)) - 1));
+            if (d > at) {
+                st = BAD_DISTANCE;
+                failed = l;
+                break;
+            }
+            consume(s, l, CODE_LEN(e) + EXTRA(e));
+            low |= (uint32_t)(s->cnt[l] < 32) << l;
+            copy_match(out + at, d, o->match_len[l]);
+            pending &= ~(1u << l);
+        }
+        for (m = symbols; m; m &= m - 1) { /* literals and lengths, lane by lane */
+            uint64_t b;
+            uint32_t e, value, is_len, need;
+            l = lowest(m);
+            if (l > failed) break;
+            b = s->buf[l];
+            e = lookup(lit, LIT_BITS, b);
+            if (e & (6 << 5)) { /* neither a literal nor a length */
+                if ((e & KIND) != END) {
+                    st = BAD_SYMBOL;
+                    failed = l;
+                    break;
                 }
-            } else {
-                continue; /* an idle lane takes nothing */
+                consume(s, l, CODE_LEN(e));
+                low |= (uint32_t)(s->cnt[l] < 32) << l;
+                ended = 1;
+                break;
             }
-            if (c < 32) {
-                b |= (uint64_t)next_word(s, l) << c;
-                c += 32;
+            is_len = (e >> 5) & 1; /* LENGTH */
+            value = VALUE(e) + (uint32_t)((b >> CODE_LEN(e)) & ((1u << EXTRA(e)) - 1));
+            need = is_len ? value : 1;
+            if (need > cap - n) {
+                st = TOO_LONG;
+                failed = l;
+                break;
             }
-            s->buf[l] = b;
-            s->cnt[l] = c;
+            consume(s, l, CODE_LEN(e) + EXTRA(e));
+            low |= (uint32_t)(s->cnt[l] < 32) << l;
+            *(is_len ? &sink : out + n) = (uint8_t)value; /* a match's bytes wait for its distance */
+            o->match_at[l] = n;
+            o->match_len[l] = value;
+            n += need;
+            pending |= is_len << l;
+        }
+        if (st != OK) return st;
+        if (s->whole >= 4 * LANES && s->pos <= s->whole - 4 * LANES) {
+            for (m = low; m; m &= m - 1) { /* the lanes below 32 bits take the next words, in lane order */
+                l = lowest(m);
+                s->buf[l] |= (uint64_t)load32(s->in + s->pos) << s->cnt[l];
+                s->cnt[l] += 32;
+                s->pos += 4;
+            }
+        } else {
+            for (l = 0; l < LANES; l++) refill(s, l);
         }
     }
     o->n = n;
