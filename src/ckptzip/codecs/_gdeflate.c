@@ -391,8 +391,8 @@ static int literal_batch(const uint64_t *runs, const uint32_t *lit, Lanes *s, Ou
     static const uint64_t ONES = 0x0101010101010101ull, one_more[BATCH + 1] = {
         1, 1 << 8, 1 << 16, 1 << 24, (uint64_t)1 << 32, (uint64_t)1 << 40, (uint64_t)1 << 48, (uint64_t)1 << 56, 0};
     uint8_t lits[LANES][16], ends[LANES][16];
-    uint64_t counts = 0, left[LANES]; /* lanes taking a word after each round, a byte each */
-    uint32_t held[LANES], early_of[LANES], takers[LANES], next[BATCH], n = 0, l, r, rounds = BATCH, short_of = 0;
+    uint64_t counts = 0; /* lanes taking a word after each round, a byte each */
+    uint32_t early_of[LANES], takers[LANES], next[BATCH], n = 0, l, r, rounds = BATCH, short_of = 0;
     for (l = 0; l < LANES; l++) {
         const uint64_t b = s->buf[l];
         uint32_t at = 0, k; /* the lane's position: bits taken (0-5), and literals (6 up) */
@@ -441,16 +441,14 @@ static int literal_batch(const uint64_t *runs, const uint32_t *lit, Lanes *s, Ou
             if (h < rounds) rounds = h;
         }
     if (!rounds) return -1;
-    for (l = 0; l < LANES; l++) {
-        uint32_t c = s->cnt[l], t = ends[l][rounds - 1], early = early_of[l], take = early < rounds;
-        left[l] = s->buf[l] >> t;
-        held[l] = c - t;
+    for (l = 0; l < LANES; l++) { /* nothing fails from here */
+        uint32_t t = ends[l][rounds - 1], early = early_of[l], take = early < rounds;
+        s->buf[l] >>= t;
+        s->cnt[l] -= t;
         takers[n] = l | early << 8;
         n += take;
         counts += one_more[early] & (0 - (uint64_t)take);
     }
-    memcpy(s->buf, left, sizeof(left));
-    memcpy(s->cnt, held, sizeof(held));
     transpose_out(lits, o->out + o->n);
     for (r = 0, next[0] = 0; r + 1 < BATCH; r++) next[r + 1] = next[r] + (uint32_t)(counts >> (8 * r) & 0xff);
     for (r = 0; r < n; r++) { /* the words in the stream's order: by round, then lane */
