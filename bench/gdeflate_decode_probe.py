@@ -25,22 +25,10 @@ import numpy as np
 import torch
 
 from ckptzip.codecs import _gdeflate_lib, codec_threads, get_codec
-from gdeflate_writer import Lanes, huffman_block
+from gdeflate_writer import huffman_only, weight_planes
 
 GOLDEN = Path(__file__).parents[1] / "tests" / "golden" / "gdeflate_gpu_chunks.npz"
 Chunks = list[tuple[bytes, bytes]]  # (stored, decoded)
-
-
-def _planes(n: int, seed: int) -> dict[str, bytes]:
-    weights = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 0.02
-    return {"fp32 exponents": (weights.view(torch.int32) >> 23 & 0xFF).to(torch.uint8).numpy().tobytes(),
-            "bf16 sign+exponent": (weights.bfloat16().view(torch.int16) >> 8 & 0xFF).to(torch.uint8).numpy().tobytes()}
-
-
-def _huffman_only(data: bytes) -> bytes:
-    lanes = Lanes()
-    huffman_block(lanes, data)
-    return lanes.stream()
 
 
 def _cpu_encoded(chunks: list[bytes]) -> Chunks:
@@ -58,13 +46,13 @@ def _sparse_bitmap(n: int, seed: int) -> bytes:
 def cases() -> dict[str, Chunks]:
     out: dict[str, Chunks] = {}
     for n in (1 << 16, 1 << 18):
-        for kind, data in _planes(n, n).items():
-            out[f"Huffman-only {kind}, {n >> 10} KiB"] = [(_huffman_only(data), data)]
+        for kind, data in weight_planes(n, n).items():
+            out[f"Huffman-only {kind}, {n >> 10} KiB"] = [(huffman_only(data), data)]
     golden = np.load(GOLDEN)
     for name, label in (("262144_0", "256 KiB, type 0"), ("65537_1", "64 KiB, type 1"), ("65537_5", "64 KiB, type 5")):
         out[f"H200 golden, {label}"] = [(golden[f"enc_{name}"].tobytes(), golden[f"raw_{name.split('_')[0]}"].tobytes())]
     if _gdeflate_lib.load()[0] is not None:
-        for kind, data in _planes(1 << 16, 7).items():
+        for kind, data in weight_planes(1 << 16, 7).items():
             out[f"CPU-encoded (LZ) {kind}, 64 KiB"] = _cpu_encoded([data])
         out["CPU-encoded (LZ) sparse delta bitmap, 64 KiB"] = _cpu_encoded([_sparse_bitmap(1 << 16, 8)])
         out["CPU-encoded random bytes (stored), 64 KiB"] = _cpu_encoded([np.random.default_rng(9).bytes(1 << 16)])

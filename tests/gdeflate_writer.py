@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 LANES = 32
 END = 256
 PRECODE_ORDER = [16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15]
@@ -197,6 +199,21 @@ def huffman_block(lanes: Lanes, data: bytes, final: bool = True) -> None:
         lanes.op(i % LANES, pre_codes[symbol], *([extra] if extra else []))
     codes = canonical(lens)
     _symbols(lanes, list(data), codes.__getitem__)
+
+
+def huffman_only(data: bytes) -> bytes:
+    """A stream of one Huffman-only block of ``data``, as nvCOMP's GPU encoder writes by default."""
+    lanes = Lanes()
+    huffman_block(lanes, data)
+    return lanes.stream()
+
+
+def weight_planes(n: int, seed: int) -> dict[str, bytes]:
+    """``n`` bytes of each plane a GPU codes Huffman-only, of N(0, 0.02) weights: fp32 exponents,
+    bf16 signs and exponents."""
+    weights = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 0.02
+    return {"fp32 exponents": (weights.view(torch.int32) >> 23 & 0xFF).to(torch.uint8).numpy().tobytes(),
+            "bf16 sign+exponent": (weights.bfloat16().view(torch.int16) >> 8 & 0xFF).to(torch.uint8).numpy().tobytes()}
 
 
 def expand(tokens: list[Token], into: bytearray) -> None:

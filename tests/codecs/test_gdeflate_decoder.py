@@ -15,7 +15,7 @@ import torch
 from ckptzip.codecs import _gdeflate_lib, get_codec, has_codec
 from ckptzip.codecs.gdeflate_cpu import GdeflateCpuCodec
 from ckptzip.errors import CorruptChunkError
-from gdeflate_writer import END, Lanes, Token, expand, fixed_block, header, huffman_block, stored_block
+from gdeflate_writer import END, Lanes, Token, expand, fixed_block, header, huffman_only, stored_block, weight_planes
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 pytestmark = pytest.mark.skipif(not has_codec("gdeflate", "cpu"), reason="ckptzip's GDeflate decoder is not built")
@@ -31,20 +31,6 @@ def _codec() -> GdeflateCpuCodec:
 def _decode(stream: bytes, raw: int) -> bytes:
     (got,) = _codec().decode([torch.frombuffer(bytearray(stream), dtype=torch.uint8)], [raw])
     return got.numpy().tobytes()
-
-
-def _planes(n: int, seed: int) -> dict[str, bytes]:
-    """``n`` bytes of the planes nvCOMP's GPU encoder codes Huffman-only: fp32 exponents, bf16 signs and exponents."""
-    g = torch.Generator().manual_seed(seed)
-    weights = torch.randn(n, generator=g) * 0.02
-    return {"fp32": (weights.view(torch.int32) >> 23 & 0xFF).to(torch.uint8).numpy().tobytes(),
-            "bf16": (weights.bfloat16().view(torch.int16) >> 8 & 0xFF).to(torch.uint8).numpy().tobytes()}
-
-
-def _huffman(data: bytes) -> bytes:
-    lanes = Lanes()
-    huffman_block(lanes, data)
-    return lanes.stream()
 
 
 def _fixed(*blocks: list[Token]) -> tuple[bytes, bytes]:
@@ -68,8 +54,8 @@ def test_chunks_an_h200_wrote_decode_without_nvcomp() -> None:
 
 @pytest.mark.parametrize("n", [1, 2, 33, 4096, 65_537])
 def test_huffman_only_planes_decode_bit_exactly(n: int) -> None:
-    for data in _planes(n, n).values():
-        assert _decode(_huffman(data), n) == data
+    for data in weight_planes(n, n).values():
+        assert _decode(huffman_only(data), n) == data
 
 
 @pytest.mark.parametrize("sizes", [[0], [1], [31, 32, 33], [65535, 1000], [0, 5, 0]])
@@ -227,7 +213,7 @@ def _nvcomp_decode(stream: bytes, raw: int) -> bytes:
 def test_nvcomps_cpu_decoder_reads_the_streams_written_here_alike() -> None:
     """The writer's (and so the decoder's) reading of the format is nvCOMP's: Huffman-only, stored and fixed
     blocks, Deflate64's long lengths and far distances."""
-    streams = [(_huffman(data), data) for data in _planes(65_536, 3).values()]
+    streams = [(huffman_only(data), data) for data in weight_planes(65_536, 3).values()]
     streams.append(_fixed([int(x) for x in np.random.default_rng(4).integers(0, 256, 50_000)],
                           [(3, 1), (258, 7), (1000, 40_000), (65_538, 49_200), (40, 2)]))
     lanes = Lanes()
