@@ -25,9 +25,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__SSE2__)
-#include <emmintrin.h> /* SSE2 is in every x86-64 CPU; elsewhere a plain loop */
-#endif
 
 #define LANES 32
 #define LIT_BITS 11 /* bits of the first-level tables; longer codes go through a second level */
@@ -79,9 +76,8 @@ typedef struct {
 } Output;
 
 typedef struct {
-    uint64_t runs[1 << LIT_BITS], fixed_runs[1 << LIT_BITS];
-    uint32_t lit[LIT_ENTRIES], dist[DIST_ENTRIES], pre[1 << PRE_BITS];
-    uint32_t fixed_lit[LIT_ENTRIES], fixed_dist[DIST_ENTRIES];
+    uint32_t lit[LIT_ENTRIES], dist[DIST_ENTRIES], pre[1 << PRE_BITS], pairs[1 << LIT_BITS];
+    uint32_t fixed_lit[LIT_ENTRIES], fixed_dist[DIST_ENTRIES], fixed_pairs[1 << LIT_BITS];
     int fixed_built;
     uint8_t lens[LIT_SYMS + DIST_SYMS];
 } Tables;
@@ -229,24 +225,18 @@ static Status build(uint32_t *table, unsigned bits, const uint8_t *lens, unsigne
     return OK;
 }
 
-/* Runs of literals: for each LIT_BITS bits, the up to 3 literals whose codes they begin with and
- * hold whole: the literals in bits 0-23; in bits 24-31 their codes' length plus 64 times their
- * number (a step of a lane's position, below); and in bits 32-39, 40-47 and 48-55 where each
- * literal's code ends. No literal (another symbol first, or a longer code) reads as 0. */
-#define RUN(lits, len, n, ends) ((uint64_t)(lits) | (uint64_t)((len) + 64 * (n)) << 24 | (uint64_t)(ends) << 32)
+/* Pairs of literals: for each LIT_BITS bits, the two literals whose codes they begin with where
+ * both are there (a literal's own code may be the whole of them): literals in bits 0-15, the
+ * first code's length in bits 16-20, both codes' length in bits 24-28, and PAIR. */
+#define PAIR (1u << 31)
 
-static void build_runs(uint64_t *runs, const uint32_t *lit) {
+static void build_pairs(uint32_t *pairs, const uint32_t *lit) {
     uint32_t i;
     for (i = 0; i < 1u << LIT_BITS; i++) {
-        uint32_t k, end = 0, lits = 0, ends = 0;
-        for (k = 0; k < 3; k++) {
-            uint32_t f = lit[i >> end];
-            if ((f & KIND) != LITERAL || end + CODE_LEN(f) > LIT_BITS) break;
-            end += CODE_LEN(f);
-            lits |= VALUE(f) << (8 * k);
-            ends |= end << (8 * k);
-        }
-        runs[i] = k ? RUN(lits, end, k, ends) : 0;
+        uint32_t e = lit[i], n = CODE_LEN(e), f = lit[i >> n];
+        pairs[i] = 0;
+        if ((e & KIND) == LITERAL && (f & KIND) == LITERAL && n + CODE_LEN(f) <= LIT_BITS)
+            pairs[i] = VALUE(e) | VALUE(f) << 8 | n << 16 | (n + CODE_LEN(f)) << 24 | PAIR;
     }
 }
 
@@ -291,7 +281,7 @@ static Status read_codes(Tables *t, Lanes *s) {
         refill(s, l);
     }
     if ((st = build(t->lit, LIT_BITS, t->lens, hlit, lit_entry)) != OK) return st;
-    build_runs(t->runs, t->lit);
+    build_pairs(t->pairs, t->lit);
     return build(t->dist, DIST_BITS, t->lens + hlit, hdist, dist_entry);
 }
 
@@ -301,7 +291,7 @@ static Status fixed_codes(Tables *t) {
     if (t->fixed_built) return OK;
     for (i = 0; i < LIT_SYMS; i++) t->lens[i] = i < 144 ? 8 : i < 256 ? 9 : i < 280 ? 7 : 8;
     if ((st = build(t->fixed_lit, LIT_BITS, t->lens, LIT_SYMS, lit_entry)) != OK) return st;
-    build_runs(t->fixed_runs, t->fixed_lit);
+    build_pairs(t->fixed_pairs, t->fixed_lit);
     memset(t->lens, 5, DIST_SYMS);
     if ((st = build(t->fixed_dist, DIST_BITS, t->lens, DIST_SYMS, dist_entry)) != OK) return st;
     t->fixed_built = 1;
@@ -339,117 +329,50 @@ static inline void copy_match(uint8_t *dst, size_t dist, size_t len) {
     }
 }
 
-#define BATCH 8   /* rounds of literals decoded at once */
-#define LOOKUPS 3 /* runs a lane reads in any case (more where they are short) */
+#define BATCH 4 /* rounds of literals decoded at once: two pairs a lane */
 
-static inline void store32(uint8_t *p, uint32_t w) { memcpy(p, &w, 4); }
-static inline uint64_t load64(const uint8_t *p) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    return w;
-}
-
-/* Rounds 0-7 of each lane's literals (lits[l][r]) to the output, round by round. */
-static inline void transpose_out(uint8_t (*lits)[16], uint8_t *out) {
-#if defined(__SSE2__)
-    unsigned g, i;
-    for (g = 0; g < LANES; g += 16) {
-        __m128i p[8], q[8], x[8];
-        for (i = 0; i < 8; i++) /* lanes 2i, 2i+1 of the group: their bytes interleaved */
-            p[i] = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)lits[g + 2 * i]),
-                                     _mm_loadl_epi64((const __m128i *)lits[g + 2 * i + 1]));
-        for (i = 0; i < 4; i++) { /* lanes 4i-4i+3: rounds 0-3, rounds 4-7 */
-            q[2 * i] = _mm_unpacklo_epi16(p[2 * i], p[2 * i + 1]);
-            q[2 * i + 1] = _mm_unpackhi_epi16(p[2 * i], p[2 * i + 1]);
-        }
-        for (i = 0; i < 2; i++) { /* lanes 8i-8i+7: rounds 0-1, 2-3, 4-5, 6-7 */
-            x[4 * i] = _mm_unpacklo_epi32(q[4 * i], q[4 * i + 2]);
-            x[4 * i + 1] = _mm_unpackhi_epi32(q[4 * i], q[4 * i + 2]);
-            x[4 * i + 2] = _mm_unpacklo_epi32(q[4 * i + 1], q[4 * i + 3]);
-            x[4 * i + 3] = _mm_unpackhi_epi32(q[4 * i + 1], q[4 * i + 3]);
-        }
-        for (i = 0; i < 4; i++) { /* rounds 2i, 2i+1 of all 16 lanes */
-            _mm_storeu_si128((__m128i *)(out + 2 * i * LANES + g), _mm_unpacklo_epi64(x[i], x[4 + i]));
-            _mm_storeu_si128((__m128i *)(out + (2 * i + 1) * LANES + g), _mm_unpackhi_epi64(x[i], x[4 + i]));
-        }
-    }
-#else
-    unsigned l, r;
-    for (r = 0; r < BATCH; r++)
-        for (l = 0; l < LANES; l++) out[r * LANES + l] = lits[l][r];
-#endif
-}
-
-/* Up to BATCH rounds of literals, each lane's from the bits it holds: lane by lane, runs of its
- * literals (3 lookups of up to 3 literals, more only where they come short) and where each one
- * ends, to scratch by lane; then the rounds every lane holds (BATCH unless some lane needs its next
- * word to finish them), the bits each lane takes and the round after which it takes a word; then
- * the literals to the output (transposed), and the words, in the stream's order (by round, then
- * lane). Returns 1; or, having changed nothing (the output past o->n aside), 0 where some lane
- * meets another symbol in those rounds, -1 where one meets an invalid symbol or no round is held. */
-static int literal_batch(const uint64_t *runs, const uint32_t *lit, Lanes *s, Output *o) {
-    static const uint64_t ONES = 0x0101010101010101ull, one_more[BATCH + 1] = {
-        1, 1 << 8, 1 << 16, 1 << 24, (uint64_t)1 << 32, (uint64_t)1 << 40, (uint64_t)1 << 48, (uint64_t)1 << 56, 0};
-    uint8_t lits[LANES][16], ends[LANES][16];
-    uint64_t counts = 0; /* lanes taking a word after each round, a byte each */
-    uint32_t early_of[LANES], takers[LANES], next[BATCH], n = 0, l, r, rounds = BATCH, short_of = 0;
+/* BATCH rounds of literals, each lane's from the bits it holds: lane by lane, its symbols and
+ * the round after which it takes a word; then the words, in the stream's order (by round,
+ * then lane). Returns 1; or, having changed nothing (the output past o->n aside), 0 where some
+ * lane meets another symbol, -1 where one meets a long code or runs out of bits. */
+static int literal_batch(const uint32_t *pairs, const uint32_t *lit, Lanes *s, Output *o) {
+    static const uint64_t one_more[BATCH + 1] = {1, 1 << 8, 1 << 16, 1 << 24, (uint64_t)1 << 32};
+    uint8_t *out = o->out + o->n;
+    uint64_t left[LANES], counts = 0; /* lanes taking a word after each round (and none), a byte each */
+    uint32_t held[LANES], takers[LANES], next[BATCH], n = 0, l, r;
     for (l = 0; l < LANES; l++) {
-        const uint64_t b = s->buf[l];
-        uint32_t at = 0, k; /* the lane's position: bits taken (0-5), and literals (6 up) */
-#define RUN_LOOKUP()                                                                                  \
-    do {                                                                                              \
-        uint64_t e = runs[(b >> (at & 63)) & ((1u << LIT_BITS) - 1)];                                 \
-        store32(lits[l] + (at >> 6), (uint32_t)e);                                                    \
-        store32(ends[l] + (at >> 6), (uint32_t)(e >> 32) + (at & 63) * 0x01010101u);                  \
-        at += (uint32_t)e >> 24;                                                                      \
-    } while (0)
-        for (k = 0; k < LOOKUPS; k++) RUN_LOOKUP(); /* at most 44 bits */
-        while (at < BATCH << 6) { /* rare: short runs, a long code, another symbol, or too few bits held */
-            uint32_t t = at & 63, f;
-            if (t <= s->cnt[l] && t <= 63 - MAX_LEN) {
-                if (runs[(b >> t) & ((1u << LIT_BITS) - 1)]) {
-                    RUN_LOOKUP();
-                    continue;
-                }
-                f = lookup(lit, LIT_BITS, b >> t);
-                if (t + CODE_LEN(f) <= s->cnt[l]) { /* a symbol the lane holds */
-                    if (f & KIND) return (f & KIND) == INVALID ? -1 : 0;
-                    store32(lits[l] + (at >> 6), VALUE(f));
-                    store32(ends[l] + (at >> 6), (t + CODE_LEN(f)) * 0x01010101u);
-                    at += CODE_LEN(f) + 64;
-                    continue;
-                }
+        uint64_t b = s->buf[l];
+        uint32_t spare = s->cnt[l] - 32, e = pairs[b & ((1u << LIT_BITS) - 1)], t = e >> 24 & 31, f, early;
+        f = pairs[(b >> t) & ((1u << LIT_BITS) - 1)];
+        if (e & f & PAIR) { /* 4 literals in at most 22 bits: all held */
+            /* whether the lane holds 32 bits after the first pair (then it takes its word in the second), and the
+             * end of the first literal of the pair it takes it in: chosen without a branch, either is as likely */
+            uint32_t second = t <= spare, mid = (e >> 16 & 31) ^ (((t + (f >> 16 & 31)) ^ (e >> 16 & 31)) & (0 - second));
+            out[l] = (uint8_t)e;
+            out[LANES + l] = (uint8_t)(e >> 8);
+            out[2 * LANES + l] = (uint8_t)f;
+            out[3 * LANES + l] = (uint8_t)(f >> 8);
+            early = 2 * second + (mid <= spare);
+            t += f >> 24 & 31;
+            early += t <= spare; /* rounds after which the lane still holds 32 bits */
+        } else {
+            for (r = t = early = 0; r < BATCH; r++) {
+                e = lit[(b >> t) & ((1u << LIT_BITS) - 1)];
+                out[r * LANES + l] = (uint8_t)VALUE(e);
+                t += CODE_LEN(e);
+                early += t <= spare;
+                if ((e & KIND) == SUBTABLE || t > spare + 32) return -1; /* a long code, or one not all held */
+                if (e & KIND) return 0;
             }
-            /* the lane's rounds from here need bits it does not hold: the batch has fewer rounds */
-            store32(ends[l] + (at >> 6), 0x7f7f7f7fu);
-            store32(ends[l] + (at >> 6) + 4, 0x7f7f7f7fu);
-            break;
         }
-#undef RUN_LOOKUP
-    }
-    for (l = 0; l < LANES; l++) {
-        uint64_t e = load64(ends[l]); /* where rounds 0-7 end, all below 128 */
-        uint32_t c = s->cnt[l];
-        /* rounds after which the lane still holds 32 bits: those ending at most c - 32 bits in */
-        early_of[l] = (uint32_t)(((((((c - 32) * ONES) | 0x80 * ONES) - e) & 0x80 * ONES) >> 7) * ONES >> 56);
-        short_of |= (uint32_t)(e >> 56) > c;
-    }
-    if (short_of) /* rounds whose bits every lane holds: those ending at most c bits in */
-        for (l = 0; l < LANES; l++) {
-            uint64_t e = load64(ends[l]);
-            uint32_t c = s->cnt[l], h = (uint32_t)(((((((c | 0x80) * ONES) - e) & 0x80 * ONES) >> 7) * ONES) >> 56);
-            if (h < rounds) rounds = h;
-        }
-    if (!rounds) return -1;
-    for (l = 0; l < LANES; l++) { /* nothing fails from here */
-        uint32_t t = ends[l][rounds - 1], early = early_of[l], take = early < rounds;
-        s->buf[l] >>= t;
-        s->cnt[l] -= t;
+        left[l] = b >> t;
+        held[l] = spare + 32 - t;
         takers[n] = l | early << 8;
-        n += take;
-        counts += one_more[early] & (0 - (uint64_t)take);
+        n += early < BATCH;
+        counts += one_more[early];
     }
-    transpose_out(lits, o->out + o->n);
+    memcpy(s->buf, left, sizeof(left));
+    memcpy(s->cnt, held, sizeof(held));
     for (r = 0, next[0] = 0; r + 1 < BATCH; r++) next[r + 1] = next[r] + (uint32_t)(counts >> (8 * r) & 0xff);
     for (r = 0; r < n; r++) { /* the words in the stream's order: by round, then lane */
         uint32_t lane = takers[r] & 0xff, at = next[takers[r] >> 8]++;
@@ -457,7 +380,7 @@ static int literal_batch(const uint64_t *runs, const uint32_t *lit, Lanes *s, Ou
         s->cnt[lane] += 32;
     }
     s->pos += 4 * n;
-    o->n += rounds * LANES;
+    o->n += BATCH * LANES;
     return 1;
 }
 
@@ -465,14 +388,14 @@ static int literal_batch(const uint64_t *runs, const uint32_t *lit, Lanes *s, Ou
  * words: returns the lane whose symbol is not a literal (0 at a round's start). After a batch
  * meets another symbol, the next `*wait` rounds go one at a time (a block of matches would fail
  * most batches). */
-static unsigned literal_rounds(const uint64_t *runs, const uint32_t *lit, Lanes *s, Output *o, unsigned *wait) {
+static unsigned literal_rounds(const uint32_t *pairs, const uint32_t *lit, Lanes *s, Output *o, unsigned *wait) {
     unsigned l = 0;
     while (o->cap - o->n >= BATCH * LANES && s->in_len >= 4 * LANES && s->pos <= s->in_len - 4 * LANES) {
         uint8_t *out = o->out + o->n;
         if (*wait) {
             --*wait;
         } else {
-            int batch = literal_batch(runs, lit, s, o);
+            int batch = literal_batch(pairs, lit, s, o);
             if (batch > 0) continue;
             if (batch == 0) *wait = 16;
         }
@@ -508,7 +431,7 @@ static inline unsigned lowest(uint32_t m) {
  * lane that fell below 32 bits takes its word in lane order: the same output (no match reads
  * bytes this round's symbols write, and the matches keep their order), the same words to the
  * same lanes, and the error of the lowest failing lane. */
-static Status huffman_block(const uint64_t *runs, const uint32_t *lit, const uint32_t *dist, Lanes *s, Output *o) {
+static Status huffman_block(const uint32_t *pairs, const uint32_t *lit, const uint32_t *dist, Lanes *s, Output *o) {
     uint8_t *const out = o->out;
     const size_t cap = o->cap;
     size_t n = o->n;
@@ -523,7 +446,7 @@ static Status huffman_block(const uint64_t *runs, const uint32_t *lit, const uin
         l = 0;
         if (!pending) {
             o->n = n;
-            l = literal_rounds(runs, lit, s, o, &wait);
+            l = literal_rounds(pairs, lit, s, o, &wait);
             n = o->n;
         }
         lanes = ~0u << l; /* l < 32 */
@@ -660,10 +583,10 @@ static Status decode_chunk(Tables *t, const uint8_t *in, size_t in_len, uint8_t 
             st = stored_block(&s, &o);
         } else if (type == 1) {
             st = fixed_codes(t);
-            if (st == OK) st = huffman_block(t->fixed_runs, t->fixed_lit, t->fixed_dist, &s, &o);
+            if (st == OK) st = huffman_block(t->fixed_pairs, t->fixed_lit, t->fixed_dist, &s, &o);
         } else if (type == 2) {
             st = read_codes(t, &s);
-            if (st == OK) st = huffman_block(t->runs, t->lit, t->dist, &s, &o);
+            if (st == OK) st = huffman_block(t->pairs, t->lit, t->dist, &s, &o);
         } else {
             st = BAD_BLOCK;
         }
