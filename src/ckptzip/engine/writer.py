@@ -231,15 +231,12 @@ class _Packing:
     buffer: torch.Tensor | None = None
     fill: int = 0
 
-    def room(self, pool: PinnedPool) -> torch.Tensor:
-        """The buffer being filled (a new one from ``pool`` when none is)."""
+    def take(self, limit: int, pool: PinnedPool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to ``limit`` bytes of the buffer being filled (a new one from ``pool`` when none is),
+        and the buffer where they fill it."""
         if self.buffer is None:
             self.buffer, self.fill = pool.acquire(), 0  # waits while the writer holds every buffer
-        return self.buffer
-
-    def take(self, limit: int, pool: PinnedPool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Up to ``limit`` bytes of the buffer (what it has left), and the buffer where they fill it."""
-        buffer = self.room(pool)
+        buffer = self.buffer
         n = min(limit, pool.buffer_bytes - self.fill)
         piece = buffer[self.fill : self.fill + n]
         self.fill += n
