@@ -4,7 +4,10 @@ Parts (``--parts``, comma-separated):
 - ``tier``: a state of 7B-like shapes (``--gib``; fp32 weights, both AdamW moments, bf16
   gradients) saved by a ``CheckpointManager`` with a memory tier in shared memory: how long
   ``save()`` blocked against a device-to-device copy of the state, how long until the tier held
-  it, and the tier's bytes against the state's (how many more checkpoints the same RAM holds).
+  it, and the tier's bytes against the state's (how many more checkpoints the same RAM holds);
+  ``--first`` says what the process does before that first save (``prepare``: the manager's
+  ``prepare(state)``; ``warm``: the kernels made, as after a while of training); a second save's
+  block is reported beside the first's.
   The trainer then exits without closing (as a crashed one would), leaving the tier behind.
 - ``restore``: fresh processes restore the newest checkpoint from that tier onto the GPU:
   seconds and GB/s of the state's bytes (the interpreter's and CUDA's start excluded),
@@ -62,10 +65,18 @@ clone = clone_seconds(state)
 torch.cuda.empty_cache()
 manager = CheckpointManager(sys.argv[1], keep_last=1, codec=sys.argv[5],
                             memory_tier=MemoryTier(keep=1, persist_every=1000, path=sys.argv[2]))
+first = sys.argv[6].split("+")
+if "prepare" in first:  # as a job does once its model and optimizer exist
+    manager.prepare(state)
+if "warm" in first:  # as when training ran a while before the first save: the kernels are ready
+    import ckptzip
+    ckptzip.warmup(wait=True)
 t = time.perf_counter()
 blocked = blocked_save(manager, 1, state)  # then waits for the tier's copy
 ready = time.perf_counter() - t
+second = blocked_save(manager, 2, state)
 print(json.dumps({"blocked_s": blocked, "tier_ready_s": round(ready, 2), "d2d_clone_s": round(clone, 4),
+                  "second_blocked_s": second,
                   "snapshot": manager.last_snapshot,                  "state_bytes": nbytes(state)}), flush=True)
 os._exit(0)  # no close(): the trainer is gone, its tier stays
 """
@@ -111,7 +122,8 @@ def part_tier(args: argparse.Namespace, root: Path) -> None:
     run, shm = root / "run", Path(args.shm) / f"ckptzip-tier-gpu-{os.getpid()}"
     args.run, args.shm_dir = run, shm
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", _SAVE, str(run), str(shm), str(args.gib), here, args.codec],
+    out = subprocess.run([sys.executable, "-c", _SAVE, str(run), str(shm), str(args.gib), here, args.codec,
+                          args.first],
                          capture_output=True, text=True, timeout=args.part_timeout_s)
     total = time.perf_counter() - t
     if out.returncode != 0:
@@ -120,8 +132,8 @@ def part_tier(args: argparse.Namespace, root: Path) -> None:
     row = json.loads(out.stdout.strip().splitlines()[-1])
     held = _tier_bytes(shm)
     args.state_bytes = row["state_bytes"]
-    report(part="tier", codec=args.codec, state_gb=round(row["state_bytes"] / 1e9, 2), snapshot=row["snapshot"],
-           blocked_s=row["blocked_s"], tier_ready_s=row["tier_ready_s"], d2d_clone_s=row["d2d_clone_s"],
+    report(part="tier", codec=args.codec, first=args.first, state_gb=round(row["state_bytes"] / 1e9, 2), snapshot=row["snapshot"],
+           blocked_s=row["blocked_s"], second_blocked_s=row["second_blocked_s"], tier_ready_s=row["tier_ready_s"], d2d_clone_s=row["d2d_clone_s"],
            blocked_of_clone=round(row["blocked_s"] / row["d2d_clone_s"], 2), tier_gb=round(held / 1e9, 2),
            checkpoints_per_raw=round(row["state_bytes"] / max(1, held), 4), process_s=round(total, 1))
 
@@ -233,6 +245,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", default="tier,restore,delta")
     p.add_argument("--gib", type=float, default=40, help="size of the tier's 7B-like state")
+    p.add_argument("--first", default="-", help="what the tier part does before its first save: - (nothing), "
+                   "prepare (manager.prepare), warm (ckptzip.warmup, waited for), prepare+warm")
     p.add_argument("--restores", type=int, default=2)
     p.add_argument("--restore-prep", default="none",
                    help="comma-separated variants of what a fresh restoring process does first: none, warmup "
