@@ -39,7 +39,7 @@ import ckptzip
 from ckptzip.demo.training import Transformer, get_preset, load_corpus
 from ckptzip_bench.launch import launch
 from ckptzip.manager import CheckpointManager, MemoryTier
-from ckptzip.tier.ring import Ring, pack
+from ckptzip.tier.ring import Ring
 
 
 def _state(step: int, mb: int) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def _replicate_rank(rank: int, world: int, root: str, mb: int, saves: int, out: 
     ring = Ring(dist.new_group(backend="gloo"))
     data = (Path(root) / "shm" / "own").glob("step_*.ckz")
     blob = np.fromfile(sorted(data)[-1], dtype=np.uint8)
-    bundle = pack([(1, blob)])
+    bundle = torch.from_numpy(blob)
     shifts = []
     for _ in range(5):
         dist.barrier()

@@ -3,14 +3,13 @@ restore that agrees, across the group, on the newest step every rank can restore
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, MissingBaseError
 from .retention import removable
-from .ring import ReplicationError, Ring, pack, unpack
+from .ring import ReplicationError, Ring
 
 if TYPE_CHECKING:
     from .store import TieredStorage
@@ -32,14 +31,13 @@ class Peers:
     def replicate(self, name: str | None) -> None:
         """Send this rank's new checkpoint (``None``: none this time) to the successor, keep what
         the predecessor sends, and retire the predecessor's older copies."""
-        store, naming = self.store, self.store.naming
-        files: list[tuple[int, bytes | np.ndarray]] = []
-        if name is not None:
-            data = store.memory.read(name) if store.memory.has(name) else store.durable.open(name).read()
-            files.append((naming.step_of(name), data))
-        received = self.ring.shift(pack(files), forward=True, send=True, expect=True)
-        for step, held in unpack(received) if received is not None else []:
-            store.hold(step, held)
+        store = self.store
+        with contextlib.ExitStack() as opened:
+            files: list[tuple[int, BinaryIO]] = []
+            if name is not None:
+                source = store.memory.storage if store.memory.has(name) else store.durable
+                files.append((store.naming.step_of(name), opened.enter_context(source.open(name))))
+            self.ring.stream(files, forward=True, send=True, expect=True, accept=store.hold)
         for step in removable(store.peer.steps(), store.tier.keep, store.peer.base_of):
             store.peer.remove(step)
 
@@ -90,15 +88,14 @@ class Peers:
         its bases) that the successor holds, into its own memory tier."""
         ring, store, naming = self.ring, self.store, self.store.naming
         serve = need[ring.predecessor(ring.rank)]
-        bundle = None
-        if serve:
-            held = store.peer.chain(step) if store.peer.has(naming.name_of(step)) else []
-            bundle = pack([(s, store.peer.read(naming.name_of(s))) for s in held])
-        received = ring.shift(bundle, forward=False, send=serve, expect=need[ring.rank])
-        for s, data in unpack(received) if received is not None else []:
-            name = naming.name_of(s)
-            store.memory.put(name, data)
-            self.fetched.add(name)
+        with contextlib.ExitStack() as opened:
+            files = None
+            if serve:
+                held = store.peer.chain(step) if store.peer.has(naming.name_of(step)) else []
+                files = [(s, opened.enter_context(store.peer.storage.open(naming.name_of(s)))) for s in held]
+            got = ring.stream(files, forward=False, send=serve, expect=need[ring.rank],
+                              accept=lambda s, _size: store.memory.writer(naming.name_of(s)))
+        self.fetched.update(map(naming.name_of, got))
 
 
 def _attempt(load: Callable[[int], T], step: int) -> tuple[int, Exception | None, T | None]:

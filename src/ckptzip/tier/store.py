@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TypeVar
 
-import numpy as np
 import torch.distributed as dist
 
 from .. import api
@@ -152,12 +151,10 @@ class _Shelf:
             out.append(base)
         return out[::-1]
 
-    def read(self, name: str) -> np.ndarray:
-        return np.fromfile(self.root / name, dtype=np.uint8)
-
-    def put(self, name: str, data: memoryview) -> None:
+    def writer(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """An atomic writer of file ``name`` here (committed when its block ends well)."""
         self.makedirs()
-        self.storage.write(name, lambda f: f.write(data))
+        return self.storage.directory.atomic_write(name)
 
     def remove(self, step: int) -> None:
         self.storage.delete(self.naming.name_of(step))
@@ -339,14 +336,14 @@ class TieredStorage(Storage):
     def _pinned_steps(self, shelf: _Shelf) -> set[int]:
         return {self.naming.step_of(n) for n in tuple(self._pinned)} if shelf is self.memory else set()
 
-    def hold(self, step: int, data: memoryview) -> None:
-        """Keep a peer's copy, if it fits."""
+    def hold(self, step: int, size: int) -> contextlib.AbstractContextManager[BinaryIO] | None:
+        """Where to keep a peer's copy of ``step`` (``size`` bytes), ``None`` if it does not fit."""
         name = self.naming.name_of(step)
-        if not self._make_room(len(data), wait=True):
+        if not self._make_room(size, wait=True):
             warnings.warn(f"the memory tier of {self.location} has no room for the peer's {name} "
-                          f"({len(data)} bytes) within its budget; that step is not replicated", stacklevel=4)
-            return
-        self.peer.put(name, data)
+                          f"({size} bytes) within its budget; that step is not replicated", stacklevel=5)
+            return None
+        return self.peer.writer(name)
 
     # ------------------------------------------------------------------------------ persisting
 
