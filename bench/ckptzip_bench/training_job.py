@@ -84,10 +84,10 @@ def host_rss() -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
 
 
-def llama_like_state(gib: float, device: str = "cuda") -> dict[str, torch.Tensor]:
+def llama_like_state(gib: float, device: str = "cuda", seed: int = 1) -> dict[str, torch.Tensor]:
     """Tensors of a 7B Llama's shapes (hidden 4096, MLP 11008, vocabulary 32000), as many layers
     as ``gib`` allows: fp32 weights N(0, 0.02), AdamW moments, bf16 gradients."""
-    g = torch.Generator(device=device).manual_seed(1)
+    g = torch.Generator(device=device).manual_seed(seed)
     shapes: dict[str, tuple[int, ...]] = {"embed": (32000, 4096), "head": (32000, 4096)}
     per_layer: dict[str, tuple[int, ...]] = {"q": (4096, 4096), "k": (4096, 4096), "v": (4096, 4096), "o": (4096, 4096),
                  "gate": (11008, 4096), "up": (11008, 4096), "down": (4096, 11008), "norm": (4096,)}
