@@ -8,7 +8,8 @@ Reported: each save's block and its time until committed and replicated; the lin
 send of the compressed file's size from rank 0 to rank 1, median of 3, in the same processes);
 each restore's seconds, where it read, bit-exactness against the state rebuilt from its seed,
 and a second restore in the same process (from memory on both ranks by then), so that the
-peer restore's extra time can be set against the compressed bytes and the link's speed.
+peer restore's extra time can be set against the compressed bytes and the link's speed; each
+process's peak RSS.
 
     python3 bench/peer_gpu.py --gib 8 --json peer.json
 """
@@ -19,6 +20,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -97,6 +99,7 @@ def rank_main(mode: str, rank: int, port: int, root: Path, gib: float, device: s
             if key == "restore_s":
                 row["bit_exact"] = same(state, llama_like_state(gib, device, seed=1 + rank))
             del state
+    row["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2)
     print(json.dumps(row), flush=True)
     dist.barrier()
     os._exit(0)  # no close(): the trainer is gone, its tier stays (and close would persist it to disk)
