@@ -4,8 +4,9 @@ group over loopback) save a state of 7B-like shapes each (``--gib``, on the GPU)
 exit without closing, then rank 1's "node" is lost (its tier and directory deleted) and two fresh
 processes restore: rank 0 from its own memory, rank 1 from its peer's copy.
 
-Reported: each save's block and its time until committed and replicated; the link (one gloo
-send of the compressed file's size from rank 0 to rank 1, median of 3, in the same processes);
+Reported: each save's block and its time until committed and replicated; the link (a stream
+of the compressed file's size from rank 0 to rank 1 in the tier's pieces, nothing read or
+written, median of 3, in the same processes);
 each restore's seconds, where it read, bit-exactness against the state rebuilt from its seed,
 and a second restore in the same process (from memory on both ranks by then), so that the
 peer restore's extra time can be set against the compressed bytes and the link's speed; each
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import os
 import resource
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,17 +44,35 @@ def _node(root: Path, rank: int) -> tuple[Path, Path]:
     return root / f"node{rank}" / "run", root / f"node{rank}" / "shm"
 
 
+class _Zeros(io.RawIOBase):
+    """``nbytes`` of a file that costs nothing to read (its pieces are sent as they are)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes, self.at = nbytes, 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.at = self.nbytes if whence == 2 else offset
+        return self.at
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self.nbytes - self.at)
+        self.at += n
+        return n
+
+
 def _link_gbs(nbytes: int) -> float:
-    """GB/s of one gloo send of ``nbytes`` from rank 0 to rank 1 (median of 3)."""
+    """GB/s of a stream of ``nbytes`` from rank 0 to rank 1 as the tier sends its files (pieces
+    of ``PIECE_BYTES``), with nothing read or written: the link as the tier uses it (median of 3)."""
     from ckptzip.tier.ring import Ring
 
     ring = Ring(dist.new_group(backend="gloo", timeout=TIMEOUT))
-    bundle = torch.ones(nbytes, dtype=torch.uint8)
     times = []
     for _ in range(3):
         dist.barrier()
         t = time.perf_counter()
-        ring.shift(bundle, forward=True, send=ring.rank == 0, expect=ring.rank == 1)
+        files = [(1, _Zeros(nbytes))] if ring.rank == 0 else None
+        ring.stream(files, forward=True, send=ring.rank == 0, expect=ring.rank == 1,  # type: ignore[arg-type]
+                    accept=lambda step, size: None)
         dist.barrier()
         times.append(time.perf_counter() - t)
     return nbytes / statistics.median(times) / 1e9
