@@ -81,10 +81,8 @@ class Ring:
         piece ``k - 1`` written."""
         sends = _piece_sizes(outgoing.nbytes if outgoing else 0)
         recvs = _piece_sizes(incoming.nbytes if incoming else 0)
-        out_bufs = [torch.empty(min(PIECE_BYTES, outgoing.nbytes if outgoing else 0), dtype=torch.uint8)
-                    for _ in range(min(2, len(sends)))]
-        in_bufs = [torch.empty(min(PIECE_BYTES, incoming.nbytes if incoming else 0), dtype=torch.uint8)
-                   for _ in range(min(2, len(recvs)))]
+        out_bufs = [torch.empty(sends[0], dtype=torch.uint8) for _ in sends[:2]]  # the first piece is the largest
+        in_bufs = [torch.empty(recvs[0], dtype=torch.uint8) for _ in recvs[:2]]
         if sends:
             outgoing.fill(out_bufs[0][: sends[0]])  # type: ignore[union-attr]
         landed: torch.Tensor | None = None
