@@ -15,7 +15,7 @@ BENCH = ROOT / "bench" / "ckptzip_bench"
 
 # Floor of each top-level module or package of ckptzip, bottom up.
 FLOORS = {
-    "_version": 0, "_lazy": 0, "_local": 0, "errors": 0, "strictjson": 0,
+    "_version": 0, "_lazy": 0, "_local": 0, "errors": 0, "strictjson": 0, "settings": 0,
     "checksum": 1, "storage": 1, "codecs": 1, "transforms": 1, "uploads": 1, "blocks": 1,
     "kernels": 2, "format": 2,
     "tree": 3, "report": 3,

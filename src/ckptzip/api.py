@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 import torch
 from tqdm.auto import tqdm
 
+from . import settings
 from .budget import check_budget, validate_max_bytes
 from .engine.policy import Policy
 from .engine.reader import read_tensors
@@ -56,6 +57,7 @@ def save(obj: Any, f: PathOrFile, *, codec: CodecArg = "auto", progress: bool = 
     the save returns. Below 256 MiB it raises :class:`~ckptzip.errors.GpuMemoryError`.
     """
     policy = Policy.parse(codec)
+    settings.gpu_memory(gpu_memory)  # a bad value (or CKPTZIP_GPU_MEMORY_MB) fails here, on any machine
     if isinstance(f, (str, os.PathLike)):
         with atomic_file(f) as fh:
             write_checkpoint(fh, obj, policy, progress=progress, gpu_memory=gpu_memory)
@@ -130,6 +132,7 @@ class CheckpointReader:
     def __init__(self, f: PathFileOrBytes, *, map_location: MapLocation = None, max_bytes: int | None = None,
                  gpu_memory: int | None = None) -> None:
         self._owned: BinaryIO | None = None  # a file this reader opened, and closes
+        settings.gpu_memory(gpu_memory)  # a bad value (or CKPTZIP_GPU_MEMORY_MB) fails here, on any machine
         self.gpu_memory = gpu_memory
         if isinstance(f, (str, os.PathLike)):
             f = self._owned = open_for_read(f)  # refuses FIFOs and devices instead of blocking on them

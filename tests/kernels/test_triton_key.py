@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import STAND_IN_TRITON_KEY, stand_in_triton
 
+from ckptzip import settings
 from ckptzip.kernels import _triton_key
 
 
@@ -70,8 +71,8 @@ def test_nothing_is_remembered_where_it_is_turned_off_or_cannot_be_written(
 def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(_triton_key.ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert _triton_key.cache_dir() == tmp_path / "ckptzip"
+    assert settings.cache_dir() == tmp_path / "ckptzip"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert _triton_key.cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "ckptzip"
+    assert settings.cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "ckptzip"
     monkeypatch.setenv(_triton_key.ENV, "  ")
-    assert _triton_key.cache_dir() is None
+    assert settings.cache_dir() is None

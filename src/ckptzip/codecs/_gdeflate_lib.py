@@ -27,9 +27,10 @@ import importlib.util
 
 import numpy as np
 
+from .. import settings
 from ._nvcomp_wheel import library_candidates
 
-ENV_VAR = "CKPTZIP_NVCOMP_CPU_LIB"
+ENV_VAR = settings.NVCOMP_CPU_LIB
 SONAME = "libnvcomp_cpu.so.6"
 INSTALL_HINT = (
     "on Linux x86-64 or aarch64: pip install ckptzip[gdeflate] (nvidia-libnvcomp-cu12; ckptzip[gpu] has it too), "

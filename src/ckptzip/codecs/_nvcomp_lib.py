@@ -22,9 +22,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from .. import settings
 from ._nvcomp_wheel import library_candidates
 
-ENV_VAR = "CKPTZIP_NVCOMP_LIB"
+ENV_VAR = settings.NVCOMP_LIB
 SONAME = "libnvcomp.so.6"
 MIN_MAJOR = 6
 

@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
+
+from .. import settings
 
 
 def library_candidates(env_var: str, pattern: str, soname: str) -> list[str]:
     """Paths (or the soname) to try, in order: ``$env_var`` alone when it is set, else the files
     matching ``pattern`` in the installed package, then ``soname``."""
-    env = os.environ.get(env_var)
-    if env:
-        return [env]
+    chosen = settings.library(env_var)
+    if chosen is not None:
+        return [chosen]
     found: list[str] = []
     try:
         spec = importlib.util.find_spec("nvidia.libnvcomp")

@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from .. import settings
 from .._local import ThreadSetting
 
 T = TypeVar("T")
@@ -25,9 +26,9 @@ _SHARE: ThreadSetting[int] = ThreadSetting()
 
 def cpu_threads() -> int:
     """Threads used by CPU codecs: ``CKPTZIP_THREADS`` or the number of usable cores."""
-    env = os.environ.get("CKPTZIP_THREADS")
-    if env:
-        return max(1, int(env))
+    chosen = settings.threads()
+    if chosen is not None:
+        return chosen
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 

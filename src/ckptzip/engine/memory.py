@@ -15,31 +15,22 @@ memory that torch holds.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
-from ..errors import CkptzipError, GpuMemoryError
+from .. import settings
+from ..errors import GpuMemoryError
 
 MIN_GPU_MEMORY = 256 << 20
-ENV = "CKPTZIP_GPU_MEMORY_MB"
+ENV = settings.GPU_MEMORY_MB
 _MIB = 1 << 20
 _MIN_BATCH = 8 << 20
 
 
 def cap(gpu_memory: int | None) -> int | None:
     """The caller's cap in bytes: ``gpu_memory``, else ``CKPTZIP_GPU_MEMORY_MB``, else none."""
-    if gpu_memory is None:
-        text = os.environ.get(ENV, "").strip()
-        if not text:
-            return None
-        if not text.isdigit() or int(text) == 0:
-            raise CkptzipError(f"{ENV}={text!r}: expected a whole number of MiB above 0")
-        return int(text) * _MIB
-    if type(gpu_memory) is not int or gpu_memory <= 0:
-        raise CkptzipError(f"gpu_memory must be a number of bytes above 0 (an int) or None, got {gpu_memory!r}")
-    return gpu_memory
+    return settings.gpu_memory(gpu_memory)
 
 
 def _indexed(device: torch.device) -> torch.device:

@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from .. import settings
+
 BUFFER_BYTES = 64 << 20
 SLAB_BYTES = 1 << 30
 # GPU tensors at least this large come to the host through the pool (smaller ones: Tensor.to)
@@ -30,8 +32,7 @@ _LOG = logging.getLogger("ckptzip")
 
 
 def _pool_buffers() -> int:
-    total = int(os.environ.get("CKPTZIP_PINNED_MB", "1024")) << 20
-    return max(2, total // BUFFER_BYTES)
+    return max(2, settings.pinned_bytes() // BUFFER_BYTES)
 
 
 def _fresh_memory(nbytes: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import settings
 from ..codecs import MIN_PARALLEL_BYTES, codec_thread_count
 from . import _aot
 
@@ -37,7 +38,7 @@ CPU_PIECE_BYTES = 1 << 20  # most bytes of a row of the compiled kernels, whose 
 
 def _compiled() -> ModuleType | None:
     """The compiled CPU kernels, or None (not built here, or ``CKPTZIP_NUMPY_KERNELS=1``)."""
-    if os.environ.get("CKPTZIP_NUMPY_KERNELS") == "1":
+    if settings.numpy_kernels():
         return None
     try:
         return importlib.import_module(f"{__name__}._cpu")

@@ -17,7 +17,6 @@ import ctypes
 import hashlib
 import json
 import logging
-import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -27,10 +26,12 @@ from typing import Any
 
 import torch
 
+from .. import settings
+
 _HERE = Path(__file__).parent
 FOLDER = _HERE / "cubins"
 SOURCES = ("_planes_triton.py", "_segments_triton.py")  # what the shipped code is compiled from
-ENV = "CKPTZIP_AOT_KERNELS"
+ENV = settings.AOT_KERNELS
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _STATIC_SHARED_LIMIT = 48 * 1024  # bytes of dynamic shared memory a launch may use without opting in
 _LOG = logging.getLogger("ckptzip")
@@ -63,7 +64,7 @@ def arch_for(capability: tuple[int, int], archs: Sequence[str]) -> str | None:
 @cache
 def manifest() -> dict[str, Any] | None:
     """The shipped manifest where its sources match this package's and it is not turned off."""
-    if os.environ.get(ENV) == "0":
+    if not settings.aot_kernels():
         return None
     try:
         found: dict[str, Any] = json.loads((FOLDER / "manifest.json").read_text(encoding="utf-8"))

@@ -19,17 +19,10 @@ import os
 import tempfile
 from pathlib import Path
 
-ENV = "CKPTZIP_CACHE_DIR"
+from .. import settings
+
+ENV = settings.CACHE_DIR
 _SUFFIXES = (".py", ".so")
-
-
-def cache_dir() -> Path | None:
-    """Where ckptzip keeps what it remembers across processes, or None when turned off."""
-    chosen = os.environ.get(ENV)
-    if chosen is not None:
-        return Path(chosen) if chosen.strip() else None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ckptzip"
 
 
 def fingerprint(root: str, version: str) -> str:
@@ -84,7 +77,7 @@ def install() -> Path | None:
     compute = getattr(cache, "triton_key", None)
     if compute is None:
         return None
-    folder = cache_dir()
+    folder = settings.cache_dir()
     if folder is None:
         compute()
         return None
