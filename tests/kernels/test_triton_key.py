@@ -5,7 +5,9 @@ changes or the kept file is not a key, and never in the way when nothing can be 
 from __future__ import annotations
 
 import os
+import threading
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,41 @@ def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatc
     assert settings.cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "ckptzip"
     monkeypatch.setenv(_triton_key.ENV, "  ")
     assert settings.cache_dir() is None
+
+
+def _in_thread(call: Callable[[], object]) -> object:
+    """``call()`` on a thread; a call that would block for good fails the test instead of hanging it."""
+    result: list[object] = []
+    worker = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "blocked"
+    return result[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink to /dev/zero", "symlink to a key", "too large", "directory"])
+def test_a_kept_file_that_is_not_a_small_regular_file_is_never_read(
+        triton: types.SimpleNamespace, tmp_path: Path, kind: str) -> None:
+    """A FIFO in CKPTZIP_CACHE_DIR made ``ckptzip warmup`` hang, and a key file that was /dev/zero
+    was read without bound (MemoryError): the key file is opened without following a link or
+    blocking, and read only if it is a regular file of a key's size."""
+    kept = _triton_key.install()
+    assert kept is not None
+    kept.unlink()
+    if kind == "fifo":
+        os.mkfifo(kept)
+    elif kind == "symlink to /dev/zero":
+        kept.symlink_to("/dev/zero")
+    elif kind == "symlink to a key":
+        (tmp_path / "elsewhere").write_text(STAND_IN_TRITON_KEY)
+        kept.symlink_to(tmp_path / "elsewhere")
+    elif kind == "too large":
+        kept.write_text(STAND_IN_TRITON_KEY + "x" * (1 << 20))
+    else:
+        kept.mkdir()
+    _next_process(triton)
+    result = _in_thread(_triton_key.install)
+    assert triton.calls == [1, 1]  # computed again, as where no key was kept
+    assert triton.cache.triton_key() == STAND_IN_TRITON_KEY
+    if kind != "directory":  # a directory cannot be replaced by a file
+        assert result == kept and not kept.is_symlink() and kept.read_text() == STAND_IN_TRITON_KEY

@@ -20,9 +20,11 @@ import tempfile
 from pathlib import Path
 
 from .. import settings
+from ..storage.files import read_small
 
 ENV = settings.CACHE_DIR
 _SUFFIXES = (".py", ".so")
+_KEY_BYTES = 64 << 10  # Triton's keys are a version and a few digests: some hundred bytes
 
 
 def fingerprint(root: str, version: str) -> str:
@@ -40,8 +42,10 @@ def fingerprint(root: str, version: str) -> str:
 
 
 def _read(path: Path, version: str) -> str | None:
+    """The key kept at ``path``, if it is a small regular file holding a key of ``version``: a
+    link, a FIFO (which would block), a device or a large file is never read."""
     try:
-        key = path.read_text(encoding="utf-8")
+        key = read_small(path, _KEY_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
     return key if key.startswith(version) else None  # Triton's keys begin with its version

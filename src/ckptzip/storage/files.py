@@ -198,6 +198,25 @@ def open_for_read(path: str | os.PathLike[str]) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
+def read_small(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The content of ``path`` if it is a regular file of at most ``limit`` bytes: opened without
+    following a symbolic link at the path (``ELOOP``) or blocking on a FIFO or device, and read no
+    further than ``limit + 1`` bytes whatever the file claims. Anything else raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"{os.fspath(path)!r} is {file_kind(st.st_mode)}, not a regular file")
+        data = b""
+        while len(data) <= limit and (more := os.read(fd, limit + 1 - len(data))):
+            data += more
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"{os.fspath(path)!r} holds more than {limit} bytes")
+    return data
+
+
 def file_url_path(url: str) -> str:
     """The local path of a ``file:`` URL (host empty or ``localhost``), percent-decoded."""
     parts = urllib.parse.urlsplit(url)
