@@ -175,3 +175,27 @@ def test_load_peaks_at_about_the_decoded_size_plus_a_batch(tmp_path: Path, dtype
     grown, nbytes = map(int, _run(code, path.read_bytes()).split())
     assert nbytes == size
     assert grown < size + (128 << 20), f"{dtype}: peak {grown / size:.2f}x the decoded size"
+
+
+def test_a_declared_size_the_process_cannot_map_is_a_budget_error() -> None:
+    """Frames that do not state their size, in a file declaring a 16 GiB tensor, under an
+    address-space limit (``ulimit -v``, or a host with less memory): torch's raw allocation error
+    came out of the reader, with ``max_bytes`` given or not."""
+    blob = declaring(16 * GiB, NO_SIZE)
+    code = f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, ({12 * GiB}, {12 * GiB}))
+        blob = open(sys.argv[1], "rb").read()
+        for kwargs in ({{"max_bytes": {16 * GiB}}}, {{}}):
+            try:
+                ckptzip.load(blob, **kwargs)
+            except Exception as exc:
+                print(type(exc).__name__, exc)
+    """
+    given, default = _run(code, blob).splitlines()
+    assert given.startswith(f"DecodeBudgetError tensor 't' declares {16 * GiB} bytes (16.0 GiB) for cpu, which cannot "
+                            "be allocated there ("), given
+    assert given.endswith("); nothing was decoded. Load it where there is room (map_location), or with a smaller "
+                          "max_bytes to refuse such files before allocating"), given
+    assert default.startswith(f"DecodeBudgetError the checkpoint declares {16 * GiB} bytes (16.0 GiB) of tensors for "
+                              "cpu, which has "), default

@@ -25,7 +25,7 @@ import torch
 
 from ..checksum import format_wsum64
 from ..codecs import codec_threads, cpu_threads
-from ..errors import CorruptCheckpointError, GpuMemoryError
+from ..errors import CorruptCheckpointError, DecodeBudgetError, GpuMemoryError
 from ..format import DTYPES, ContainerReader, StreamEntry, TensorEntry
 from ..format.reader import verify_xxh3
 from ..transforms import BytePlanes
@@ -413,8 +413,7 @@ def _read_retrying(reader: ContainerReader, entries: list[TensorEntry], devices:
     budget saw), again in batches a quarter and a sixteenth the size, then ``GpuMemoryError``."""
     # outputs first, on this thread (host memory a previous load freed is reused from this thread's
     # heap instead of being paged in afresh by worker threads), and once: a retry reuses them
-    outs = [torch.empty(entry.nbytes, dtype=torch.uint8, device=work) if out is None else out
-            for entry, work, out in zip(entries, works, given)]
+    outs = [_output(entry, work) if out is None else out for entry, work, out in zip(entries, works, given)]
     failures: list[str] = []
     for shrink in RETRY_SHRINK:
         try:
@@ -431,6 +430,21 @@ def _read_retrying(reader: ContainerReader, entries: list[TensorEntry], devices:
     raise GpuMemoryError(
         f"load ran out of GPU memory even in batches {RETRY_SHRINK[-1]} times smaller ({failure}); beside the "
         f"tensors it returns, {have} can be had. Free GPU memory, or load to the CPU (map_location='cpu')")
+
+
+def _output(entry: TensorEntry, device: torch.device) -> torch.Tensor:
+    """The uint8 output of ``entry`` on ``device``, of the size it declares; one the allocator
+    refuses (a process's address-space limit, a host without the memory, even where the
+    budget allowed it) is :class:`~ckptzip.errors.DecodeBudgetError`, before anything is decoded."""
+    try:
+        return torch.empty(entry.nbytes, dtype=torch.uint8, device=device)
+    except (RuntimeError, MemoryError) as exc:
+        if not (isinstance(exc, MemoryError) or memory.is_out_of_memory(exc) or "allocate" in str(exc)):
+            raise
+        raise DecodeBudgetError(
+            f"tensor {entry.name!r} declares {entry.nbytes} bytes ({entry.nbytes / 2**30:.1f} GiB) for {device}, which "
+            f"cannot be allocated there ({memory.failure_line(exc)}); nothing was decoded. Load it where there is "
+            "room (map_location), or with a smaller max_bytes to refuse such files before allocating") from exc
 
 
 def _decode_all(tasks: Iterator[Task[list[int], tuple[list[torch.Tensor], torch.Tensor]]], workers: int, lanes: int,
