@@ -15,7 +15,8 @@ import torch
 from ckptzip.codecs import _gdeflate_lib, get_codec, has_codec
 from ckptzip.codecs.gdeflate_cpu import GdeflateCpuCodec
 from ckptzip.errors import CorruptChunkError
-from gdeflate_writer import END, Lanes, Token, expand, fixed_block, header, huffman_only, stored_block, weight_planes
+from gdeflate_writer import (END, Lanes, Token, expand, fixed_block, header, huffman_block, huffman_only, stored_block,
+                             weight_planes)
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 pytestmark = pytest.mark.skipif(not has_codec("gdeflate", "cpu"), reason="ckptzip's GDeflate decoder is not built")
@@ -152,6 +153,51 @@ def test_a_malformed_stream_is_named_with_its_flaw(name: str, why: str) -> None:
         _codec().decode(chunks, [len(good_raw), raw])
     assert str(info.value) == f"gdeflate chunk 1 does not decode on the CPU: {why}"
     assert info.value.chunk == 1
+
+
+def _blocks(kind: str, count: int, data: bytes) -> bytes:
+    """``count`` blocks of one kind, each of ``data``."""
+    lanes = Lanes()
+    for i in range(count):
+        final = i == count - 1
+        if kind == "dynamic":
+            huffman_block(lanes, data, final)
+        elif kind == "fixed":
+            fixed_block(lanes, list(data), final)
+        else:
+            stored_block(lanes, data, final)
+    return lanes.stream()
+
+
+@pytest.mark.parametrize(("kind", "count", "data"), [("dynamic", 300, b""), ("dynamic", 300, b"a"),
+                                                     ("stored", 3000, b""), ("fixed", 3000, b"")])
+def test_blocks_that_decode_next_to_nothing_are_refused_before_they_cost_more_than_their_bytes(
+        kind: str, count: int, data: bytes) -> None:
+    """8 MiB of empty dynamic blocks took 2.86 s of CPU to reject (each builds its tables): a block
+    costs its work, paid by the bytes the chunk reads and decodes, so degenerate blocks are refused
+    after a few, at about the speed of ordinary chunks."""
+    stream = _blocks(kind, count, data)
+    chunks = [torch.frombuffer(bytearray(stream), dtype=torch.uint8)]
+    with pytest.raises(CorruptChunkError) as info:
+        _codec().decode(chunks, [max(1, count * len(data))])
+    assert str(info.value) == ("gdeflate chunk 0 does not decode on the CPU: more blocks than its bytes pay for "
+                               "(blocks that decode next to nothing)")
+
+
+def test_blocks_of_ordinary_sizes_decode_however_many_a_chunk_has() -> None:
+    """Dynamic blocks of 2 KiB of weights' exponents each (nvCOMP's encoders write blocks of
+    several KiB), stored blocks of 200 bytes, fixed blocks of 40 literals."""
+    planes = weight_planes(2048 * 32, 5)["fp32 exponents"]
+    rng = np.random.default_rng(6)
+    for kind, n, blocks in [("dynamic", 2048, 32), ("stored", 200, 300), ("fixed", 40, 300)]:
+        datas = [planes[i * n : (i + 1) * n] if kind == "dynamic" else rng.integers(0, 256, n, np.uint8).tobytes()
+                 for i in range(blocks)]
+        lanes = Lanes()
+        for i, data in enumerate(datas):
+            {"dynamic": huffman_block, "stored": stored_block,
+             "fixed": lambda lanes, data, final: fixed_block(lanes, list(data), final)}[kind](lanes, data,
+                                                                                           i == blocks - 1)
+        assert _decode(lanes.stream(), n * blocks) == b"".join(datas), kind
 
 
 def test_a_stream_ending_early_is_short() -> None:

@@ -14,8 +14,11 @@
  *
  * Untrusted input: every write stays within the chunk's output slot, reads stay within its
  * bytes (words past the end read as zeros, and taking any of those bits fails the chunk as
- * truncated), and the work is linear in the input and output. Codes must be complete, except
- * a code of no codeword or of one 1-bit codeword (reading its unused half fails).
+ * truncated), and the work is linear in the input and output: a block costs work (a dynamic
+ * block's tables most), paid by the bytes the chunk has read and decoded before it, so blocks
+ * that decode next to nothing fail the chunk after a few instead of costing their tables each.
+ * Codes must be complete, except a code of no codeword or of one 1-bit codeword (reading its
+ * unused half fails).
  *
  * decode(rows, sizes) releases the GIL; rows are (input address, length, output address,
  * capacity), int64, and sizes receives the decoded lengths.
@@ -37,6 +40,13 @@
 /* a first level and, per longer codeword at most, a second level of up to 2^(15 - bits) entries */
 #define LIT_ENTRIES ((1 << LIT_BITS) + LIT_SYMS * (1 << (MAX_LEN - LIT_BITS)))
 #define DIST_ENTRIES ((1 << DIST_BITS) + DIST_SYMS * (1 << (MAX_LEN - DIST_BITS)))
+/* A block's work, in bytes of ordinary decoding: a dynamic block's tables (some 5000 entries
+ * written) cost about what decoding 2-4 KiB does, any other block's header a few dozen; the
+ * first dynamic block of a chunk is free, and every byte read or decoded pays one. nvCOMP's
+ * encoders write one dynamic block per chunk on a GPU, blocks of over 10 KiB on the CPU. */
+#define TABLE_WORK 2048
+#define BLOCK_WORK 32
+#define FREE_WORK TABLE_WORK
 
 /* A table entry: code length (bits 0-4), kind (5-7), extra bits or second-level bits (8-12),
  * value (16-31: the literal, the length or distance base, or the second level's offset). */
@@ -47,14 +57,15 @@ enum { LITERAL = 0, LENGTH = 1 << 5, END = 2 << 5, SUBTABLE = 3 << 5, INVALID = 
 #define VALUE(e) ((e) >> 16)
 
 typedef enum {
-    OK = 0, BAD_BLOCK, BAD_CODE, BAD_LENGTHS, BAD_SYMBOL, BAD_DISTANCE, TOO_LONG, TRUNCATED, NO_MEMORY
+    OK = 0, BAD_BLOCK, BAD_CODE, BAD_LENGTHS, BAD_SYMBOL, BAD_DISTANCE, TOO_LONG, TRUNCATED, TOO_MANY_BLOCKS, NO_MEMORY
 } Status;
 
 static const char *const MESSAGES[] = {
     "", "a block of reserved type 3", "an over-subscribed or incomplete Huffman code",
     "code lengths that repeat nothing or run past their count", "a symbol its code does not allow",
     "a distance beyond the start of the output", "more output than its declared size",
-    "its bits end before its last block does", "no memory for the decoder",
+    "its bits end before its last block does",
+    "more blocks than its bytes pay for (blocks that decode next to nothing)", "no memory for the decoder",
 };
 
 static const uint8_t PRECODE_ORDER[PRE_SYMS] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
@@ -549,7 +560,7 @@ static Status stored_block(Lanes *s, Output *o) {
     uint32_t len = pop(s, 0, 16), i;
     refill(s, 0);
     if (len > o->cap - o->n) return TOO_LONG;
-    i = stored_groups(s, o->out + o->n, len);
+    i = len >= 4 * LANES ? stored_groups(s, o->out + o->n, len) : 0;
     for (o->n += i; i < len; i++) {
         unsigned l = i & (LANES - 1);
         o->out[o->n++] = (uint8_t)pop(s, l, 8);
@@ -564,6 +575,7 @@ static Status decode_chunk(Tables *t, const uint8_t *in, size_t in_len, uint8_t 
     Output o;
     unsigned l;
     int final;
+    size_t work = 0;
     memset(&s, 0, sizeof(s));
     s.in = in;
     s.in_len = in_len;
@@ -579,6 +591,8 @@ static Status decode_chunk(Tables *t, const uint8_t *in, size_t in_len, uint8_t 
         final = (int)pop(&s, 0, 1);
         type = pop(&s, 0, 2);
         refill(&s, 0);
+        work += type == 2 ? TABLE_WORK : BLOCK_WORK;
+        if (work > FREE_WORK + s.pos + o.n) return TOO_MANY_BLOCKS;
         if (type == 0) {
             st = stored_block(&s, &o);
         } else if (type == 1) {
