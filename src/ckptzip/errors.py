@@ -66,6 +66,12 @@ class DecodeBudgetError(CkptzipError, MemoryError):
     it than the target device can hold; nothing was allocated for its tensors."""
 
 
+class UnsafeLocationError(CkptzipError, PermissionError):
+    """A directory ckptzip keeps files in where other users could also write (a memory tier in
+    /dev/shm) is not private: not owned by this user, writable by others, or reached through a
+    symbolic link another user controls; nothing was read or written there."""
+
+
 class GpuMemoryError(CkptzipError, MemoryError):
     """Too little GPU memory can be had for a call (below the documented minimum, or what a
     tensor needs); the message gives the numbers. Nothing was written or changed."""

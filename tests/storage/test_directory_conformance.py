@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ckptzip.storage import Directory, LocalDirectory, open_directory
+from ckptzip.storage.private import PrivateDirectory
 from ckptzip.testing import DirectoryTests
 
 
@@ -18,6 +19,18 @@ class TestLocalDirectory(DirectoryTests):
     @pytest.fixture
     def directory(self, tmp_path: Path) -> Directory:
         return LocalDirectory(tmp_path / "run")
+
+
+class TestPrivateDirectory(DirectoryTests):
+    @pytest.fixture
+    def directory(self, tmp_path: Path) -> Directory:
+        return PrivateDirectory(tmp_path / "shm" / "run")
+
+
+class TestPrivateChildDirectory(DirectoryTests):
+    @pytest.fixture
+    def directory(self, tmp_path: Path) -> Directory:
+        return PrivateDirectory(tmp_path / "shm" / "own", parent=PrivateDirectory(tmp_path / "shm"))
 
 
 _SHOWN_WHILE_WRITTEN = (

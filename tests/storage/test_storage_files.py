@@ -140,7 +140,7 @@ def test_save_removes_temporaries_a_killed_save_of_the_same_target_left(tmp_path
     assert leftover.startswith(".ckz-") and leftover.endswith(f"-{proc.pid}-{leftover[-12:-4]}.tmp")
     other = tmp_path / leftover.replace(files._hash8("model.ckz"), files._hash8("other.ckz"))
     other.write_bytes(b"another target's")
-    mine = tmp_path / files._temp_name("model.ckz")  # a live writer: this process
+    mine = tmp_path / files.temp_name("model.ckz")  # a live writer: this process
     mine.write_bytes(b"in flight")
     ckptzip.save(STATE, target)
     assert sorted(os.listdir(tmp_path)) == sorted(["model.ckz", other.name, mine.name])

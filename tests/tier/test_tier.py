@@ -21,9 +21,15 @@ import pytest
 import torch
 from helpers import assert_same
 
-from ckptzip.errors import UsageError
+from ckptzip.api import write_checkpoint
+from ckptzip.engine.policy import Policy
+from ckptzip.engine.sources import DeltaBase
+from ckptzip.errors import MissingBaseError, UnsafeLocationError, UsageError
+from ckptzip.format import BaseRef
+from ckptzip.tree import flatten
 from ckptzip.manager import CheckpointManager, CheckpointSkippedWarning, MemoryTier
-from ckptzip.tier import DamagedCopyWarning
+from ckptzip.tier import DamagedCopyWarning, ReplicationError
+from ckptzip.tier import store as store_module
 
 
 def state(step: int, n: int = 1 << 15) -> dict[str, Any]:
@@ -164,6 +170,159 @@ def test_default_tier_lives_in_shared_memory_named_after_the_directory(tmp_path:
     assert root != MemoryTier().root(str(tmp_path / "other"))
     if os.path.isdir("/dev/shm"):
         assert root.parts[:3] == ("/", "dev", "shm")
+
+
+# ------------------------------------------------------------------------------ a shared machine
+
+OTHER = 65534  # nobody
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making a file another user's needs root")
+
+
+def _plant(path: Path, kind: str, content: bytes) -> None:
+    """A file another user (or no one) put at ``path``: a link to a file elsewhere, or (as root)
+    a file of another user."""
+    if kind == "link":
+        elsewhere = path.parent.parent.parent / f"planted-{path.name}"
+        elsewhere.write_bytes(content)
+        path.symlink_to(elsewhere)
+    else:
+        path.write_bytes(content)
+        os.chown(path, OTHER, OTHER)
+
+
+KINDS = ["link", pytest.param("other user's file", marks=as_root)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_planted_checkpoint_is_never_restored(where: tuple[Path, Path], kind: str) -> None:
+    """A checkpoint planted in the tier was restored as the newest step."""
+    run, shm = where
+    tier = MemoryTier(keep=2, persist_every=5, path=shm)
+    with CheckpointManager(run, memory_tier=tier) as manager:
+        manager.save(1, state(1))
+        manager.save(2, state(2))
+        manager.wait()
+        _plant(shm / "own" / "step_00000009.ckz", kind, _one_file(run.parent / "planted"))
+        reader = CheckpointManager(run, memory_tier=tier)
+        assert reader.all_steps() == [1, 2]
+        assert_same(reader.restore(), state(2))
+        assert reader.restored_from == "memory"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_planted_step_does_not_stop_checkpointing(where: tuple[Path, Path], kind: str) -> None:
+    """A planted step_99999999 stopped checkpointing ("steps must increase")."""
+    run, shm = where
+    tier = MemoryTier(path=shm)
+    with CheckpointManager(run, memory_tier=tier) as manager:
+        manager.save(1, state(1))
+        manager.wait()
+        _plant(shm / "own" / "step_99999999.ckz", kind, b"planted")
+    with CheckpointManager(run, memory_tier=tier) as manager:
+        assert manager.latest_step() == 1
+        manager.save(2, state(2))
+        manager.wait()
+        assert manager.all_steps() == [1, 2]
+
+
+def test_a_link_planted_in_the_peer_shelf_is_never_written_through(where: tuple[Path, Path], tmp_path: Path) -> None:
+    """A link planted in peer/ made the tier overwrite the file it pointed to."""
+    run, shm = where
+    manager = CheckpointManager(run, memory_tier=MemoryTier(path=shm))
+    store = manager._tier
+    assert store is not None
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"the victim's file")
+    (shm / "peer").mkdir(mode=0o700)
+    (shm / "peer" / "step_00000003.ckz").symlink_to(victim)
+    writer = store.hold(3, 10)
+    assert writer is not None
+    with writer as f:
+        f.write(b"peer bytes")
+    assert victim.read_bytes() == b"the victim's file"
+    assert (shm / "peer" / "step_00000003.ckz").read_bytes() == b"peer bytes"
+    manager.close()
+
+
+@pytest.mark.parametrize("step", [-7, -1])
+def test_a_peer_step_the_tier_would_not_name_is_refused(where: tuple[Path, Path], step: int) -> None:
+    """A peer's step_-0000007.ckz was kept in the peer shelf, never listed and never retired."""
+    run, shm = where
+    with CheckpointManager(run, memory_tier=MemoryTier(path=shm)) as manager:
+        assert manager._tier is not None
+        with pytest.raises(ReplicationError, match=rf"a peer sent step {step}, which is not a step this tier names"):
+            manager._tier.hold(step, 10)
+        assert not (shm / "peer").exists() or os.listdir(shm / "peer") == []
+
+
+def test_a_peer_copy_larger_than_the_tier_can_hold_evicts_nothing(where: tuple[Path, Path]) -> None:
+    run, shm = where
+    with CheckpointManager(run, memory_tier=MemoryTier(keep=5, persist_every=10, path=shm)) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, state(step))
+        manager.wait()
+        assert manager._tier is not None
+        with pytest.warns(UserWarning, match=r"has no room for the peer's step_00000007.ckz \(1125899906842624 bytes\)"):
+            assert manager._tier.hold(7, 1 << 50) is None
+        assert steps_in(shm / "own") == [1, 2, 3]
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775])
+def test_a_tier_root_others_may_write_in_is_refused(where: tuple[Path, Path], mode: int) -> None:
+    """An existing root was accepted whatever its owner and mode, 0777 included."""
+    run, shm = where
+    shm.mkdir()
+    os.chmod(shm, mode)
+    with pytest.raises(UnsafeLocationError, match=rf"'{shm}' is not a private directory of this user"):
+        CheckpointManager(run, memory_tier=MemoryTier(path=shm))
+
+
+def test_the_default_root_is_created_private_and_refused_when_it_is_not(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default root's name is predictable (/dev/shm/ckptzip-<uid>/...): one another user made
+    first, or made writable, or a link, is refused, never used."""
+    shared = tmp_path / "dev-shm"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setattr(store_module, "_SHM", str(shared))
+    run = tmp_path / "run"
+    tier = MemoryTier()
+    with CheckpointManager(run, memory_tier=tier) as manager:
+        manager.save(1, state(1))
+    top = shared / f"ckptzip-{os.getuid()}"
+    root = tier.root(str(run))
+    assert root.parent == top
+    for path in (top, root, root / "own"):
+        assert path.stat().st_mode & 0o7777 == 0o700
+    os.chmod(top, 0o777)
+    with pytest.raises(UnsafeLocationError, match=rf"'{top}' above it is a directory owned by uid {os.geteuid()}, "
+                                                  "mode 0777"):
+        CheckpointManager(run, memory_tier=tier)
+    os.chmod(top, 0o700)
+    os.chmod(root, 0o722)
+    with pytest.raises(UnsafeLocationError, match="others may write in it"):
+        CheckpointManager(run, memory_tier=tier)
+
+
+def test_a_durable_delta_whose_base_is_foreign_is_not_a_raw_error(where: tuple[Path, Path]) -> None:
+    """A delta in the directory whose base name is not a step name raised a raw ValueError from
+    the thread that persists copies (its retention asks each step's base)."""
+    run, shm = where
+    run.mkdir()
+    base = drifting(1)
+    ref = BaseRef(1, "foreign.ckz", "0123456789abcdef")
+    with (run / "step_00000002.ckz").open("wb") as f:
+        write_checkpoint(f, drifting(2), Policy.parse("portable"), base=DeltaBase(ref, flatten_tensors(base)))
+    with CheckpointManager(run, keep_last=None, memory_tier=MemoryTier(path=shm)) as manager:
+        manager.save(3, state(3))
+        manager.wait(persisted=True)
+        assert manager.all_steps() == [2, 3]
+        with pytest.raises(MissingBaseError, match=r"'foreign\.ckz'.*which is not an earlier checkpoint of this directory"):
+            manager.restore(2)
+
+
+def flatten_tensors(obj: Any) -> dict[str, torch.Tensor]:
+    return {item.name: item.tensor for item in flatten(obj).tensors}
 
 
 # ------------------------------------------------------------------------------ kill -9

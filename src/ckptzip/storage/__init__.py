@@ -7,6 +7,8 @@ reads for everything above it (``save``/``load``, the manager, the DCP plugin).
 - :mod:`.directory`: one interface (:class:`Directory`) to a directory of files on a local disk
   (:class:`LocalDirectory`) or behind an fsspec URL (:class:`FsspecDirectory`).
 - :mod:`.commits`: the manager's committed checkpoints and its one-writer lock.
+- :mod:`.private`: a local directory only this user can reach, used through its descriptor
+  (:class:`~ckptzip.storage.private.PrivateDirectory`: the memory tier's, in /dev/shm).
 """
 
 from .commits import LOCK_NAME, Listing, Storage, WriterLock, open_storage

@@ -44,7 +44,7 @@ def host_hash() -> str:
     return _hash8(socket.gethostname())
 
 
-def _temp_name(target: str) -> str:
+def temp_name(target: str) -> str:
     return f".ckz-{host_hash()}-{_hash8(target)}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
 
 
@@ -117,7 +117,7 @@ def _replace_target(path: Path) -> tuple[Path, int | None]:
     except FileNotFoundError:
         return target, None
     except OSError as exc:
-        raise write_error(_write_failure(path, exc, renamed=False), exc.errno) from exc
+        raise write_error(write_failure(path, exc, renamed=False), exc.errno) from exc
     if not stat.S_ISREG(st.st_mode):
         raise write_error(
             f"could not write checkpoint {str(path)!r}: Is {file_kind(st.st_mode)}; ckptzip only creates or replaces "
@@ -141,7 +141,7 @@ def atomic_file(path: str | os.PathLike[str], *, sync: bool = True) -> Iterator[
     path = Path(path)
     target, mode = _replace_target(path)
     remove_stale_temporaries(target)
-    tmp = target.with_name(_temp_name(target.name))
+    tmp = target.with_name(temp_name(target.name))
     renamed = False
     try:
         with io.open(tmp, "xb") as f:  # noqa: UP020 - io.open, which tests patch to fill the disk
@@ -160,11 +160,11 @@ def atomic_file(path: str | os.PathLike[str], *, sync: bool = True) -> Iterator[
             with contextlib.suppress(OSError):  # never hide the error that got us here
                 tmp.unlink()
         if isinstance(exc, OSError) and not isinstance(exc, CkptzipError):
-            raise write_error(_write_failure(path, exc, renamed), exc.errno) from exc
+            raise write_error(write_failure(path, exc, renamed), exc.errno) from exc
         raise
 
 
-def _write_failure(path: Path, exc: OSError, renamed: bool) -> str:
+def write_failure(path: Path, exc: OSError, renamed: bool) -> str:
     reason = exc.strerror or str(exc)
     if renamed:
         return (

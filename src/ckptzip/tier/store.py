@@ -3,7 +3,9 @@
 Checkpoints are committed first to a directory in shared memory (``/dev/shm``, a tmpfs: the files
 outlive the process that wrote them, so a killed trainer restores from RAM), by the same atomic
 rename as on disk; every ``persist_every``-th one is then copied to the durable directory by a
-background thread, its delta bases first. With a process group, each commit is also sent to the
+background thread, its delta bases first. Other users may write in ``/dev/shm``: the tier's
+directories are private (:mod:`ckptzip.storage.private`: this user's, 0700, reached through
+their descriptors, never through a link), and only this user's regular files in them count. With a process group, each commit is also sent to the
 next rank's tier (:mod:`.ring`), and ``restore`` becomes a collective that agrees on the newest
 step every rank can restore, fetching a lost rank's files from its successor.
 """
@@ -30,11 +32,12 @@ import torch.distributed as dist
 
 from .. import api
 from ..errors import CorruptCheckpointError, MissingBaseError, UsageError
-from ..storage import Listing, LocalDirectory, Storage, WriterLock
+from ..storage import Listing, Storage, WriterLock
 from ..storage.commits import LocalStorage
+from ..storage.private import PrivateDirectory
 from .peers import DAMAGE, Peers
 from .retention import removable, retained
-from .ring import Ring
+from .ring import ReplicationError, Ring
 
 T = TypeVar("T")
 Tier = Literal["memory", "peer", "directory"]
@@ -57,7 +60,8 @@ class MemoryTier:
         budget: bytes of shared memory the tier may hold (its own and its peer's copies); ``None``:
             only ``keep`` and the free space of the file system bound it.
         path: the tier's directory (default: under ``/dev/shm``, named after the manager's
-            directory, so a restarted trainer finds it).
+            directory, so a restarted trainer finds it); private to the job's user, or refused
+            (:class:`~ckptzip.errors.UnsafeLocationError`; docs/MANAGER.md, "Memory tier").
         replicate: ``None``, ``"world"`` (a new gloo group over the default process group, made
             collectively with the manager) or a gloo process group given to the tier alone: each
             commit is also sent to the next rank's tier, and ``restore``/``latest_step`` are
@@ -82,7 +86,8 @@ class MemoryTier:
                              f"{self.replicate!r}")
 
     def root(self, location: str) -> Path:
-        """The tier's directory for a manager of ``location``."""
+        """The tier's directory for a manager of ``location`` (made private when it is opened:
+        :class:`~ckptzip.storage.private.PrivateDirectory`)."""
         if self.path is not None:
             return Path(self.path)
         base = _SHM if os.path.isdir(_SHM) else tempfile.gettempdir()
@@ -98,51 +103,57 @@ class Naming:
     name_of: Callable[[int], str]
     step_of: Callable[[str], int]
 
+    def names(self, step: int) -> bool:
+        """Whether ``step`` is one this naming writes (a peer may announce any int64)."""
+        return step >= 0 and self.pattern.fullmatch(self.name_of(step)) is not None
 
-def _base_name(storage: Storage, name: str) -> str | None:
-    """The file ``name`` is stored relative to (its first base), ``None`` if whole or unreadable."""
+
+def _base_step(storage: Storage, step: int, naming: Naming) -> int | None:
+    """The step checkpoint ``step`` is stored relative to (its first base); ``None`` if whole or
+    unreadable, or if its base is not an earlier step of ``naming``: nothing can restore such a
+    delta (the manager's restore says so, MissingBaseError), so no base of it is kept for it."""
     try:
-        with storage.open(name) as f, api.open(f) as reader:
+        with storage.open(naming.name_of(step)) as f, api.open(f) as reader:
             bases = reader.bases
     except DAMAGE:
         return None
-    return bases[0].name if bases else None
+    ref = bases[0] if bases else None
+    if ref is None or ref.step is None or not 0 <= ref.step < step or ref.name != naming.name_of(ref.step):
+        return None
+    return ref.step
 
 
 class _Shelf:
-    """One directory of checkpoint files in shared memory: this rank's copies, or its peer's."""
+    """One private directory of checkpoint files in shared memory: this rank's copies, or its peer's."""
 
-    def __init__(self, root: Path, naming: Naming) -> None:
-        self.root = root
+    def __init__(self, directory: PrivateDirectory, naming: Naming) -> None:
+        self.directory = directory
+        self.root = directory.root
         self.naming = naming
-        self.storage = LocalStorage(LocalDirectory(root))
-        self._bases: dict[tuple[str, int], str | None] = {}  # (name, inode) -> base name
+        self.storage = LocalStorage(directory)
+        self._bases: dict[tuple[int, int], int | None] = {}  # (step, inode) -> base step
 
     def makedirs(self) -> None:
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        self.directory.makedirs()
 
     def steps(self) -> list[int]:
         return sorted(map(self.naming.step_of, self.storage.list(self.naming.pattern).committed))
 
     def has(self, name: str) -> bool:
-        return (self.root / name).is_file()
+        return self.directory.exists(name)
 
     def nbytes(self) -> int:
         """Bytes of every file here, temporaries included."""
-        with contextlib.suppress(FileNotFoundError):
-            return sum(e.stat().st_size for e in os.scandir(self.root) if e.is_file())
-        return 0
+        return self.directory.nbytes()
 
     def base_of(self, step: int) -> int | None:
-        name = self.naming.name_of(step)
         try:
-            key = (name, os.stat(self.root / name).st_ino)
+            key = (step, self.directory.stat(self.naming.name_of(step)).st_ino)
         except FileNotFoundError:
             return None
         if key not in self._bases:
-            self._bases[key] = _base_name(self.storage, name)
-        base = self._bases[key]
-        return None if base is None or not self.naming.pattern.fullmatch(base) else self.naming.step_of(base)
+            self._bases[key] = _base_step(self.storage, step, self.naming)
+        return self._bases[key]
 
     def chain(self, step: int) -> list[int]:
         """``step`` and the bases below it that are here, bottom up."""
@@ -153,8 +164,7 @@ class _Shelf:
 
     def writer(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
         """An atomic writer of file ``name`` here (committed when its block ends well)."""
-        self.makedirs()
-        return self.storage.directory.atomic_write(name)
+        return self.directory.atomic_write(name)
 
     def remove(self, step: int) -> None:
         self.storage.delete(self.naming.name_of(step))
@@ -176,10 +186,10 @@ class TieredStorage(Storage):
         self.naming = naming
         self.location = durable.location
         self.keep_last = keep_last
-        root = tier.root(durable.location)
-        self.memory = _Shelf(root / "own", naming)
-        self.peer = _Shelf(root / "peer", naming)
-        self.memory.makedirs()
+        root = PrivateDirectory(tier.root(durable.location))
+        self.memory = _Shelf(PrivateDirectory(root.root / "own", parent=root), naming)
+        self.peer = _Shelf(PrivateDirectory(root.root / "peer", parent=root), naming)
+        self.memory.makedirs()  # an unsafe root is refused here, when the manager is made
         self.last_tier: Tier | None = None  # where the newest restore read its checkpoint
         ring = _ring(tier.replicate)
         self.peers = None if ring is None else Peers(ring, self)
@@ -189,7 +199,7 @@ class TieredStorage(Storage):
         self._pinned: collections.Counter[str] = collections.Counter()  # awaiting persistence
         self._persists: list[concurrent.futures.Future[None]] = []
         self._persister = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-persist")
-        self._durable_bases: dict[str, str | None] = {}
+        self._durable_bases: dict[int, int | None] = {}
         self._saves = 0
         self._last_size = 0
 
@@ -215,7 +225,7 @@ class TieredStorage(Storage):
                 self.memory.storage.write(name, write)
                 if self.peers is not None:
                     self.peers.fetched.discard(name)
-                self._last_size = (self.memory.root / name).stat().st_size
+                self._last_size = self.memory.directory.stat(name).st_size
                 if self._saves % self.tier.persist_every == 0:
                     self._persist(name)
                 self._retire()
@@ -283,7 +293,7 @@ class TieredStorage(Storage):
 
     def _room(self) -> int:
         """Bytes a new file may take: the budget's rest and the file system's free space."""
-        stat = os.statvfs(self.memory.root)
+        stat = self.memory.directory.statvfs()
         free = stat.f_bavail * stat.f_frsize
         if self.tier.budget is None:
             return free
@@ -336,10 +346,25 @@ class TieredStorage(Storage):
     def _pinned_steps(self, shelf: _Shelf) -> set[int]:
         return {self.naming.step_of(n) for n in tuple(self._pinned)} if shelf is self.memory else set()
 
+    def capacity(self) -> int:
+        """The most bytes the tier could ever hold: its budget, or the size of its file system."""
+        stat = self.memory.directory.statvfs()
+        total = stat.f_blocks * stat.f_frsize
+        return total if self.tier.budget is None else min(total, self.tier.budget)
+
+    def check_step(self, step: int, peer: str) -> str:
+        """The name of ``step``, announced by a peer; :class:`ReplicationError` where it is not a
+        step this tier names (the tier would never list it, so never retire it)."""
+        if not self.naming.names(step):
+            raise ReplicationError(f"{peer} sent step {step}, which is not a step this tier names (steps are ints "
+                                   "from 0); none of its files was kept")
+        return self.naming.name_of(step)
+
     def hold(self, step: int, size: int) -> contextlib.AbstractContextManager[BinaryIO] | None:
-        """Where to keep a peer's copy of ``step`` (``size`` bytes), ``None`` if it does not fit."""
-        name = self.naming.name_of(step)
-        if not self._make_room(size, wait=True):
+        """Where to keep a peer's copy of ``step`` (``size`` bytes), ``None`` if it does not fit
+        (one larger than the tier could ever hold evicts nothing)."""
+        name = self.check_step(step, "a peer")
+        if size > self.capacity() or not self._make_room(size, wait=True):
             warnings.warn(f"the memory tier of {self.location} has no room for the peer's {name} "
                           f"({size} bytes) within its budget; that step is not replicated", stacklevel=5)
             return None
@@ -375,11 +400,9 @@ class TieredStorage(Storage):
                 self._cond.notify_all()
 
     def _durable_base(self, step: int) -> int | None:
-        name = self.naming.name_of(step)
-        if name not in self._durable_bases:
-            self._durable_bases[name] = _base_name(self.durable, name)
-        base = self._durable_bases[name]
-        return None if base is None else self.naming.step_of(base)
+        if step not in self._durable_bases:
+            self._durable_bases[step] = _base_step(self.durable, step, self.naming)
+        return self._durable_bases[step]
 
     def _raise_persist_errors(self) -> None:
         """Raise the first error of a finished background copy (each once)."""
