@@ -267,6 +267,7 @@ def _dcp_method(name: str) -> Method:
     staging: list[Any] = []
     stager = None
     if name == "dcp-async-pinned":  # as torchtitan's async_with_pinned_mem
+        _single_rank_group()
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=True,
@@ -309,6 +310,20 @@ def _dcp_method(name: str) -> Method:
             stager.close()
 
     return Method(name, save, finish, before_update, close, kind="ckptzip-dcp" if name.startswith("ckptzip") else "dcp")
+
+
+def _single_rank_group() -> None:
+    """A default process group of this process alone: DCP's process-based async_save needs one."""
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
 def _torch_checkpointing_method() -> Method:

@@ -29,6 +29,7 @@ WAIT_SECONDS = 600.0
 _LOCK = threading.Lock()
 _READS: set[Read] = set()
 _SEEN: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+_STEPPED = threading.Event()  # an optimizer has stepped since the hook was installed
 _HOOK: list[Any] = []  # the hook's handle, once installed
 
 
@@ -72,6 +73,7 @@ def wait_for_reads() -> None:
 
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     _SEEN.add(optimizer)
+    _STEPPED.set()
     wait_for_reads()
 
 
@@ -84,7 +86,7 @@ def watch() -> None:
 
 def stepped() -> bool:
     """Whether an optimizer has stepped since :func:`watch` (a training step ran)."""
-    return len(_SEEN) > 0
+    return _STEPPED.is_set()
 
 
 def _storage(tensor: torch.Tensor) -> int:

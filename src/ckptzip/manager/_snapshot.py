@@ -45,10 +45,11 @@ _ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
 
 _BufferKey = tuple[torch.device, bool]  # (device, pinned)
 SnapshotMode = Literal["auto", "device", "host"]
-# GPU memory beside training that background GPU work needs at least for its batches (a device
-# snapshot's coding, a read that overlaps training); below it the snapshot is a host one, read in
-# the caller.
-BACKGROUND_MIN_BYTES = 1 << 30
+# GPU memory beside training that a read overlapping training needs at least for its batches, and
+# a device snapshot's coding beside its copy (its batches are larger, and slow batches would slow
+# the write that the next save waits for); below them a snapshot is a host one, read in the caller.
+READ_MIN_BYTES = 1 << 30
+DEVICE_CODING_MIN_BYTES = 2 << 30
 # GPU batch of a host snapshot: its encoding needs a few of these beside the state.
 HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
 # A host snapshot copies this share of the bytes it would code on a GPU raw to pinned host memory
@@ -173,39 +174,47 @@ class SnapshotPool:
         return slab.memory
 
     def _pooled(self, device: torch.device) -> int:
-        """Bytes of the largest device buffer the pool holds for ``device`` (reused, not allocated)."""
+        """Bytes of the device buffers the pool holds for ``device``."""
         with self._lock:
-            return max((b.numel() for b in self._free.get((device, False), [])), default=0)
+            return sum(b.numel() for b in self._free.get((device, False), []))
+
+    def _release_device_buffers(self) -> None:
+        """Give the pooled device buffers back to torch's cache (a host snapshot needs none), where
+        the training takes them again."""
+        with self._lock:
+            for key in [k for k in self._free if k[0].type == "cuda"]:
+                del self._free[key]
 
     # ------------------------------------------------------------------------- the choice
 
     def _choose(self, sources: list[torch.Tensor]) -> _Choice:
-        """Device or host snapshot, from what the training leaves unused at its peak on each GPU
-        (measured before this snapshot allocates anything)."""
+        """Device or host snapshot, from what the training leaves unused at its peak on each GPU,
+        measured before this snapshot allocates anything (the device buffers the pool holds are
+        ckptzip's, not the training's: a device snapshot reuses them, a host one gives them back)."""
         need: dict[torch.device, int] = collections.defaultdict(int)
         for t in sources:
             if t.is_cuda:
                 need[t.device] += _aligned(t.nbytes)
         if not need:
             return _Choice(self._where == "host", "the state holds no CUDA tensor")
-        room = {d: memory.beside_training(d) for d in need}
-        new = {d: 0 if self._pooled(d) >= n else n for d, n in need.items()}
-        if self._where == "device":
-            return _Choice(False, "snapshot='device' was asked for", {d: max(0, room[d] - new[d]) for d in need})
-        if self._where == "host":
+        room = {d: memory.beside_training(d) + self._pooled(d) for d in need}
+        if self._where == "device" or (self._where == "auto" and guard.stepped()):
+            short = [d for d in need if need[d] + DEVICE_CODING_MIN_BYTES > room[d]]
+            if not short:
+                why = ("snapshot='device' was asked for" if self._where == "device" else
+                       "a device copy of the state and its coding fit beside the training's peak")
+                return _Choice(False, why, {d: room[d] - need[d] for d in need})
+            d = short[0]
+            reason = (f"a device copy of the state needs {need[d] / _GIB:.2f} GiB on {d} and its coding "
+                      f"{DEVICE_CODING_MIN_BYTES / _GIB:.2f} GiB, but the training leaves {room[d] / _GIB:.2f} GiB "
+                      "unused there at its peak")
+            if self._where == "device":
+                reason = "snapshot='device' was asked for, but " + reason
+        elif self._where == "host":
             reason = "snapshot='host' was asked for"
-        elif not guard.stepped():
+        else:
             reason = ("no optimizer has stepped since the manager was made, so the training's peak GPU memory is not "
                       "known yet")
-        else:
-            short = [d for d in need if new[d] + BACKGROUND_MIN_BYTES > room[d]]
-            if not short:
-                return _Choice(False, "a device copy of the state and its coding fit beside the training's peak",
-                               {d: room[d] - new[d] for d in need})
-            d = short[0]
-            reason = (f"a device copy of the state needs {new[d] / _GIB:.2f} GiB on {d} and its coding "
-                      f"{BACKGROUND_MIN_BYTES / _GIB:.2f} GiB, but the training leaves {room[d] / _GIB:.2f} GiB unused "
-                      "there at its peak")
         return self._read_later(sources, room, reason)
 
     def _read_later(self, sources: list[torch.Tensor], room: dict[torch.device, int], reason: str) -> _Choice:
@@ -221,7 +230,7 @@ class SnapshotPool:
             if t.is_cuda and i not in later:
                 copies[t.device] += _aligned(t.nbytes)
         caps = {d: n - copies[d] for d, n in room.items()}
-        if not later or any(n < BACKGROUND_MIN_BYTES for n in caps.values()):
+        if not later or any(n < READ_MIN_BYTES for n in caps.values()):
             return _Choice(True, reason)
         return _Choice(True, reason, caps, later)
 
@@ -282,6 +291,7 @@ class SnapshotPool:
         self.last_reason = choice.reason
         self.last_overlapped = bool(choice.later)
         if choice.host:
+            self._release_device_buffers()
             return self._host_snapshot(flat.tree, names, sources, base, keep, choice)
         copies, buffers = self._buffers(sources, {i: (t.device, False) for i, t in enumerate(sources)})
         ready = self._copied_now(sources, copies, list(range(len(sources))))
