@@ -270,8 +270,8 @@ def _dcp_method(name: str) -> Method:
         _single_rank_group()
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=True,
-                                              use_async_staging=True, use_non_blocking_copy=True))
+        stager = _Reused(DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=True,
+                                                      use_async_staging=True, use_non_blocking_copy=True)))
 
     def save(step: int, state: dict[str, torch.Tensor], d: Path) -> None:
         for f in pending:
@@ -307,9 +307,31 @@ def _dcp_method(name: str) -> Method:
     def close() -> None:
         finish()
         if stager is not None:
-            stager.close()
+            stager.stager.close()
 
     return Method(name, save, finish, before_update, close, kind="ckptzip-dcp" if name.startswith("ckptzip") else "dcp")
+
+
+class _Reused:
+    """A DCP stager kept for every save, as torchtitan keeps it: ``async_save`` of torch 2.11
+    closes the stager it is given after the save, which leaves it unusable for the next."""
+
+    def __init__(self, stager: Any) -> None:
+        self.stager = stager
+        self._synchronize_after_execute = bool(getattr(stager, "_synchronize_after_execute", False))
+
+    def stage(self, state_dict: Any) -> Any:
+        return self.stager.stage(state_dict)
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return bool(self.stager.should_synchronize_after_execute)
+
+    def synchronize_staging(self) -> None:
+        self.stager.synchronize_staging()
+
+    def close(self) -> None:
+        """The bench closes the stager once, after the method's last save."""
 
 
 def _single_rank_group() -> None:
@@ -442,31 +464,49 @@ def run_method(trainer: Trainer, name: str, every: int, checkpoints: int, base: 
     return row
 
 
-def verify_method(trainer: Trainer, name: str, root: Path, config: str) -> dict[str, Any]:
-    """One checkpoint taken while training goes on (two steps after it), restored in a fresh
-    process and compared tensor by tensor with the state when it was saved."""
-    row: dict[str, Any] = {"method": name, "verify": True}
-    with _fresh(root / ("verify-" + name.replace(".", "_"))) as directory:
-        method = make_method(name, directory)
-        try:
+@dataclass
+class Taken:
+    """A checkpoint taken while training went on, to restore in a fresh process later."""
+
+    method: str
+    kind: str
+    path: Path
+    spec: Path
+    directory: Path
+
+
+def take_verified(trainer: Trainer, name: str, root: Path) -> Taken:
+    """One checkpoint of ``name`` taken while training goes on (two steps after it), with the
+    digests of the state when it was saved."""
+    directory = root / ("verify-" + name.replace(".", "_"))
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    method = make_method(name, directory)
+    try:
+        trainer.step(method.before_update)
+        expected = digests(trainer.state())
+        method.save(1, trainer.state(), directory)
+        for _ in range(2):
             trainer.step(method.before_update)
-            expected = digests(trainer.state())
-            method.save(1, trainer.state(), directory)
-            for _ in range(2):
-                trainer.step(method.before_update)
-            method.finish()
-        finally:
-            method.close()
-        path = method.path_of(directory, 1)
-        row["bytes"] = du(path)
-        shapes = {k: [str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in trainer.state().items()}
-        spec = directory / "expected.json"
-        spec.write_text(json.dumps({"digests": expected, "shapes": shapes}))
-        proc = subprocess.run([sys.executable, "-m", "ckptzip_bench.training_loop", "--restore", method.kind,
-                               "--path", str(path), "--expected", str(spec), "--config", config],
-                              capture_output=True, text=True, timeout=600)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        row.update(json.loads(lines[-1]) if lines else {"restore_error": (proc.stderr or proc.stdout)[-800:]})
+        method.finish()
+    finally:
+        method.close()
+    shapes = {k: [str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in trainer.state().items()}
+    spec = directory / "expected.json"
+    spec.write_text(json.dumps({"digests": expected, "shapes": shapes}))
+    return Taken(name, method.kind, method.path_of(directory, 1), spec, directory)
+
+
+def restore_verified(taken: Taken, config: str) -> dict[str, Any]:
+    """``taken`` restored onto the GPU in a fresh process (the GPU free of the training), its
+    tensors compared by digest with the state it saved."""
+    row: dict[str, Any] = {"method": taken.method, "verify": True, "bytes": du(taken.path)}
+    proc = subprocess.run([sys.executable, "-m", "ckptzip_bench.training_loop", "--restore", taken.kind,
+                           "--path", str(taken.path), "--expected", str(taken.spec), "--config", config],
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    row.update(json.loads(lines[-1]) if lines else {"restore_error": (proc.stderr or proc.stdout)[-800:]})
+    shutil.rmtree(taken.directory, ignore_errors=True)
     return row
 
 
@@ -577,21 +617,37 @@ def run(args: argparse.Namespace) -> int:
             try:
                 row = run_method(trainer, name, every, args.checkpoints, statistics.median(before), root)
             except Exception as exc:  # one method's failure is a result too
-                row = {"method": name, "every": every, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+                row = {"method": name, "every": every, "error": _failure(exc)}
             report(**row)
             rows.append(row)
     after = step_times(trainer, args.base_steps)
     report(step_s_before=round(statistics.median(before), 4), step_s_after=round(statistics.median(after), 4))
     if args.verify:
+        taken = []
         for name in methods:
             try:
-                report(**verify_method(trainer, name, root, args.config))
+                taken.append(take_verified(trainer, name, root))
             except Exception as exc:
-                report(method=name, verify=True, error=f"{type(exc).__name__}: {str(exc)[:400]}")
+                report(method=name, verify=True, error=_failure(exc))
+        del trainer
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        for t in taken:
+            report(**restore_verified(t, args.config))
     if args.json:
         Path(args.json).write_text(json.dumps(RESULTS, indent=1))
     print(table(rows))
     return 0
+
+
+def _failure(exc: BaseException) -> str:
+    """An exception in a line, with where it was raised."""
+    import traceback
+
+    where = traceback.extract_tb(exc.__traceback__)[-3:]
+    return f"{type(exc).__name__}: {str(exc)[:300]} at " + " < ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
+                                                                  for f in reversed(where))
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -57,7 +57,10 @@ def _host(state: object) -> object:
     if isinstance(state, torch.Tensor):
         return state.detach().cpu().clone()
     if isinstance(state, dict):
-        return type(state)((k, _host(v)) for k, v in state.items())
+        out = type(state)((k, _host(v)) for k, v in state.items())
+        if hasattr(state, "_metadata"):  # a module's state_dict keeps its version metadata
+            out._metadata = state._metadata  # type: ignore[attr-defined]
+        return out
     if isinstance(state, list):
         return [_host(v) for v in state]
     return state
