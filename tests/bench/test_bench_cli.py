@@ -577,3 +577,28 @@ def test_the_gpu_codecs_suite_round_trips_every_codec_it_probes(capsys: pytest.C
                   "--codecs", "ans", "zstd", "gdeflate"]) == 0
     out = capsys.readouterr().out
     assert "All round trips bit-exact." in out and "gdeflate" in out
+
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+HEADLINE_JSON = BENCH_DIR / "results" / "headline" / "h200-dense-medium.json"
+
+
+def test_update_generated_replaces_only_the_lines_between_the_markers() -> None:
+    text = f"# Results\n\nby hand\n{results.BEGIN}\nold\nlines\n{results.END}\nby hand too\n"
+    assert results.update_generated(text, "new") == f"# Results\n\nby hand\n{results.BEGIN}\nnew\n{results.END}\nby hand too\n"
+    for broken in ("no markers", f"{results.END}\n{results.BEGIN}", f"{results.BEGIN}\n{results.BEGIN}\n{results.END}"):
+        with pytest.raises(results.BenchResultsError, match="to mark the generated part; add them where the headline"):
+            results.update_generated(broken, "new")
+
+
+def test_results_md_holds_the_headline_its_json_renders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/RESULTS.md's generated part is what `python -m ckptzip_bench.results --update` writes from
+    the headline run's JSON, and the command leaves the hand-written rest, and the plot shown, as they are."""
+    text = (BENCH_DIR / "RESULTS.md").read_text(encoding="utf-8")
+    doc = results.load_results(HEADLINE_JSON)
+    assert results.generated_part(text) == results.headline_block(doc, "bench.png")
+    copy = tmp_path / "RESULTS.md"
+    copy.write_text(text.replace("| ckptzip-auto | 1.232 |", "| ckptzip-auto | 9.999 |"), encoding="utf-8")
+    assert results.main([str(HEADLINE_JSON), "--update", str(copy)]) == 0
+    assert capsys.readouterr().out == f"updated the generated part of {copy}\n"
+    assert copy.read_text(encoding="utf-8") == text
