@@ -14,6 +14,8 @@ $(BIN)/python:
 install: $(BIN)/python
 	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
 	$(BIN)/python -m pip install -q -e ".[test]"
+	# the benchmark harness, a distribution of its own (bench/pyproject.toml): `ckptzip bench`
+	$(BIN)/python -m pip install -q --no-deps -e bench
 	# torchtitan without its requirements, which would replace the CPU torch above (its tests need none of them)
 	$(BIN)/python -c "import sys; sys.exit(sys.version_info < (3, 11))" && $(BIN)/python -m pip install -q --no-deps "torchtitan==0.3.0" || true
 
