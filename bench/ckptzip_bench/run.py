@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import gpu_codecs, tier, training_job
+from . import gpu_codecs, tier, training_job, training_loop
 from .analysis import (
     CPU_REFERENCE,
     GPU_REFERENCE,
@@ -96,6 +96,7 @@ def _positive_float(text: str) -> float:
 # The other suites: name -> (module with configure(parser) and run(args), one line of help).
 SUITES: dict[str, tuple[ModuleType, str]] = {
     "training-job": (training_job, "ckptzip inside a training job: a filled GPU, many saves, the manager, fresh nodes"),
+    "training-loop": (training_loop, "ckptzip and its peers inside a real training loop: training time lost per checkpoint"),
     "tier": (tier, "the memory tier and deltas where training barely moves, on the CPU"),
     "gpu-codecs": (gpu_codecs, "each nvCOMP codec on weight-like bytes: ratio, GB/s, bit-exact, CPU interchange"),
 }

@@ -265,26 +265,25 @@ def _dcp_method(name: str) -> Method:
 
     pending: list[Any] = []
     staging: list[Any] = []
-    stager = None
-    if name == "dcp-async-pinned":  # as torchtitan's async_with_pinned_mem
+    stagers: list[Any] = []
+    if name == "dcp-async-pinned":
         _single_rank_group()
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-        stager = _Reused(DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=True,
-                                                      use_async_staging=True, use_non_blocking_copy=True)))
 
     def save(step: int, state: dict[str, torch.Tensor], d: Path) -> None:
         for f in pending:
             f.result()
         pending.clear()
+        for stager in stagers:  # its save is written: its pinned memory goes
+            stager.close()
+        stagers.clear()
         path = d / f"step_{step}"
         if name == "ckptzip-dcp-async":
             from ckptzip.dcp import CompressedStorageWriter
 
             result = async_save(state, storage_writer=CompressedStorageWriter(path))
-        elif stager is not None:
+        elif name == "dcp-async-pinned":
             result = async_save(state, checkpoint_id=str(path), async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-                                    async_stager=stager)
+                                async_stager=_pinned_stager(stagers))
         else:
             result = async_save(state, checkpoint_id=str(path))
         upload = getattr(result, "upload_completion", result)
@@ -306,32 +305,22 @@ def _dcp_method(name: str) -> Method:
 
     def close() -> None:
         finish()
-        if stager is not None:
-            stager.stager.close()
+        for stager in stagers:
+            stager.close()
 
     return Method(name, save, finish, before_update, close, kind="ckptzip-dcp" if name.startswith("ckptzip") else "dcp")
 
 
-class _Reused:
-    """A DCP stager kept for every save, as torchtitan keeps it: ``async_save`` of torch 2.11
-    closes the stager it is given after the save, which leaves it unusable for the next."""
+def _pinned_stager(stagers: list[Any]) -> Any:
+    """The stager of torchtitan's ``async_with_pinned_mem`` (pinned, shared memory, staged on a
+    thread of its own), a new one a save: torch 2.11's ``async_save`` leaves the stager it is
+    given unusable for the next save (``KeyError: <class 'type'>``), so each save pins its own
+    staging memory, as DCP does with a stager of its own."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    def __init__(self, stager: Any) -> None:
-        self.stager = stager
-        self._synchronize_after_execute = bool(getattr(stager, "_synchronize_after_execute", False))
-
-    def stage(self, state_dict: Any) -> Any:
-        return self.stager.stage(state_dict)
-
-    @property
-    def should_synchronize_after_execute(self) -> bool:
-        return bool(self.stager.should_synchronize_after_execute)
-
-    def synchronize_staging(self) -> None:
-        self.stager.synchronize_staging()
-
-    def close(self) -> None:
-        """The bench closes the stager once, after the method's last save."""
+    stagers.append(DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=True,
+                                                use_async_staging=True, use_non_blocking_copy=True)))
+    return stagers[-1]
 
 
 def _single_rank_group() -> None:

@@ -55,11 +55,10 @@ HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
 # A host snapshot copies this share of the bytes it would code on a GPU raw to pinned host memory
 # instead, on a side stream while the GPU codes the rest (the copy engines and the GPU work at
 # once), and codes those tensors on the host when the snapshot is written, in the background: the
-# share at which the save blocked least (bench/RESULTS.md, "Host snapshots"). A read that overlaps
-# training copies more of them raw: there the GPU's coding competes with the training's kernels,
-# while the copy engines are idle (bench/RESULTS.md, "Training loop").
+# share at which the save blocked least, and at which a read overlapping training lost least of it:
+# a larger share waits less for the GPU's coding but codes more on the host while training runs
+# (results: "Host snapshots and the manager", "Training loop").
 HOST_RAW_SHARE = 0.25
-OVERLAP_RAW_SHARE = 0.5
 # Host snapshots' pinned staging is kept at this much above the buffers the last snapshot occupied
 # (a pool smaller than that grows again, buffer by buffer, while a save blocks): batches fill the
 # buffers back to back, so the next snapshot of the same state occupies as many.
@@ -274,7 +273,7 @@ class SnapshotPool:
             limits = GpuLimits.of(sources, self._policy, self._gpu_memory, HOST_SNAPSHOT_BATCH_BYTES)
         coded = gpu_coded(sources, self._policy, limits)
         raw = raw_share([t.nbytes for t in sources], [i for i, t in enumerate(sources) if t.is_cuda and coded[i]],
-                        HOST_RAW_SHARE if caps is None else OVERLAP_RAW_SHARE)
+                        HOST_RAW_SHARE)
         return [c and i not in raw for i, c in enumerate(coded)]
 
     # ------------------------------------------------------------------------- taking
