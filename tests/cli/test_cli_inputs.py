@@ -147,6 +147,26 @@ def test_import_ckptzip_is_lazy_and_keeps_its_names() -> None:
         ckptzip.nothing  # noqa: B018
 
 
+def test_subpackages_are_attributes_imported_on_first_use_and_star_keeps_the_builtin_open() -> None:
+    """Issue #44: the README's ``ckptzip.dcp.CompressedStorageWriter(...)`` and
+    ``ckptzip.integrations.lightning.CkptzipCheckpointIO()`` raised AttributeError after ``import
+    ckptzip``; ``from ckptzip import *`` bound ``open`` over the built-in."""
+    code = (
+        "import builtins, sys, ckptzip\n"
+        "assert 'dcp' in dir(ckptzip) and 'ckptzip.dcp' not in sys.modules and 'torch' not in sys.modules\n"
+        "assert ckptzip.dcp.CompressedStorageWriter is sys.modules['ckptzip.dcp._writer'].CompressedStorageWriter\n"
+        "assert ckptzip.integrations.lightning.CkptzipCheckpointIO.__module__ == 'ckptzip.integrations.lightning'\n"
+        "assert ckptzip.manager.CheckpointManager is ckptzip.CheckpointManager\n"
+        "assert not hasattr(ckptzip.integrations, 'nothing')\n"
+        "ns = {}; exec('from ckptzip import *', ns)\n"
+        "assert 'open' not in ns and 'load' in ns and 'open' not in ckptzip.__all__\n"
+        "exec('from ckptzip import *; assert open is builtins.open', {'builtins': builtins})\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
 def test_positional_arguments_have_help(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["compress", "--help"])
