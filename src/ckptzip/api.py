@@ -17,8 +17,9 @@ from .engine.reader import read_tensors
 from .engine.sources import DeltaBase
 from .engine.warmup import warm_up
 from .engine.writer import write_state
-from .errors import CheckpointWriteError, CkptzipError, DeviceUnavailableError
+from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, DeviceUnavailableError
 from .format import BaseRef, ContainerReader, TensorEntry, content_hash
+from .format.kinds import directory_kind
 from .storage import atomic_file, open_for_read
 from .tree import flatten, unflatten
 
@@ -132,6 +133,8 @@ class CheckpointReader:
         self._owned: BinaryIO | None = None  # a file this reader opened, and closes
         self.gpu_memory = gpu_memory
         if isinstance(f, (str, os.PathLike)):
+            if os.path.isdir(f):
+                raise CheckpointNotFoundError(f"no checkpoint file at {os.fspath(f)!r}: it is {directory_kind(f).describe()}")
             f = self._owned = open_for_read(f)  # refuses FIFOs and devices instead of blocking on them
         try:
             self._reader = ContainerReader(f)

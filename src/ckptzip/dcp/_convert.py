@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from .. import api
 from ..errors import CheckpointNotFoundError, CkptzipError, UnsupportedObjectError
+from ..format.kinds import PLAIN_DCP_METADATA as PLAIN_METADATA_FILE
 from ..storage import is_url, local_path, open_directory
 from ..tree import expanded_leaves
 from ._metadata import METADATA_FILE
@@ -30,7 +31,6 @@ from ._writer import CompressedStorageWriter
 # Most items a .ckz's state may become in DCP, which cannot share sub-objects and stores every
 # path of a shared container again: a few hundred bytes of aliases can stand for 2**40 of them.
 MAX_DCP_ITEMS = 1_000_000
-PLAIN_METADATA_FILE = ".metadata"
 
 
 @contextlib.contextmanager
