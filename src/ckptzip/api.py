@@ -125,6 +125,47 @@ def resolve_device(saved: str | None, map_location: MapLocation, argument: str =
     return device
 
 
+# Decoded bytes verify holds at once: four of a load's CPU batches, split between its workers.
+VERIFY_BATCH_BYTES = 64 << 20
+
+
+def verify_batches(entries: Sequence[TensorEntry], batch_bytes: int) -> list[list[int]]:
+    """The table's entries in batches of about ``batch_bytes`` declared bytes, in table order:
+    each stored tensor with the copies and casts made from it (so it is decoded once), and a
+    group larger than ``batch_bytes`` alone."""
+    groups: dict[int, list[int]] = {}
+    for i in range(len(entries)):
+        root = i
+        while entries[root].is_reference:  # a copy of a cast at most: the index refuses longer chains
+            root = entries[root].source_target
+        groups.setdefault(root, []).append(i)
+    batches: list[list[int]] = []
+    size = 0
+    for members in groups.values():
+        nbytes = sum(entries[i].nbytes for i in members)
+        if not batches or size + nbytes > batch_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].extend(members)
+        size += nbytes
+    return batches
+
+
+def local_location(entries: Sequence[TensorEntry]) -> dict[str, str]:
+    """A ``map_location`` that reads every tensor on this machine: on the device it was saved
+    on where this machine has it, on another GPU where it has GPUs, else on the CPU (a GPU's
+    file verified on a laptop)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    location = {}
+    for saved in {entry.device or "cpu" for entry in entries}:
+        device = torch.device(saved)
+        if device.type == "cuda" and gpus:
+            location[saved] = saved if (device.index or 0) < gpus else "cuda"
+        else:
+            location[saved] = "cpu"
+    return location
+
+
 class CheckpointReader:
     """Lazy access to a checkpoint: the index is read and validated up front, tensors on demand."""
 
@@ -198,6 +239,16 @@ class CheckpointReader:
     def named_tensors(self, *, base_tensors: BaseTensors = None) -> dict[str, torch.Tensor]:
         """Every tensor, decoded and verified, by name (XOR deltas: as for :meth:`load`)."""
         return dict(zip(self.keys(), self._all_tensors(False, base_tensors)))
+
+    def verify(self, *, batch_bytes: int = VERIFY_BATCH_BYTES) -> None:
+        """Decode every tensor and check every checksum, keeping nothing: tensors are decoded in
+        batches of about ``batch_bytes`` decoded bytes (a larger tensor alone, with the copies
+        and casts made from it), each dropped before the next is decoded, so memory stays about a
+        batch (or the largest tensor) whatever the size of the state. Damage raises
+        :class:`~ckptzip.errors.CorruptCheckpointError` naming the tensor; tensors stored as XOR
+        deltas need their base (:class:`~ckptzip.errors.MissingBaseError`, as for :meth:`load`)."""
+        for batch in verify_batches(self._reader.tensors, batch_bytes):
+            self._read(batch, lambda _: None)  # the batch's tensors are dropped here
 
     @property
     def bases(self) -> list[BaseRef]:

@@ -248,14 +248,17 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    """Decode every tensor of a .ckz file and check every checksum; nothing is written."""
+    """Decode every tensor of a .ckz file and check every checksum, a batch at a time (memory
+    stays about a batch), each tensor where this machine can decode it (a GPU's file on the CPU
+    where there is no GPU); nothing is written."""
     from .. import api
     from ..report import human_bytes
 
     _refuse_directory(args.path, "verify")
     start = time.perf_counter()
     with api.open(args.path) as reader:
-        reader.named_tensors()
+        reader.map_location = api.local_location(reader.entries())
+        reader.verify()
         count, nbytes = len(reader.entries()), reader.nbytes
     emit(f"{args.path}: {count} tensors ({human_bytes(nbytes)}), every checksum verified, "
          f"{time.perf_counter() - start:.2f} s")
