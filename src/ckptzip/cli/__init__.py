@@ -20,6 +20,7 @@ from .._version import __version__
 from ..errors import CkptzipError, UsageError
 
 if TYPE_CHECKING:
+    from ..api import CheckpointReader
     from ..format import TensorEntry
 
     _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -214,12 +215,40 @@ def _refuse_directory(path: str, command: str) -> None:
         )
 
 
+def _ratio(nbytes: int, compressed: int) -> float:
+    return nbytes / compressed if compressed else 1.0
+
+
 def _entry_json(entry: TensorEntry, entries: list[TensorEntry]) -> dict[str, object]:
     from ..report import classify, pipeline_label
 
     return {
         "name": entry.name, "dtype": entry.dtype, "shape": list(entry.shape), "bytes": entry.nbytes,
-        "compressed": entry.compressed_nbytes, "codec": pipeline_label(entry, entries), "class": classify(entry),
+        "compressed": entry.compressed_nbytes,
+        "ratio": None if entry.is_reference and entry.nbytes else _ratio(entry.nbytes, entry.compressed_nbytes),
+        "codec": pipeline_label(entry, entries), "class": classify(entry),
+    }
+
+
+def _inspect_json(reader: CheckpointReader, top: int | None) -> dict[str, object]:
+    """Everything ``inspect`` prints, as JSON: sizes, class totals, references and the bases they
+    need, portability, and the tensor table (the ``top`` largest)."""
+    from ..report import class_totals, portability, source_totals
+
+    entries = reader.entries()
+    shown = entries if top is None else sorted(entries, key=lambda e: -e.nbytes)[:top]
+    where = portability(entries)
+    return {
+        "file_bytes": reader.file_size, "bytes": reader.nbytes, "compressed": reader.compressed_nbytes,
+        "ratio": reader.ratio,
+        "classes": {name: {"tensors": t.tensors, "bytes": t.nbytes, "compressed": t.compressed, "ratio": t.ratio}
+                    for name, t in class_totals(entries).items()},
+        "references": {kind: {"tensors": t.tensors, "bytes": t.nbytes, "not_stored": t.not_stored, "sparse": t.sparse}
+                       for kind, t in source_totals(entries).items()},
+        "bases": [ref.to_json() for ref in reader.bases],
+        "portability": {"portable": not where.gpu_only and not where.compiled, "gpu_only_codecs": where.gpu_only,
+                        "codecs_needing_the_c_decoder": where.compiled, "note": where.note},
+        "tensors": [_entry_json(e, entries) for e in shown],
     }
 
 
@@ -231,11 +260,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     with api.open(args.path) as reader:
         entries = reader.entries()
         if args.json:
-            shown = entries if args.top is None else sorted(entries, key=lambda e: -e.nbytes)[: args.top]
-            emit(json.dumps({
-                "file_bytes": reader.file_size, "bytes": reader.nbytes, "compressed": reader.compressed_nbytes,
-                "tensors": [_entry_json(e, entries) for e in shown],
-            }, indent=1))
+            emit(json.dumps(_inspect_json(reader, args.top), indent=1))
             return 0
         emit(tensor_table(entries, limit=args.top))
         emit("")
@@ -274,7 +299,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _configure_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help=".ckz file")
     p.add_argument("--top", type=positive_int, default=None, help="show only the N largest tensors (N >= 1)")
-    p.add_argument("--json", action="store_true", help="print the sizes and the tensor table as JSON")
+    p.add_argument("--json", action="store_true", help="print the same as JSON: sizes, class totals, references, "
+                   "portability and the tensor table")
     p.set_defaults(func=_cmd_inspect)
 
 
