@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import io
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +22,7 @@ from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError,
 from .format import BaseRef, ContainerReader, TensorEntry, content_hash
 from .format.kinds import directory_kind
 from .storage import atomic_file, open_for_read
-from .tree import flatten, unflatten
+from .tree import flatten, plain_values, unflatten
 
 PathOrFile = str | os.PathLike[str] | BinaryIO
 PathFileOrBytes = PathOrFile | bytes | bytearray | memoryview  # what a checkpoint is read from
@@ -184,6 +185,7 @@ class CheckpointReader:
             raise
         self.map_location = map_location
         self._by_name = {t.name: i for i, t in enumerate(self._reader.tensors)}
+        self._values: dict[str, Any] | None = None  # the values that are not tensors, by path, once asked for
         try:
             self._max_bytes = validate_max_bytes(max_bytes)
             if self._max_bytes is not None:
@@ -201,17 +203,32 @@ class CheckpointReader:
         return list(self._by_name)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._by_name
+        return name in self._by_name or name in self._plain_values()
 
     def __len__(self) -> int:
         return len(self._by_name)
 
-    def __getitem__(self, name: str) -> torch.Tensor:
-        try:
-            index = self._by_name[name]
-        except KeyError:
-            raise KeyError(f"no tensor named {name!r} in this checkpoint; it has {len(self)} tensors") from None
-        return self._tensor(index)
+    def __getitem__(self, name: str) -> Any:
+        """The tensor named ``name``, decoded and verified (``ckpt["model.embed.weight"]``), or a
+        value of the saved object that is not a tensor, by its dotted path (``ckpt["step"]``,
+        ``ckpt["optimizer.param_groups.0.lr"]``), read from the index without decoding anything."""
+        index = self._by_name.get(name)
+        if index is not None:
+            return self._tensor(index)
+        values = self._plain_values()
+        if name in values:
+            return copy.deepcopy(values[name])  # the caller's to change
+        inside = next((k for k in (*self._by_name, *values) if k.startswith(f"{name}.")), None)
+        if inside is not None:
+            raise KeyError(
+                f"{name!r} is a container in this checkpoint: ckpt[...] gives its tensors and values by their dotted "
+                f"paths ({inside!r}, ...), and load() the whole object")
+        raise KeyError(f"no tensor or value named {name!r} in this checkpoint; keys() lists its {len(self)} tensors")
+
+    def _plain_values(self) -> dict[str, Any]:
+        if self._values is None:
+            self._values = plain_values(self._reader.index.tree, len(self._reader.tensors))
+        return self._values
 
     def _tensor(self, index: int) -> torch.Tensor:
         return self._read([index], lambda _: None)[0]
