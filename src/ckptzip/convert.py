@@ -12,7 +12,7 @@ from . import api
 from .errors import CkptzipError, UnsupportedObjectError
 from .format.kinds import HEAD_BYTES, SAFETENSORS, Kind, directory_kind, foreign_kind
 from .format.spec import MAGIC
-from .plain import weights_only_refusal
+from .plain import listing, type_name, weights_only_refusal
 from .storage import atomic_file, open_for_read
 
 
@@ -101,11 +101,7 @@ def write_foreign(obj: Any, path: str | os.PathLike[str]) -> None:
     if is_safetensors(path):
         from safetensors.torch import save
 
-        if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise UnsupportedObjectError(
-                "safetensors holds a flat dict of name -> tensor; this checkpoint holds other values. "
-                "Write a .pt file instead."
-            )
+        _check_flat_tensors(obj)
         try:
             data = save(_unshared(obj))
         except Exception as exc:  # safetensors refuses some dtypes and names
@@ -115,6 +111,21 @@ def write_foreign(obj: Any, path: str | os.PathLike[str]) -> None:
     else:
         with atomic_file(path) as f:
             torch.save(obj, f)
+
+
+def _check_flat_tensors(obj: Any) -> None:
+    """Refuse, naming the entries in the way, what safetensors cannot hold: anything but a flat
+    dict of string names to tensors."""
+    advice = ("Write a torch.save file instead (DST.pt), or save one dict of tensors of it with safetensors "
+              "(safetensors.torch.save_file(ckptzip.load(SRC)['model'], ...), say)")
+    if not isinstance(obj, dict):
+        raise UnsupportedObjectError(
+            f"safetensors holds a flat dict of name -> tensor; this checkpoint holds a {type_name(obj)}. {advice}")
+    others = [f"{k!r}: {type_name(v)}" for k, v in obj.items() if not (isinstance(k, str) and isinstance(v, torch.Tensor))]
+    if others:
+        raise UnsupportedObjectError(
+            f"safetensors holds a flat dict of name -> tensor; {len(others)} of the {len(obj)} entries of this "
+            f"checkpoint are not a tensor under a string name: {listing(others)}. {advice}")
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: str, progress: bool = False) -> None:

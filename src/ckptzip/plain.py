@@ -40,6 +40,12 @@ def type_name(obj: Any) -> str:
 _SHOWN = 10  # objects an error names; --skip-unsupported reports every one
 
 
+def listing(lines: list[str]) -> str:
+    """The first few of ``lines`` joined for an error message, with how many more there are."""
+    more = len(lines) - _SHOWN
+    return "; ".join(lines[:_SHOWN]) + (f"; and {more} more" if more > 0 else "")
+
+
 def _where(path: str) -> str:
     return path or "<root>"
 
@@ -95,10 +101,9 @@ def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
     if plain.state is DROP:
         raise UnsupportedObjectError(f"the state is a {type_name(obj)}, which ckptzip cannot store")
     if plain.unsupported and not skip_unsupported:
-        more = len(plain.unsupported) - _SHOWN
-        shown = "; ".join(plain.unsupported[:_SHOWN]) + (f"; and {more} more" if more > 0 else "")
         raise UnsupportedObjectError(
-            f"ckptzip cannot store {len(plain.unsupported)} object(s) of this state: {shown}. Pass --skip-unsupported "
+            f"ckptzip cannot store {len(plain.unsupported)} object(s) of this state: {listing(plain.unsupported)}. "
+            "Pass --skip-unsupported "
             "(skip_unsupported=True) to leave them out (each is reported), or convert them to tensors and plain "
             "values before saving"
         )
