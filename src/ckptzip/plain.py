@@ -67,11 +67,15 @@ def _stand_in(obj: Any) -> tuple[Any, str] | None:
     return None
 
 
-def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
+SKIP_ADVICE = ("Pass --skip-unsupported (skip_unsupported=True) to leave them out (each is reported), or convert them "
+               "to tensors and plain values before saving")
+
+
+def storable(obj: Any, *, skip_unsupported: bool = False, advice: str = SKIP_ADVICE) -> Plain:
     """``obj`` with every leaf ckptzip cannot store replaced by a stand-in (a Namespace, dict
     subclass or namedtuple by a dict, a path by its string) or, with ``skip_unsupported``, left out
     (a dict entry is dropped, a list or tuple item becomes ``None``); without it, such a leaf is an
-    :class:`UnsupportedObjectError` naming every one by its path."""
+    :class:`UnsupportedObjectError` naming every one by its path, then ``advice``."""
     plain = Plain(None)
 
     def value(leaf: Any, path: str) -> Any:
@@ -103,9 +107,7 @@ def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
     if plain.unsupported and not skip_unsupported:
         raise UnsupportedObjectError(
             f"ckptzip cannot store {len(plain.unsupported)} object(s) of this state: {listing(plain.unsupported)}. "
-            "Pass --skip-unsupported "
-            "(skip_unsupported=True) to leave them out (each is reported), or convert them to tensors and plain "
-            "values before saving"
+            f"{advice}"
         )
     return plain
 
