@@ -110,3 +110,26 @@ def test_local_location_keeps_a_gpu_this_machine_has(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert api.local_location(entries) == {"cuda:0": "cuda:0", "cuda:3": "cuda", "cpu": "cpu"}
+
+
+@pytest.mark.gpu
+def test_verify_decodes_a_gpu_file_on_its_gpu_a_batch_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    state = {f"w{i}": torch.randn(1 << 16, device="cuda", generator=g).bfloat16() for i in range(8)}
+    ckptzip.save(state, tmp_path / "g.ckz")
+    calls = _record_reads(monkeypatch)
+    devices: list[torch.device] = []
+    recording = api.read_tensors
+
+    def on(reader: Any, indices: list[int], targets: list[torch.device], *args: Any, **kwargs: Any) -> Any:
+        devices.extend(targets)
+        return recording(reader, indices, targets, *args, **kwargs)
+
+    monkeypatch.setattr(api, "read_tensors", on)
+    assert main(["verify", str(tmp_path / "g.ckz")]) == 0
+    assert {d.type for d in devices} == {"cuda"} and len(calls) == 1  # 1 MiB: one batch
+    with ckptzip.open(tmp_path / "g.ckz") as reader:
+        reader.map_location = api.local_location(reader.entries())
+        reader.verify(batch_bytes=300 * KIB)
+    assert len(calls) == 1 + 4
+

@@ -176,7 +176,8 @@ class CheckpointReader:
         self.gpu_memory = gpu_memory
         if isinstance(f, (str, os.PathLike)):
             if os.path.isdir(f):
-                raise CheckpointNotFoundError(f"no checkpoint file at {os.fspath(f)!r}: it is {directory_kind(f).describe()}")
+                raise CheckpointNotFoundError(
+                    f"no checkpoint file at {os.fspath(f)!r}: it is {directory_kind(f).describe()}")
             f = self._owned = open_for_read(f)  # refuses FIFOs and devices instead of blocking on them
         try:
             self._reader = ContainerReader(f)

@@ -117,15 +117,23 @@ def _table(rows: list[list[str]], right: set[int]) -> str:
     return "\n".join(lines)
 
 
+def entry_ratio(entry: TensorEntry) -> float | None:
+    """Decoded over stored bytes of one tensor; None for a copy or cast, which stores none."""
+    if entry.is_reference and entry.nbytes:
+        return None
+    return entry.nbytes / entry.compressed_nbytes if entry.compressed_nbytes else 1.0
+
+
 def tensor_table(entries: list[TensorEntry], limit: int | None = None) -> str:
     """One row per tensor: name, dtype, shape, bytes, compressed, ratio, codec, class."""
     rows = [["tensor", "dtype", "shape", "bytes", "compressed", "ratio", "codec", "class"]]
     shown = entries if limit is None else sorted(entries, key=lambda e: -e.nbytes)[:limit]
     for e in shown:
-        ratio = e.nbytes / e.compressed_nbytes if e.compressed_nbytes else 1.0
+        ratio = entry_ratio(e)
         rows.append([
             e.name, e.dtype, "×".join(map(str, e.shape)) or "()", human_bytes(e.nbytes),
-            human_bytes(e.compressed_nbytes), "-" if e.is_reference and e.nbytes else f"{ratio:.3f}", pipeline_label(e, entries), classify(e),
+            human_bytes(e.compressed_nbytes), "-" if ratio is None else f"{ratio:.3f}", pipeline_label(e, entries),
+            classify(e),
         ])
     return _table(rows, right={3, 4, 5})
 

@@ -215,18 +215,13 @@ def _refuse_directory(path: str, command: str) -> None:
         )
 
 
-def _ratio(nbytes: int, compressed: int) -> float:
-    return nbytes / compressed if compressed else 1.0
-
-
 def _entry_json(entry: TensorEntry, entries: list[TensorEntry]) -> dict[str, object]:
-    from ..report import classify, pipeline_label
+    from ..report import classify, entry_ratio, pipeline_label
 
     return {
         "name": entry.name, "dtype": entry.dtype, "shape": list(entry.shape), "bytes": entry.nbytes,
-        "compressed": entry.compressed_nbytes,
-        "ratio": None if entry.is_reference and entry.nbytes else _ratio(entry.nbytes, entry.compressed_nbytes),
-        "codec": pipeline_label(entry, entries), "class": classify(entry),
+        "compressed": entry.compressed_nbytes, "ratio": entry_ratio(entry), "codec": pipeline_label(entry, entries),
+        "class": classify(entry),
     }
 
 
