@@ -24,6 +24,8 @@ torch: $(BIN)/python
 
 install: torch
 	$(BIN)/python -m pip install -q -e ".[test]"
+	# the benchmark harness, a distribution of its own (bench/pyproject.toml): `ckptzip bench`
+	$(BIN)/python -m pip install -q --no-deps -e bench
 	# torchtitan without its requirements, which would replace the CPU torch above (its tests need none of them)
 	$(BIN)/python -c "import sys; sys.exit(sys.version_info < (3, 11))" && $(BIN)/python -m pip install -q --no-deps "torchtitan==0.3.0" || true
 

@@ -67,5 +67,5 @@ def test_the_readme_installs_from_a_clone() -> None:
     install = readme[readme.index("## Install\n") : readme.index("\n## ", readme.index("## Install\n") + 1)]
     assert "pip install .   " in install and 'pip install ".[gpu]"' in install
     assert not re.search(r"pip install \"?ckptzip", install)  # no such distribution
-    assert "`pip install .` compiles three small optional extensions" in install
+    assert "`pip install .` compiles three optional C extensions" in install
     assert "make demo TORCH=" in readme and "--system-site-packages" in readme

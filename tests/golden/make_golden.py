@@ -4,7 +4,7 @@
 
 Files of format 2.0: cpu_zstd_v2_0.ckz (CPU, portable), gpu_zstd_v2_0.ckz (GPU nvCOMP zstd,
 portable), gpu_ans_v2_0.ckz (GPU nvCOMP ans, then the default preset; now "fast").
-gpu_gdeflate_v2_1.ckz (GPU, the default preset since issue 22) comes from bench/gdeflate_check.py. Format 2.1: cpu_zstd_v2_1_refs.ckz
+Format 2.1: gpu_gdeflate_v2_1.ckz (GPU, "auto", the default preset since issue 22), cpu_zstd_v2_1_refs.ckz
 (casts and a duplicate, golden_state_2_1) and cpu_zstd_v2_1_delta.ckz (golden_delta_state, XOR
 deltas against cpu_zstd_v2_1_refs.ckz as its base, "step" 100). Format 2.2:
 cpu_zstd_v2_2_sparse.ckz (golden_sparse_delta_state, XOR deltas coded sparse against the same
@@ -48,7 +48,8 @@ def main(out_dir: str) -> None:
     targets = [("cpu_zstd_v2_0.ckz", state, "portable")]
     if torch.cuda.is_available():
         gpu = _to(state, "cuda")
-        targets += [("gpu_zstd_v2_0.ckz", gpu, "portable"), ("gpu_ans_v2_0.ckz", gpu, "fast")]
+        targets += [("gpu_zstd_v2_0.ckz", gpu, "portable"), ("gpu_ans_v2_0.ckz", gpu, "fast"),
+                    ("gpu_gdeflate_v2_1.ckz", gpu, "auto")]
     targets += [("cpu_zstd_v2_1_refs.ckz", golden_state_2_1(), "portable")]
     for name, obj, codec in targets:
         if not (out / name).exists():

@@ -362,24 +362,34 @@ def _plugin(module: str) -> Configure:
     return configure
 
 
-# Where a source checkout keeps the benchmark harness (the ckptzip_bench package), outside the wheel.
-CHECKOUT_BENCH = Path(__file__).resolve().parents[3] / "bench"
+# The benchmark harness (bench/ckptzip_bench, a distribution of its own outside the wheel) declares
+# its command module in this entry-point group (bench/pyproject.toml); where it is not installed,
+# the module is imported by name, which finds a checkout's bench/ folder on the import path.
+BENCH_ENTRY_POINTS = "ckptzip.bench"
+BENCH_MODULE = "ckptzip_bench.run"
+
+
+def _harness() -> Any:
+    """The harness's command module: ``configure(parser)`` and ``run(args)``."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=BENCH_ENTRY_POINTS):
+        return entry.load()
+    try:
+        return importlib.import_module(BENCH_MODULE)
+    except ModuleNotFoundError as e:
+        if e.name != BENCH_MODULE.split(".")[0]:  # the harness is there; something it imports is not
+            raise
+        raise UsageError(
+            "`ckptzip bench` needs the benchmark harness, which is not installed: it is not part of the "
+            "ckptzip wheel; from a ckptzip checkout, `pip install -e bench` (or put the checkout's bench/ folder "
+            "on PYTHONPATH)"
+        ) from None
 
 
 def _bench(p: argparse.ArgumentParser) -> None:
-    """``ckptzip bench``: the harness is the ckptzip_bench package, installed or in the checkout's bench/."""
-    try:
-        harness = importlib.import_module("ckptzip_bench.run")
-    except ModuleNotFoundError as e:
-        if e.name != "ckptzip_bench":  # the harness is there; something it imports is not
-            raise
-        if not (CHECKOUT_BENCH / "ckptzip_bench").is_dir():
-            raise UsageError(
-                "`ckptzip bench` needs the benchmark harness, which is not installed: it is not part of the "
-                "ckptzip wheel; from a ckptzip checkout, `pip install -e bench` (or run ckptzip from the checkout)"
-            ) from None
-        sys.path.append(str(CHECKOUT_BENCH))
-        harness = importlib.import_module("ckptzip_bench.run")
+    """``ckptzip bench``: the harness's own arguments and command."""
+    harness = _harness()
     harness.configure(p)
     p.set_defaults(func=harness.run)
 

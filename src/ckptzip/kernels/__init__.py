@@ -101,7 +101,7 @@ def run_gpu(module: str, kernel: str, grid: int, device: torch.device, args: Seq
 def prepare_triton(device: torch.device) -> None:
     """Where a GPU path on ``device`` begins, unless its kernels are shipped compiled: import the
     Triton kernels and give Triton its once-per-process cache key (remembered across processes,
-    :mod:`._triton_key`; else Triton's hash of its own compiler, 0.5-1.4 s) on a background
+    :mod:`._triton_key`; else Triton's hash of its own compiler, which reads its files) on a background
     thread, once, while the caller plans its work (pure host work, no CUDA call); the first
     launch waits for it."""
     global _prepared
@@ -146,8 +146,8 @@ def pieces(sizes: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray, np.nda
 
 def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct values of a 1-D integer array, ascending, and where each first occurs: what
-    ``np.unique(values, return_index=True)`` gives, without the import of ``numpy.ma`` (20 ms)
-    that NumPy's first ``unique`` call of a process costs."""
+    ``np.unique(values, return_index=True)`` gives, without the import of ``numpy.ma`` that
+    NumPy's first ``unique`` call of a process costs."""
     order = np.argsort(values, kind="stable")
     ordered = values[order]
     head = np.ones(ordered.size, dtype=bool)

@@ -22,7 +22,8 @@ import zstandard
 
 from . import _aot, planes, segments
 
-# A100 (and 8.6/8.9 with it), H100/H200, B200/GB200, B300, RTX 50 and RTX PRO, DGX Spark.
+# sm_80 A100 (and 8.6/8.9 with it), sm_90 Hopper, sm_100 B200/GB200, sm_103 B300, sm_120 RTX 50 and
+# RTX PRO, sm_121 DGX Spark.
 ARCHS = (80, 90, 100, 103, 120, 121)
 _PARAM = re.compile(r"\.param\s+\.(\w+)")
 
