@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -26,8 +27,8 @@ import torch
 from ..codecs import MIN_PARALLEL_BYTES, codec_thread_count
 from . import _aot
 
-__all__ = ["COMPILED", "CPU_PIECE_BYTES", "INTERPRET", "THREAD_SAFE", "compiled_threads", "distinct", "load_triton",
-           "pieces", "prepare_triton", "remember_triton_key", "run_gpu", "use_triton"]
+__all__ = ["COMPILED", "CPU_PIECE_BYTES", "INTERPRET", "THREAD_SAFE", "NoCompiledKernelsWarning", "compiled_threads",
+           "distinct", "load_triton", "pieces", "prepare_triton", "remember_triton_key", "run_gpu", "use_triton"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Triton's interpreter keeps global state: under it, batches run on one thread.
@@ -35,14 +36,33 @@ THREAD_SAFE = not INTERPRET
 CPU_PIECE_BYTES = 1 << 20  # most bytes of a row of the compiled kernels, whose threads split rows by bytes
 
 
+class NoCompiledKernelsWarning(UserWarning):
+    """ckptzip's C extensions were not built where it was installed: its CPU path runs slower."""
+
+
 def _compiled() -> ModuleType | None:
-    """The compiled CPU kernels, or None (not built here, or ``CKPTZIP_NUMPY_KERNELS=1``)."""
+    """The compiled CPU kernels, or None (not built here, or ``CKPTZIP_NUMPY_KERNELS=1``). Where
+    they were not built, a warning says so, once per process: pip hides a failed optional build
+    (no C compiler at install) unless run with -v, and nothing else would tell."""
     if os.environ.get("CKPTZIP_NUMPY_KERNELS") == "1":
         return None
     try:
         return importlib.import_module(f"{__name__}._cpu")
     except ImportError:
-        return None
+        pass
+    try:
+        importlib.import_module("..codecs._gdeflate", __name__)  # the other C extension the build makes
+        decoder = True
+    except ImportError:
+        decoder = False
+    warnings.warn(
+        "ckptzip's compiled CPU kernels are not built here (its C extensions failed to build when it was installed, "
+        "most likely for want of a C compiler): CPU saves and loads run NumPy kernels, several times slower"
+        + ("" if decoder else ", and files a GPU wrote with codec='auto' (gdeflate) cannot be decoded on the CPU")
+        + ". Reinstall ckptzip from its source where gcc or clang is at hand (`pip install .` in a clone "
+        "builds them); CKPTZIP_NUMPY_KERNELS=1 chooses the NumPy kernels without this warning",
+        NoCompiledKernelsWarning, stacklevel=2)
+    return None
 
 
 COMPILED: Any = _compiled()  # the module's functions take tables of addresses (see _cpu.c)
