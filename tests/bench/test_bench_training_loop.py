@@ -56,7 +56,7 @@ def test_a_method_that_fails_is_a_result_with_where_it_failed(tmp_path: Path, mo
     monkeypatch.setattr(training_loop, "make_method", make)
     rows = _run(tmp_path, "ckptzip.save")
     failed = [r for r in rows if r.get("method") == "ckptzip.save"]
-    assert len(failed) == 1 and str(failed[0]["error"]).startswith("OSError: disk gone at test_training_loop.py:")
+    assert len(failed) == 1 and str(failed[0]["error"]).startswith("OSError: disk gone at test_bench_training_loop.py:")
 
 
 def test_an_unknown_method_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -144,8 +144,7 @@ class SnapshotPool:
         self._lock = threading.Lock()
         # streams by role and device: the caller's copies, the background reads, the worker's writes
         self._streams: dict[tuple[str, torch.device], torch.cuda.Stream] = {}
-        if overlap:
-            guard.watch()
+        guard.watch()  # an optimizer's step shows the training's peak, and waits for reads that overlap it
 
     def _stream(self, role: str, device: torch.device) -> torch.cuda.Stream:
         stream = self._streams.get((role, device))
