@@ -356,7 +356,6 @@ class SnapshotPool:
 
         def read() -> _Read:
             copying: list[Callable[[], Copied]] = []  # empty until the copies are started
-            staged = None
             try:
                 staged = stage_state(names, read_from, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base,
                                      self._gpu_memory, self._expected_staging(),
