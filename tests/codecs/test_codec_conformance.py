@@ -32,6 +32,11 @@ class TestLz4(CodecTests):
     codec_config: ClassVar[dict[str, Any]] = {"id": "lz4"}
 
 
+@pytest.mark.skipif(not has_codec("ckz-huff", "cpu"), reason="ckptzip's ckz-huff coder is not built")
+class TestCkzHuff(CodecTests):
+    codec_config: ClassVar[dict[str, Any]] = {"id": "ckz-huff"}
+
+
 @pytest.mark.skipif(_gdeflate_lib.load()[0] is None or not has_codec("gdeflate", "cpu"),
                     reason="nvCOMP's CPU library (the encoder) is not installed")
 class TestGdeflateCpu(CodecTests):

@@ -26,6 +26,10 @@ from ckptzip.engine.policy import Policy
 from ckptzip.engine.sources import DeltaBase
 from ckptzip.format import BaseRef, content_hash
 from ckptzip.tree import flatten
+import numpy as np
+
+from ckzhuff_reference import samples
+from ckptzip.codecs import get_codec
 from golden_state import golden_delta_state, golden_sparse_delta_state, golden_state, golden_state_2_1
 
 
@@ -61,10 +65,28 @@ def main(out_dir: str) -> None:
         if not (out / name).exists():
             with open(out / name, "xb") as f:
                 write_checkpoint(f, later(), Policy.parse("portable"), base=DeltaBase(ref, tensors))
+    ckzhuff_chunks(out / "ckzhuff_chunks.npz")
     for path in sorted(out.glob("*.ckz")):
         with ckptzip.open(path) as r:
             codecs = sorted({c for e in r.entries() for c in e.codecs})
             print(f"{path.name}: {r.file_size} bytes, codecs {codecs}")
+
+
+def ckzhuff_chunks(path: Path) -> None:
+    """ckz-huff chunks of every kind and of sizes around its rounds, written by the CPU encoder
+    (the GPU's writes the same bytes): raw_<kind>_<n> and enc_<kind>_<n>."""
+    if path.exists():
+        return
+    codec = get_codec({"id": "ckz-huff"}, "cpu")
+    arrays = {}
+    for n in (1, 17, 513, 4096, 8193, 65_536):
+        for kind, data in samples(n, n).items():
+            if n == 65_536 and kind != "fp32 sign+exponent":
+                continue
+            key = f"{kind.replace(' ', '-')}_{n}"
+            (coded,) = codec.encode([torch.from_numpy(data)])
+            arrays[f"raw_{key}"], arrays[f"enc_{key}"] = data, coded.numpy()
+    np.savez_compressed(path, **arrays)
 
 
 if __name__ == "__main__":
