@@ -57,3 +57,11 @@ class TestNvcomp(CodecTests):
                     ids=lambda c: "-".join(str(v) for v in c.values()))
     def config(self, request: pytest.FixtureRequest) -> dict[str, object]:
         return dict(request.param)
+
+
+@pytest.mark.gpu
+class TestCkzHuffGpu(CodecTests):
+    """ckptzip's own coder's kernels (the same bytes as TestCkzHuff's, tests/kernels/test_ckzhuff_kernels.py)."""
+
+    backend = "cuda"
+    codec_config: ClassVar[dict[str, Any]] = {"id": "ckz-huff"}

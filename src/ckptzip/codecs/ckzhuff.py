@@ -35,6 +35,12 @@ MAX_CHUNK = 1 << 22  # the most bytes a chunk holds (its lanes' word counts are 
 OVERHEAD = 4  # a coded chunk is at most this much larger than its bytes (stored whole)
 STORED, CONSTANT, HUFFMAN = 0, 1, 2  # the forms of a chunk, its first byte
 FIXED_HEADER = 4 + 2 * LANES + 32  # a Huffman chunk's size word, lanes' word counts and symbol bitmap
+# What makes a chunk malformed, numbered as the decoders report it (codecs/_ckzhuff.c's Status)
+FLAWS = ("", "fewer than 4 bytes", "a size word declaring another decoded size", "an unknown form",
+         "stored bytes of another length than declared", "a constant of more than one byte",
+         "a code of fewer than 2 symbols, or a header longer than the chunk", "header padding that is not zero",
+         "a code length outside 1 to 12", "an incomplete or over-subscribed code",
+         "lane lengths that do not add up to the chunk", "a lane whose codes do not fill its words exactly")
 NO_CODER = ("ckptzip was installed without its ckz-huff coder (C, compiled when ckptzip is installed from "
             "source); reinstall ckptzip where a C compiler (gcc or clang) is at hand, or convert the file once on "
             "a machine that decodes it: `ckptzip convert SRC DST --codec portable`")
