@@ -1,3 +1,5 @@
+# mypy: allow-untyped-defs, allow-incomplete-defs, allow-untyped-decorators
+# (Triton reads a parameter's annotation as its type specialisation: kernels carry no type hints.)
 """Triton kernels of :mod:`.ckzhuff` (imported on the first launch on a GPU without shipped code,
 or under ``TRITON_INTERPRET=1``): the ``ckz-huff`` coder of docs/FORMAT.md, one program per chunk.
 

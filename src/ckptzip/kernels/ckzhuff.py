@@ -109,6 +109,9 @@ class CkzHuffCudaCodec(Codec):
     codec_id = CODEC_ID
     backend = "cuda"
     max_chunk_bytes = MAX_CHUNK
+    # A warp decodes a chunk's lanes one symbol at a time: a batch of few chunks leaves the GPU
+    # idle, so where a GPU's budget keeps batches small (a host snapshot's) chunks are halved.
+    small_batch_chunk_bytes = 128 << 10
     alignment = 4  # the lanes' words and whole rounds are read and written as 32-bit words
 
     def scratch_bytes(self, chunk_bytes: int, decompress: bool = False) -> int:
