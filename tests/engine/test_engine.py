@@ -491,7 +491,7 @@ def _huff_state(device: str) -> dict[str, torch.Tensor]:
 
 def test_the_huff_preset_codes_every_structured_stream_with_ckz_huff() -> None:
     """Sign/exponent planes and whole byte tensors ckz-huff, mantissas and tiny tensors raw, the
-    zero low bytes of bf16-valued fp32 as constant chunks; no codec but ckz-huff tried."""
+    zero low bytes of bf16-valued fp32 as constant chunks; no trials."""
     state = _huff_state("cpu")
     data = io.BytesIO()
     ckptzip.save(state, data, codec="huff")
@@ -499,8 +499,9 @@ def test_the_huff_preset_codes_every_structured_stream_with_ckz_huff() -> None:
         entries = {e.name: e for e in reader.entries()}
         assert_same(reader.load(), state)
     huff, raw = {"id": "ckz-huff"}, {"id": "raw"}
-    # a mantissa plane is coded only where a sample shrinks (torch's lowest mantissa bytes do, a little)
-    assert [s.codec for s in entries["w"].streams][1:] == [raw, raw, huff]
+    # no trial rescues a mantissa plane (torch's lowest mantissa bytes would shrink a little): the
+    # GPU tries none, and a huff batch is the same file on either backend
+    assert [s.codec for s in entries["w"].streams] == [raw, raw, raw, huff]
     assert [s.codec for s in entries["g"].streams] == [raw, huff]
     assert [s.codec for s in entries["zero low bytes"].streams] == [huff, huff, raw, huff]
     assert all(length == 5 for _, length, _, _ in entries["zero low bytes"].streams[0].chunks)  # constants

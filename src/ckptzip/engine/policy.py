@@ -11,7 +11,7 @@ Presets:
 - ``"portable"``: as auto, with zstd everywhere, so the file decodes wherever ckptzip installs.
 - ``"huff"``: as auto, with ckptzip's own coder, ``ckz-huff``, for every coded stream on both
   backends (no trials on the CPU, no nvCOMP on the GPU): Huffman-only gdeflate's ratio at ans's
-  speed on a GPU, decoded by every CPU (:mod:`ckptzip.codecs.ckzhuff`); a stream codes the same
+  speed on a GPU, decoded by every CPU (:mod:`ckptzip.codecs.ckzhuff`); a batch codes the same
   bytes on either. Its codes spend a bit on every byte (8x at most), so planes near constant but
   not constant (XOR deltas) shrink less than auto's LZ pass shrinks them.
 A codec id (``"zstd"``, ``"ans"``, ``"gdeflate"``, ...) applies that codec to every tensor's raw bytes.
@@ -143,11 +143,16 @@ class Policy:
 
     def plane_candidates(self, backend: str) -> list[dict[str, Any]]:
         """Configurations a float plane is tried with: on the CPU, several for presets, where a
-        trial on a sample picks one (the first alone for "fast"); else (and for "huff", whose
-        streams code alike on both backends) the plane codec alone."""
+        trial on a sample picks one (the first alone for "fast"); else (and for "huff") the plane
+        codec alone."""
         if not self.is_preset or backend != "cpu" or self.name == "huff":
             return [self.plane_codec(backend).get_config()]
         return list(_CPU_FLOAT_CANDIDATES[:1] if self.name == "fast" else _CPU_FLOAT_CANDIDATES)
+
+    def samples_planes(self, backend: str) -> bool:
+        """Whether coding on ``backend`` tries codecs on samples of planes (the CPU's presets, but
+        "huff", whose file is the GPU's byte for byte)."""
+        return backend == "cpu" and self.is_preset and self.name != "huff"
 
     def low_entropy_candidate(self, backend: str) -> dict[str, Any] | None:
         """The configuration of float planes below :data:`LOW_ENTROPY_BITS`, where it differs
