@@ -150,7 +150,7 @@ def _canonical_codes(lengths, present, row, OFFSET: tl.constexpr):
 
 @triton.jit
 def plan_kernel(table, scratch, sizes, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)  # rows of thousands of entries: past 2**31 in large calls
     src = tl.load(table + pid * 4).to(tl.pointer_type(tl.uint8))
     n = tl.load(table + pid * 4 + 1)
     out = tl.load(table + pid * 4 + 2).to(tl.pointer_type(tl.uint8))
@@ -247,7 +247,7 @@ def _pack_round(src, at, n, codes, acc, nbits, words, lane_ptr, WHOLE: tl.conste
 
 @triton.jit
 def pack_kernel(table, scratch, COPY: tl.constexpr):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)  # rows of thousands of entries: past 2**31 in large calls
     src = tl.load(table + pid * 4).to(tl.pointer_type(tl.uint8))
     n = tl.load(table + pid * 4 + 1)
     out = tl.load(table + pid * 4 + 2).to(tl.pointer_type(tl.uint8))
@@ -275,7 +275,7 @@ def pack_kernel(table, scratch, COPY: tl.constexpr):
 @triton.jit
 def table_kernel(table, scratch, tables, status, FIRST: tl.constexpr):
     # table row per chunk: stored address, stored bytes, output address, decoded bytes (the index's)
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)  # rows of thousands of entries: past 2**31 in large calls
     src = tl.load(table + pid * 4).to(tl.pointer_type(tl.uint8))
     length = tl.load(table + pid * 4 + 1)
     n = tl.load(table + pid * 4 + 3)
@@ -385,7 +385,7 @@ def _decode_round(out, at, count, buf, cnt, wp, words, end, dtable, WHOLE: tl.co
 
 @triton.jit
 def decode_kernel(table, scratch, tables, status, COPY: tl.constexpr, FIRST: tl.constexpr):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)  # rows of thousands of entries: past 2**31 in large calls
     src = tl.load(table + pid * 4).to(tl.pointer_type(tl.uint8))
     out = tl.load(table + pid * 4 + 2).to(tl.pointer_type(tl.uint8))
     n = tl.load(table + pid * 4 + 3)
