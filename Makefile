@@ -37,8 +37,8 @@ test: install
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy  # strict on src/ckptzip and bench/ckptzip_bench ([tool.mypy] in pyproject.toml)
 	$(BIN)/python -m pytest -q
-	# the engine again, its Triton kernels run by Triton's interpreter on the CPU
-	$(if $(wildcard $(VENV)/lib/python*/site-packages/triton),TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/engine/test_engine.py tests/kernels/test_parts_sum.py)
+	# the engine again and the ckz-huff coder, their Triton kernels run by Triton's interpreter on the CPU
+	$(if $(wildcard $(VENV)/lib/python*/site-packages/triton),TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/engine/test_engine.py tests/kernels/test_parts_sum.py tests/kernels/test_ckzhuff_kernels.py)
 
 # The GPU kernels compiled ahead of time for the GPUs in ckptzip/kernels/_build.py's ARCHS (Triton's
 # compiler, no GPU needed): run after changing a Triton kernel; a test fails until then.

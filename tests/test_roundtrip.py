@@ -253,7 +253,7 @@ def test_presets_split_floats_into_byte_planes(preset: str) -> None:
 
 
 def test_unknown_codec_argument_lists_choices() -> None:
-    with pytest.raises(CkptzipError, match=r"codec='brotli' is neither a preset \['auto', 'fast', 'portable'\]"):
+    with pytest.raises(CkptzipError, match=r"codec='brotli' is neither a preset \['auto', 'fast', 'portable', 'huff'\]"):
         save_bytes({"t": torch.zeros(1)}, codec="brotli")
 
 

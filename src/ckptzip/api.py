@@ -52,10 +52,10 @@ def save(obj: Any, f: PathOrFile, *, codec: CodecArg = "auto", progress: bool = 
     """Save ``obj`` (nested dict/list/tuple of tensors and plain values) to a path or binary file.
 
     A path is written atomically: to a temporary file, synced, then renamed. ``codec`` is a preset
-    (``"auto"``, ``"fast"``, ``"portable"``) or a codec id applied to every tensor. ``progress``
-    shows a progress bar on stderr. ``gpu_memory`` caps the GPU memory the save uses beside the
-    state, in bytes (default ``CKPTZIP_GPU_MEMORY_MB``, else what is free); it is given back when
-    the save returns. Below 256 MiB it raises :class:`~ckptzip.errors.GpuMemoryError`.
+    (``"auto"``, ``"fast"``, ``"portable"``, ``"huff"``) or a codec id applied to every tensor.
+    ``progress`` shows a progress bar on stderr. ``gpu_memory`` caps the GPU memory the save uses
+    beside the state, in bytes (default ``CKPTZIP_GPU_MEMORY_MB``, else what is free); it is given
+    back when the save returns. Below 256 MiB it raises :class:`~ckptzip.errors.GpuMemoryError`.
     """
     policy = Policy.parse(codec)
     if isinstance(f, (str, os.PathLike)):

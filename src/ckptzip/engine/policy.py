@@ -9,6 +9,11 @@ Presets:
   :mod:`ckptzip.codecs.gdeflate_cpu`; results: "Codecs per byte plane"); CPU: zstd.
 - ``"fast"``: as auto, with the backend's fastest codec (GPU: nvCOMP ans, which only a GPU decodes).
 - ``"portable"``: as auto, with zstd everywhere, so the file decodes wherever ckptzip installs.
+- ``"huff"``: as auto, with ckptzip's own coder, ``ckz-huff``, for every coded stream on both
+  backends (no trials on the CPU, no nvCOMP on the GPU): Huffman-only gdeflate's ratio at ans's
+  speed on a GPU, decoded by every CPU (:mod:`ckptzip.codecs.ckzhuff`); a batch codes the same
+  bytes on either. Its codes spend a bit on every byte (8x at most), so planes near constant but
+  not constant (XOR deltas) shrink less than auto's LZ pass shrinks them.
 A codec id (``"zstd"``, ``"ans"``, ``"gdeflate"``, ...) applies that codec to every tensor's raw bytes.
 
 Everything below the API receives a Policy; nothing re-parses the string.
@@ -29,7 +34,7 @@ from ..errors import CkptzipError, UsageError
 from ..format.spec import MAX_CHUNK_RAW
 from ..kernels import prepare_triton
 
-PRESETS = ("auto", "fast", "portable")
+PRESETS = ("auto", "fast", "portable", "huff")
 SMALL_TENSOR_BYTES = 1 << 12
 # On the CPU the planner codes a sample of each structured float plane with every candidate codec
 # and keeps the smallest; a near-random plane is coded when a sample shrinks by this fraction.
@@ -41,6 +46,8 @@ _PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
     ("auto", "cuda"): {"id": "gdeflate", "algorithm_type": 0},
     ("fast", "cuda"): {"id": "ans", "data_type": "|u1"},
     ("portable", "cuda"): {"id": "zstd", "level": 3},
+    ("huff", "cuda"): {"id": "ckz-huff"},
+    ("huff", "cpu"): {"id": "ckz-huff"},
     # Whole streams and integer planes on the CPU; float planes: _CPU_FLOAT_CANDIDATES.
     ("auto", "cpu"): {"id": "zstd", "level": 1},
     ("fast", "cpu"): {"id": "zstd", "level": 1},
@@ -134,10 +141,16 @@ class Policy:
 
     def plane_candidates(self, backend: str) -> list[dict[str, Any]]:
         """Configurations a float plane is tried with: on the CPU, several for presets, where a
-        trial on a sample picks one (the first alone for "fast"); else the plane codec alone."""
-        if not self.is_preset or backend != "cpu":
+        trial on a sample picks one (the first alone for "fast"); else (and for "huff") the plane
+        codec alone."""
+        if not self.is_preset or backend != "cpu" or self.name == "huff":
             return [self.plane_codec(backend).get_config()]
         return list(_CPU_FLOAT_CANDIDATES[:1] if self.name == "fast" else _CPU_FLOAT_CANDIDATES)
+
+    def samples_planes(self, backend: str) -> bool:
+        """Whether coding on ``backend`` tries codecs on samples of planes (the CPU's presets, but
+        "huff", whose file is the GPU's byte for byte)."""
+        return backend == "cpu" and self.is_preset and self.name != "huff"
 
     def low_entropy_candidate(self, backend: str) -> dict[str, Any] | None:
         """The configuration of float planes below :data:`LOW_ENTROPY_BITS`, where it differs
@@ -146,8 +159,8 @@ class Policy:
 
     def whole_codec(self, backend: str, nbytes: int) -> Codec:
         """The codec of a tensor stored as one stream (not split into planes)."""
-        if self.is_preset and nbytes < SMALL_TENSOR_BYTES and backend == "cuda":
-            return codec_for({"id": "raw"}, backend)  # tiny tensors: not worth a GPU codec
+        if self.is_preset and nbytes < SMALL_TENSOR_BYTES and (backend == "cuda" or self.name == "huff"):
+            return codec_for({"id": "raw"}, backend)  # tiny tensors: not worth a GPU codec (huff: on either)
         return self.plane_codec(backend)
 
     def gpu_scratch_bytes(self) -> int:

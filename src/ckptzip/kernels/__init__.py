@@ -91,11 +91,13 @@ def load_triton(name: str) -> ModuleType:
 
 
 def run_gpu(module: str, kernel: str, grid: int, device: torch.device, args: Sequence[torch.Tensor | int],
-            constants: Mapping[str, object]) -> None:
+            constants: Mapping[str, object], warps: int | None = None) -> None:
     """Launch ``kernel`` of the Triton module ``module`` over ``grid`` programs on ``device``: its
-    code shipped compiled (:mod:`._aot`) where there is one for this GPU, else Triton's."""
+    code shipped compiled (:mod:`._aot`) where there is one for this GPU, else Triton's. ``warps``:
+    the warps of a program where not Triton's default (the shipped code was compiled with them)."""
     if not _aot.launch(kernel, grid, device, args, constants):
-        getattr(load_triton(module), kernel)[(grid,)](*args, **constants)
+        options = {} if warps is None else {"num_warps": warps}
+        getattr(load_triton(module), kernel)[(grid,)](*args, **constants, **options)
 
 
 def prepare_triton(device: torch.device) -> None:
@@ -123,7 +125,7 @@ def remember_triton_key() -> Path | None:
 def _prepare() -> None:
     try:
         remember_triton_key()
-        for name in ("_planes_triton", "_segments_triton"):
+        for name in ("_planes_triton", "_segments_triton", "_ckzhuff_triton"):
             importlib.import_module(f"{__name__}.{name}")
     finally:
         _READY.set()
@@ -153,3 +155,7 @@ def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     head = np.ones(ordered.size, dtype=bool)
     head[1:] = ordered[1:] != ordered[:-1]
     return ordered[head], order[head]
+
+
+# The GPU's ckz-huff codec (its kernels are this package's): declared here, loaded when first asked for.
+importlib.import_module(f"{__name__}.ckzhuff")
