@@ -130,7 +130,6 @@ class PrivateDirectory(LocalDirectory):
         self._parent = parent
         self._fd: int | None = None
         self._opening = threading.Lock()
-        self._close: weakref.finalize[[int], PrivateDirectory] | None = None
 
     def _descriptor(self, create: bool) -> int | None:
         """The directory's descriptor, opened (and checked, and created if ``create``) on first
@@ -140,7 +139,7 @@ class PrivateDirectory(LocalDirectory):
                 fd = self._open(create)
                 if fd is not None:
                     self._fd = fd
-                    self._close = weakref.finalize(self, os.close, fd)
+                    weakref.finalize(self, os.close, fd)
             return self._fd
 
     def _open(self, create: bool) -> int | None:
@@ -164,13 +163,6 @@ class PrivateDirectory(LocalDirectory):
                 raise
             raise write_error(f"could not create the directory {self.location!r}: {exc.strerror or exc}",
                               exc.errno) from exc
-
-    def close(self) -> None:
-        """Let go of the descriptor (a later call opens the directory again, checking it)."""
-        with self._opening:
-            if self._close is not None:
-                self._close()
-            self._fd, self._close = None, None
 
     def stat(self, name: str) -> os.stat_result:
         """The ``stat`` of file ``name`` if it is one of this directory's files (a regular file of

@@ -128,7 +128,6 @@ class _Shelf:
 
     def __init__(self, directory: PrivateDirectory, naming: Naming) -> None:
         self.directory = directory
-        self.root = directory.root
         self.naming = naming
         self.storage = LocalStorage(directory)
         self._bases: dict[tuple[int, int], int | None] = {}  # (step, inode) -> base step
