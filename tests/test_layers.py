@@ -20,7 +20,7 @@ FLOORS = {
     "kernels": 2, "format": 2,
     "tree": 3, "report": 3,
     "engine": 4, "plain": 4,
-    "api": 5, "budget": 5,
+    "api": 5, "budget": 5, "series": 5,
     "convert": 6, "manager": 6, "dcp": 6, "tier": 6,
     "integrations": 7,
     "cost": 8, "cli": 8, "demo": 8, "testing": 8, "__main__": 8,

@@ -14,7 +14,7 @@ import ckptzip
 from ckptzip.engine.policy import Policy
 from ckptzip.manager import CheckpointManager, _snapshot
 from ckptzip.manager._snapshot import HOST_RAW_SHARE, raw_share
-from ckptzip.manager._steps import STEP_NAME
+from ckptzip.series import STEP_NAME
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 MIB = 1 << 20

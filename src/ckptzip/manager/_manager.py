@@ -30,13 +30,12 @@ from ..engine.sources import DeltaBase
 from ..engine.warmup import warm_up
 from ..engine.writer import write_state
 from ..format import BaseRef, content_hash
+from ..series import STEP_LIKE, STEP_PATTERN, Files, Series, name_of, report_ignored, step_of
 from ..storage import WriterLock, open_storage
 from ..tier import MemoryTier, TieredStorage
-from ..tier.retention import removable
 from ..tier.store import Tier
 from ..tree import flatten
 from ._snapshot import Snapshot, SnapshotMode, SnapshotPool, Write, Written
-from ._steps import NAMING, STEP_LIKE, STEP_NAME, STEP_PATTERN, report_ignored, step_of
 
 # Longest chain ``incremental=`` allows: restoring its last step reads (and decodes) every file of it.
 MAX_INCREMENTAL = 1000
@@ -154,14 +153,14 @@ class CheckpointManager:
         self._gpu_memory = gpu_memory
         memory.cap(gpu_memory)  # a bad value fails here, not at the first save
         self._storage = open_storage(directory, storage_options)
-        self._tier = None if memory_tier is None else TieredStorage(memory_tier, self._storage, NAMING, keep_last)
+        self._tier = None if memory_tier is None else TieredStorage(memory_tier, self._storage, keep_last)
         self._agreed: int | None = None  # the step the replicated group last agreed on
         if self._tier is not None:
             self._storage = self._tier
+        self._series = Series(self._storage)
         self._keep_last = keep_last
         self._incremental = incremental
         self._kept: _Kept | None = None  # the worker's (or, saving synchronously, the caller's)
-        self._base_of: dict[int, int | None] = {}  # step -> step of its base, as far as known
         self._max_pending = max_pending
         self._lock: WriterLock | None = None  # taken by the first save
         self._leftovers: list[str] = []  # found when the lock was taken; discarded after the first commit
@@ -293,8 +292,7 @@ class CheckpointManager:
         if agreed is None or self._pending or step <= agreed:
             return
         for old in sorted((s for s in self.all_steps() if s > agreed), reverse=True):  # a delta before its base
-            self._storage.delete(STEP_NAME.format(old))
-            self._base_of.pop(old, None)
+            self._series.delete(old)
         self._newest_committed = max((s for s in self.all_steps() if s <= agreed), default=None)
 
     def _take_lock(self) -> None:
@@ -312,18 +310,17 @@ class CheckpointManager:
     def _write(self, step: int, write: Write) -> None:
         assert self._lock is not None
         self._lock.heartbeat()  # raises if the lock was lost, before anything is written
-        name = STEP_NAME.format(step)
         kept = self._kept
         base = self._delta_base()
         written: list[Written] = []
-        self._storage.write(name, lambda f: written.append(write(f, base)))
+        self._series.write(step, lambda f: written.append(write(f, base)))
         entries, tensors = written[0].entries, written[0].tensors
         delta = kept is not None and base is not None and any(e.source_kind == "xor" for e in entries)
-        self._base_of[step] = kept.ref.step if delta and kept is not None else None
+        self._series.record(step, kept.ref.step if delta and kept is not None else None)
         if self._incremental is not None:
             old = kept.tensors if kept is not None else {}
             self._kept = None if tensors is None else _Kept(
-                BaseRef(step, name, content_hash(entries)), {k: _copy_into(old.get(k), t) for k, t in tensors.items()},
+                BaseRef(step, name_of(step), content_hash(entries)), {k: _copy_into(old.get(k), t) for k, t in tensors.items()},
                 kept.chain + 1 if delta and kept is not None else 1)
 
     def _delta_base(self) -> DeltaBase | None:
@@ -337,10 +334,7 @@ class CheckpointManager:
         """Record the commit, retire old checkpoints, discard leftovers found at start."""
         self._newest_committed = step
         if self._keep_last is not None and self._tier is None:  # a tier retires its own copies
-            committed = map(step_of, self._storage.list(STEP_PATTERN).committed)
-            for old in removable(committed, self._keep_last, self._base_step):
-                self._storage.delete(STEP_NAME.format(old))
-                self._base_of.pop(old, None)
+            self._series.retire(self._keep_last)
         for name in self._leftovers:
             self._storage.discard_partial(name)
         self._leftovers = []
@@ -388,7 +382,7 @@ class CheckpointManager:
 
     def all_steps(self) -> list[int]:
         """Steps of the committed checkpoints, ascending (pending saves are not included)."""
-        return sorted(map(step_of, self._storage.list(STEP_PATTERN).committed))
+        return self._series.steps()
 
     def _committed_steps(self) -> list[str]:
         """Committed checkpoint names, at construction: files named like checkpoints in another
@@ -408,41 +402,30 @@ class CheckpointManager:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
-    def _base_step(self, step: int) -> int | None:
-        """The step of the checkpoint ``step`` is stored relative to (read once from its index)."""
-        if step not in self._base_of:
-            try:
-                with self._storage.open(STEP_NAME.format(step)) as f, api.open(f) as reader:
-                    bases = reader.bases
-            except (CorruptCheckpointError, FileNotFoundError):
-                bases = []  # unreadable: it needs nothing, and nothing can be restored from it
-            self._base_of[step] = bases[0].step if bases else None
-        return self._base_of[step]
-
     def _load(self, step: int, map_location: api.MapLocation) -> Any:
         if self._tier is not None:  # from the fastest tier, again from the directory if that copy is damaged
-            return self._tier.read(STEP_NAME.format(step), lambda: self._decode(step, map_location))
-        state = self._decode(step, map_location)
+            return self._tier.read(name_of(step), lambda files: self._decode(files, step, map_location))
+        state = self._decode(self._storage, step, map_location)
         self._restored = True
         return state
 
-    def _decode(self, step: int, map_location: api.MapLocation) -> Any:
-        with self._storage.open(STEP_NAME.format(step)) as f, api.open(f, map_location=map_location) as reader:
-            return reader.load(base_tensors=self._base_tensors(step, reader.bases, map_location))
+    def _decode(self, files: Files, step: int, map_location: api.MapLocation) -> Any:
+        with files.open(name_of(step)) as f, api.open(f, map_location=map_location) as reader:
+            return reader.load(base_tensors=self._base_tensors(files, step, reader.bases, map_location))
 
-    def _base_tensors(self, step: int, bases: list[BaseRef], map_location: api.MapLocation
+    def _base_tensors(self, files: Files, step: int, bases: list[BaseRef], map_location: api.MapLocation
                       ) -> list[dict[str, torch.Tensor]] | None:
         """The tensors of each base of checkpoint ``step``, the chains below rebuilt bottom up, one
         file open at a time: iteratively, so a chain of any length restores, holding the tensors
         of only the checkpoints that one still to be rebuilt needs."""
         if not bases:
             return None
-        below = self._walk(step, bases, map_location)
+        below = self._walk(files, step, bases, map_location)
         users = collections.Counter(ref.step for refs in [bases, *(b.refs for b in below.values())] for ref in refs)
         done: dict[int | None, dict[str, torch.Tensor]] = {}
         for base in sorted(below):  # every base has an earlier step: built after its own bases
             child, ref = below[base].via
-            with self._base_reader(child, ref, map_location) as reader:
+            with self._base_reader(files, child, ref, map_location) as reader:
                 if reader.bases != below[base].refs:
                     raise MissingBaseError(f"{self._what(child, ref)}, which was replaced while it was read")
                 done[base] = reader.named_tensors(base_tensors=[done[r.step] for r in reader.bases] or None)
@@ -452,18 +435,19 @@ class CheckpointManager:
                     del done[r.step]  # no checkpoint still to be rebuilt needs it
         return [done[ref.step] for ref in bases]
 
-    def _walk(self, step: int, bases: list[BaseRef], map_location: api.MapLocation) -> dict[int, _Below]:
+    def _walk(self, files: Files, step: int, bases: list[BaseRef], map_location: api.MapLocation
+              ) -> dict[int, _Below]:
         """Every checkpoint the bases of ``step`` lead to, by step: its own bases, and the first
         reference to it that was followed (whose step names it in errors). Reads indexes only."""
         below: dict[int, _Below] = {}
         todo = [(step, ref) for ref in bases]
         while todo:
             child, ref = todo.pop()
-            if ref.step is None or ref.step >= child or ref.name != STEP_NAME.format(ref.step):
+            if ref.step is None or ref.step >= child or ref.name != name_of(ref.step):
                 raise MissingBaseError(f"{self._what(child, ref)}, which is not an earlier checkpoint of this directory")
             if ref.step in below and below[ref.step].content_hash == ref.content_hash:
                 continue
-            with self._base_reader(child, ref, map_location) as reader:
+            with self._base_reader(files, child, ref, map_location) as reader:
                 below[ref.step] = _Below(reader.bases, reader.content_hash, (child, ref))
             todo.extend((ref.step, r) for r in reader.bases)
         return below
@@ -472,13 +456,14 @@ class CheckpointManager:
         return f"checkpoint step {step} in {self.directory} is stored as XOR deltas against {ref.describe()}"
 
     @contextlib.contextmanager
-    def _base_reader(self, step: int, ref: BaseRef, map_location: api.MapLocation) -> Iterator[api.CheckpointReader]:
+    def _base_reader(self, files: Files, step: int, ref: BaseRef, map_location: api.MapLocation
+                     ) -> Iterator[api.CheckpointReader]:
         """A reader of base ``ref`` of checkpoint ``step``, checked against the content hash the
         reference records; a missing or damaged base, here or while the body reads it, is a
         :class:`~ckptzip.errors.MissingBaseError` naming both."""
         what = self._what(step, ref)
         try:
-            with self._storage.open(ref.name) as f, api.open(f, map_location=map_location) as reader:
+            with files.open(ref.name) as f, api.open(f, map_location=map_location) as reader:
                 if reader.content_hash != ref.content_hash:
                     raise MissingBaseError(
                         f"{what}, but {ref.name} holds other tensors now (content hash {reader.content_hash}); "

@@ -4,8 +4,11 @@ the training process, persisted to the directory every few saves in the backgrou
 ranks of a process group, copied to a peer's tier.
 
 - :mod:`.store`: :class:`TieredStorage`, the manager's storage with the tier in front.
+- :mod:`.peers`: the exchanges of one rank's copies with its neighbours, through the narrow
+  :class:`~.peers.RankCopies` the store offers them.
 - :mod:`.ring`: ring placement of peer copies and the exchanges over torch.distributed.
-- :mod:`.retention`: which checkpoints a store keeps (the newest few and their delta bases).
+
+Which checkpoints each copy keeps, and their names, are the series' (:mod:`ckptzip.series`).
 """
 
 from .ring import ReplicationError

@@ -12,47 +12,85 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, BinaryIO, TypeVar
+from typing import BinaryIO, Protocol, TypeVar
 
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, MissingBaseError
-from .retention import removable
+from ..series import is_step, name_of
 from .ring import ReplicationError, Ring
 
-if TYPE_CHECKING:
-    from .store import TieredStorage
-
 T = TypeVar("T")
+Writer = contextlib.AbstractContextManager[BinaryIO]
 # Outcomes of one rank's attempt to restore a step, as gathered by every rank.
 _OK, _DAMAGED, _FAILED = 0, 1, 2
 DAMAGE = (CorruptCheckpointError, MissingBaseError, FileNotFoundError)
 
 
-class Peers:
-    """The ring exchanges of one rank's :class:`~ckptzip.tier.store.TieredStorage`."""
+class RankCopies(Protocol):
+    """What the exchanges use of one rank's tier (:class:`~ckptzip.tier.store.TieredStorage`):
+    its own copies, the copies it holds for its predecessor, and room for what it receives."""
 
-    def __init__(self, ring: Ring, store: TieredStorage) -> None:
+    location: str
+
+    def own_steps(self) -> list[int]:
+        """This rank's steps, in memory or in the directory."""
+
+    def open_own(self, step: int) -> BinaryIO:
+        """This rank's fastest copy of ``step``."""
+
+    def receive(self, step: int) -> Writer:
+        """Where a copy of ``step`` fetched from the successor goes: this rank's memory."""
+
+    def capacity(self) -> int:
+        """The most bytes the tier could ever hold."""
+
+    def held_steps(self) -> list[int]:
+        """The predecessor's steps held here."""
+
+    def held_chain(self, step: int) -> list[int]:
+        """Held ``step`` and its held bases, bottom up; ``[]`` where ``step`` is not held."""
+
+    def open_held(self, step: int) -> BinaryIO: ...
+
+    def hold(self, step: int, size: int) -> Writer | None:
+        """Where to keep the predecessor's copy of ``step`` (``size`` bytes); ``None`` if there is no room."""
+
+    def retire_held(self) -> None:
+        """Remove the held copies that retention no longer keeps."""
+
+
+def check_step(step: int, peer: str) -> str:
+    """The name of ``step``, announced by ``peer``; :class:`ReplicationError` where it is not a
+    step the series names (the tier would never list it, so never retire it)."""
+    if not is_step(step):
+        raise ReplicationError(f"{peer} sent step {step}, which is not a step this tier names (steps are ints "
+                               "from 0); none of its files was kept")
+    return name_of(step)
+
+
+class Peers:
+    """The ring exchanges of one rank's tier."""
+
+    def __init__(self, ring: Ring, copies: RankCopies) -> None:
         self.ring = ring
-        self.store = store
+        self.copies = copies
         self.fetched: set[str] = set()  # memory copies that came from the successor
 
-    def replicate(self, name: str | None) -> None:
-        """Send this rank's new checkpoint (``None``: none this time) to the successor, keep what
-        the predecessor sends, and retire the predecessor's older copies."""
-        store = self.store
+    def replicate(self, step: int | None) -> None:
+        """Send this rank's new checkpoint ``step`` (``None``: none this time) to the successor,
+        keep what the predecessor sends, and retire the predecessor's older copies."""
+        copies = self.copies
         with contextlib.ExitStack() as opened:
             files: list[tuple[int, BinaryIO]] = []
-            if name is not None:
-                source = store.memory.storage if store.memory.has(name) else store.durable
-                files.append((store.naming.step_of(name), opened.enter_context(source.open(name))))
-            self.ring.stream(files, forward=True, send=True, expect=True, accept=store.hold)
-        for step in removable(store.peer.steps(), store.tier.keep, store.peer.base_of):
-            store.peer.remove(step)
+            if step is not None:
+                files.append((step, opened.enter_context(copies.open_own(step))))
+            self.ring.stream(files, forward=True, send=True, expect=True, accept=copies.hold)
+        copies.retire_held()
 
     def _tables(self) -> tuple[list[set[int]], list[set[int]], set[int]]:
         """Every rank's own steps and held (predecessor's) steps, and the steps every rank can restore."""
-        ring, store = self.ring, self.store
-        owns = self._steps(ring.gather(store.own_steps()))
-        helds = self._steps(ring.gather(store.peer.steps()))
+        ring, copies = self.ring, self.copies
+        owns = self._steps(ring.gather(copies.own_steps()))
+        helds = self._steps(ring.gather(copies.held_steps()))
         available = [owns[r] | helds[ring.successor(r)] for r in range(ring.size)]
         return owns, helds, set.intersection(*available)
 
@@ -60,7 +98,7 @@ class Peers:
         """Gathered steps, each one this tier names (every rank sees the same rows: all raise alike)."""
         for rank, row in enumerate(rows):
             for step in row:
-                self.store.check_step(step, f"rank {rank}")
+                check_step(step, f"rank {rank}")
         return [set(row) for row in rows]
 
     def _outcomes(self, code: int) -> list[int]:
@@ -103,7 +141,7 @@ class Peers:
                 return outcome[2]  # type: ignore[return-value]
         raise CheckpointNotFoundError(
             f"no step {'' if step is None else f'{step} '}is restorable on every rank of the group: rank "
-            f"{ring.rank} ({self.store.location}) has steps {sorted(owns[ring.rank])}, its successor holds "
+            f"{ring.rank} ({self.copies.location}) has steps {sorted(owns[ring.rank])}, its successor holds "
             f"{sorted(helds[ring.successor(ring.rank)])} of them")
 
     def _fetch(self, step: int, need: list[bool], *, replace: bool) -> None:
@@ -111,31 +149,30 @@ class Peers:
         its bases) that the successor holds, into its own memory tier: of the bases only those it
         lacks, and ``step`` itself in place of its own copy only where ``replace`` (its own
         failed its checksums)."""
-        ring, store, naming = self.ring, self.store, self.store.naming
+        ring, copies = self.ring, self.copies
         serve = need[ring.predecessor(ring.rank)]
-        own = set(store.own_steps()) if need[ring.rank] else set()
+        own = set(copies.own_steps()) if need[ring.rank] else set()
         peer = f"rank {ring.successor(ring.rank)}"
 
         def accept(s: int, size: int) -> contextlib.AbstractContextManager[BinaryIO] | None:
-            name = store.check_step(s, peer)
+            name = check_step(s, peer)
             if s > step:
                 raise ReplicationError(f"{peer} sent step {s} for a fetch of step {step} and its bases; none of its "
                                        "files was kept")
             if s in own and not (replace and s == step):
                 return None  # a peer's copy never replaces this rank's own
-            if size > store.capacity():
-                warnings.warn(f"the memory tier of {store.location} cannot hold {name} from {peer} ({size} bytes)",
+            if size > copies.capacity():
+                warnings.warn(f"the memory tier of {copies.location} cannot hold {name} from {peer} ({size} bytes)",
                               stacklevel=2)
                 return None
-            return store.memory.writer(name)
+            return copies.receive(s)
 
         with contextlib.ExitStack() as opened:
             files = None
             if serve:
-                held = store.peer.chain(step) if store.peer.has(naming.name_of(step)) else []
-                files = [(s, opened.enter_context(store.peer.storage.open(naming.name_of(s)))) for s in held]
+                files = [(s, opened.enter_context(copies.open_held(s))) for s in copies.held_chain(step)]
             got = ring.stream(files, forward=False, send=serve, expect=need[ring.rank], accept=accept)
-        self.fetched.update(map(naming.name_of, got))
+        self.fetched.update(map(name_of, got))
 
 
 def _attempt(load: Callable[[int], T], step: int) -> tuple[int, Exception | None, T | None]:

@@ -23,21 +23,20 @@ import shutil
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TypeVar
 
 import torch.distributed as dist
 
-from .. import api
 from ..errors import CorruptCheckpointError, MissingBaseError, UsageError
+from ..series import Files, Series, name_of, retained, step_of
 from ..storage import Listing, Storage, WriterLock
 from ..storage.commits import LocalStorage
 from ..storage.private import PrivateDirectory
-from .peers import DAMAGE, Peers
-from .retention import removable, retained
-from .ring import ReplicationError, Ring
+from .peers import Peers, Writer, check_step
+from .ring import Ring
 
 T = TypeVar("T")
 Tier = Literal["memory", "peer", "directory"]
@@ -95,78 +94,28 @@ class MemoryTier:
         return Path(base) / f"ckptzip-{os.getuid()}" / key
 
 
-@dataclass(frozen=True)
-class Naming:
-    """How the manager names its checkpoints."""
-
-    pattern: re.Pattern[str]
-    name_of: Callable[[int], str]
-    step_of: Callable[[str], int]
-
-    def names(self, step: int) -> bool:
-        """Whether ``step`` is one this naming writes (a peer may announce any int64)."""
-        return step >= 0 and self.pattern.fullmatch(self.name_of(step)) is not None
-
-
-def _base_step(storage: Storage, step: int, naming: Naming) -> int | None:
-    """The step checkpoint ``step`` is stored relative to (its first base); ``None`` if whole or
-    unreadable, or if its base is not an earlier step of ``naming``: nothing can restore such a
-    delta (the manager's restore says so, MissingBaseError), so no base of it is kept for it."""
-    try:
-        with storage.open(naming.name_of(step)) as f, api.open(f) as reader:
-            bases = reader.bases
-    except DAMAGE:
-        return None
-    ref = bases[0] if bases else None
-    if ref is None or ref.step is None or not 0 <= ref.step < step or ref.name != naming.name_of(ref.step):
-        return None
-    return ref.step
-
-
-class _Shelf:
+class _Shelf(Series):
     """One private directory of checkpoint files in shared memory: this rank's copies, or its peer's."""
 
-    def __init__(self, directory: PrivateDirectory, naming: Naming) -> None:
+    def __init__(self, directory: PrivateDirectory) -> None:
+        super().__init__(LocalStorage(directory))
         self.directory = directory
-        self.naming = naming
-        self.storage = LocalStorage(directory)
-        self._bases: dict[tuple[int, int], int | None] = {}  # (step, inode) -> base step
 
     def makedirs(self) -> None:
         self.directory.makedirs()
 
-    def steps(self) -> list[int]:
-        return sorted(map(self.naming.step_of, self.storage.list(self.naming.pattern).committed))
-
-    def has(self, name: str) -> bool:
-        return self.directory.exists(name)
+    def has(self, step: int) -> bool:
+        return self.directory.exists(name_of(step))
 
     def nbytes(self) -> int:
         """Bytes of every file here, temporaries included."""
         return self.directory.nbytes()
 
-    def base_of(self, step: int) -> int | None:
-        try:
-            key = (step, self.directory.stat(self.naming.name_of(step)).st_ino)
-        except FileNotFoundError:
-            return None
-        if key not in self._bases:
-            self._bases[key] = _base_step(self.storage, step, self.naming)
-        return self._bases[key]
-
-    def chain(self, step: int) -> list[int]:
-        """``step`` and the bases below it that are here, bottom up."""
-        out = [step]
-        while (base := self.base_of(out[-1])) is not None and self.has(self.naming.name_of(base)):
-            out.append(base)
-        return out[::-1]
-
-    def writer(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
-        """An atomic writer of file ``name`` here (committed when its block ends well)."""
-        return self.directory.atomic_write(name)
-
-    def remove(self, step: int) -> None:
-        self.storage.delete(self.naming.name_of(step))
+    @contextlib.contextmanager
+    def writer(self, step: int) -> Iterator[BinaryIO]:
+        """An atomic writer of checkpoint ``step`` here (committed when its block ends well)."""
+        with self.forgetting(step), self.directory.atomic_write(name_of(step)) as f:
+            yield f
 
 
 class TieredStorage(Storage):
@@ -176,52 +125,82 @@ class TieredStorage(Storage):
     Retention is its own (the manager leaves it alone): memory keeps ``tier.keep`` checkpoints,
     the directory ``keep_last``, each with the bases their chains need. Methods other than the
     persisting thread's are called from the manager's one saving thread or its caller, not both
-    at once.
+    at once. Names given to its :class:`~ckptzip.storage.Storage` methods are step names
+    (:mod:`ckptzip.series`).
     """
 
-    def __init__(self, tier: MemoryTier, durable: Storage, naming: Naming, keep_last: int | None) -> None:
+    def __init__(self, tier: MemoryTier, durable: Storage, keep_last: int | None) -> None:
         self.tier = tier
-        self.durable = durable
-        self.naming = naming
+        self.durable = Series(durable)
         self.location = durable.location
         self.keep_last = keep_last
         root = PrivateDirectory(tier.root(durable.location))
-        self.memory = _Shelf(PrivateDirectory(root.root / "own", parent=root), naming)
-        self.peer = _Shelf(PrivateDirectory(root.root / "peer", parent=root), naming)
+        self.memory = _Shelf(PrivateDirectory(root.root / "own", parent=root))
+        self.peer = _Shelf(PrivateDirectory(root.root / "peer", parent=root))
         self.memory.makedirs()  # an unsafe root is refused here, when the manager is made
         self.last_tier: Tier | None = None  # where the newest restore read its checkpoint
         ring = _ring(tier.replicate)
         self.peers = None if ring is None else Peers(ring, self)
-        self._order: tuple[str, ...] = ("memory", "directory")
         self._partials: dict[str, Storage] = {}
         self._cond = threading.Condition()
         self._pinned: collections.Counter[str] = collections.Counter()  # awaiting persistence
         self._persists: list[concurrent.futures.Future[None]] = []
         self._persister = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-persist")
-        self._durable_bases: dict[int, int | None] = {}
         self._saves = 0
         self._last_size = 0
 
     def own_steps(self) -> list[int]:
         """This rank's steps in memory or in the directory."""
-        durable = self.durable.list(self.naming.pattern).committed
-        return sorted(set(self.memory.steps()) | set(map(self.naming.step_of, durable)))
+        return sorted(set(self.memory.steps()) | set(self.durable.steps()))
+
+    # ------------------------------------------------------------------------------ for the peers
+    # (peers.RankCopies; above list(), which annotations below it would take for the builtin)
+
+    def open_own(self, step: int) -> BinaryIO:
+        return self.open(name_of(step))
+
+    def receive(self, step: int) -> Writer:
+        return self.memory.writer(step)
+
+    def held_steps(self) -> list[int]:
+        return self.peer.steps()
+
+    def held_chain(self, step: int) -> list[int]:
+        return self.peer.chain(step) if self.peer.has(step) else []
+
+    def open_held(self, step: int) -> BinaryIO:
+        return self.peer.open(step)
+
+    def hold(self, step: int, size: int) -> Writer | None:
+        """Where to keep a peer's copy of ``step`` (``size`` bytes), ``None`` if it does not fit
+        (one larger than the tier could ever hold evicts nothing)."""
+        name = check_step(step, "a peer")
+        if size > self.capacity() or not self._make_room(size, wait=True):
+            warnings.warn(f"the memory tier of {self.location} has no room for the peer's {name} "
+                          f"({size} bytes) within its budget; that step is not replicated", stacklevel=5)
+            return None
+        return self.peer.writer(step)
+
+    def retire_held(self) -> None:
+        self.peer.retire(self.tier.keep)
 
     # ------------------------------------------------------------------------------ Storage
 
     def list(self, pattern: re.Pattern[str]) -> Listing:
-        memory, durable = self.memory.storage.list(pattern), self.durable.list(pattern)
-        self._partials = {**{n: self.durable for n in durable.partial}, **{n: self.memory.storage for n in memory.partial}}
+        memory, durable = self.memory.storage.list(pattern), self.durable.storage.list(pattern)
+        self._partials = {**{n: self.durable.storage for n in durable.partial},
+                          **{n: self.memory.storage for n in memory.partial}}
         return Listing(sorted(set(memory.committed) | set(durable.committed)), sorted(self._partials))
 
     def write(self, name: str, write: Callable[[BinaryIO], Any]) -> None:
         """Commit to memory (or, if it cannot make room there, to the directory), persist if due,
         retire, and replicate; the exchange with the peers runs even when the write failed."""
+        step = step_of(name)
         self._saves += 1
         replicated = False
         try:
             if self._make_room(self._last_size, wait=True):
-                self.memory.storage.write(name, write)
+                self.memory.write(step, write)
                 if self.peers is not None:
                     self.peers.fetched.discard(name)
                 self._last_size = self.memory.directory.stat(name).st_size
@@ -231,24 +210,26 @@ class TieredStorage(Storage):
             else:
                 warnings.warn(f"the memory tier of {self.location} has no room for a checkpoint of about "
                               f"{self._last_size} bytes within its budget; writing {name} to the directory", stacklevel=2)
-                self.durable.write(name, write)
+                self.durable.write(step, write)
             replicated = True
             if self.peers is not None:
-                self.peers.replicate(name)
+                self.peers.replicate(step)
         finally:
             if not replicated and self.peers is not None:
                 self.peers.replicate(None)
         self._raise_persist_errors()
 
     def open(self, name: str) -> BinaryIO:
-        for tier in self._order:
-            with contextlib.suppress(FileNotFoundError):
-                return self.memory.storage.open(name) if tier == "memory" else self.durable.open(name)
+        """This rank's fastest copy of ``name``: in memory, else in the directory."""
+        with contextlib.suppress(FileNotFoundError):
+            return self.memory.storage.open(name)
+        with contextlib.suppress(FileNotFoundError):
+            return self.durable.storage.open(name)
         raise FileNotFoundError(f"{name} is in no tier of {self.location}")
 
     def delete(self, name: str) -> None:
-        self.memory.storage.delete(name)
-        self.durable.delete(name)
+        self.memory.delete(step_of(name))
+        self.durable.delete(step_of(name))
 
     def discard_partial(self, name: str) -> None:
         where = self._partials.pop(name, None)
@@ -256,37 +237,33 @@ class TieredStorage(Storage):
             where.discard_partial(name)
 
     def lock(self) -> WriterLock:
-        return self.durable.lock()
+        return self.durable.storage.lock()
 
     # ------------------------------------------------------------------------------ reading
 
-    def read(self, name: str, load: Callable[[], T]) -> T:
-        """``load()`` with every file opened from memory where it is there, else the directory;
-        if that copy is damaged, ``load()`` again from the directory's copies alone."""
+    def read(self, name: str, load: Callable[[Files], T]) -> T:
+        """``load(files)`` with ``files`` this storage (every file opened from memory where it is
+        there, else the directory); if that copy is damaged, ``load`` again with the directory's
+        copies alone."""
         errors: list[Exception] = []
-        for order in (("memory", "directory"), ("directory",)):
-            if order == ("directory",) and not self._durable_has(name):
+        step = step_of(name)
+        for files in (self, self.durable.storage):
+            if files is not self and not self.durable.has(step):
                 break
-            self._order = order
             try:
-                result = load()
+                result = load(files)
             except (CorruptCheckpointError, MissingBaseError) as exc:
                 errors.append(exc)
                 continue
-            finally:
-                self._order = ("memory", "directory")
             if errors:
                 warnings.warn(f"the memory copy of {name} in {self.location}'s tier is damaged ({errors[0]}); "
                               "restored it from the directory", DamagedCopyWarning, stacklevel=3)
-            self.last_tier = "directory" if order == ("directory",) or not self.memory.has(name) else (
+            self.last_tier = "directory" if files is not self or not self.memory.has(step) else (
                 "peer" if self.peers is not None and name in self.peers.fetched else "memory")
             return result
         if not errors:
             raise FileNotFoundError(f"{name} is in no tier of {self.location}")
         raise errors[-1]
-
-    def _durable_has(self, name: str) -> bool:
-        return name in self.durable.list(self.naming.pattern).committed
 
     # ------------------------------------------------------------------------------ memory
 
@@ -314,16 +291,15 @@ class TieredStorage(Storage):
         """Memory retention: the newest ``keep`` own and peer copies (with their bases), then the
         budget; a newest checkpoint that alone exceeds it moves to the directory."""
         for shelf in (self.memory, self.peer):
-            for step in removable(shelf.steps(), self.tier.keep, shelf.base_of, also=self._pinned_steps(shelf)):
-                shelf.remove(step)
+            shelf.retire(self.tier.keep, also=self._pinned_steps(shelf))
         if self._make_room(0, wait=True):
             return
         steps = self.memory.steps()
         if steps:
-            newest = self.naming.name_of(steps[-1])
+            newest = name_of(steps[-1])
             self._persist(newest).result()
             for step in reversed(self.memory.chain(steps[-1])):
-                self.memory.remove(step)
+                self.memory.delete(step)
             warnings.warn(f"{newest} does not fit in the memory tier's budget of {self.tier.budget} bytes; it was "
                           f"moved to {self.location}", stacklevel=3)
 
@@ -340,34 +316,16 @@ class TieredStorage(Storage):
             if not candidates:
                 return
             step, _, shelf = min(candidates, key=lambda c: c[:2])
-            shelf.remove(step)
+            shelf.delete(step)
 
     def _pinned_steps(self, shelf: _Shelf) -> set[int]:
-        return {self.naming.step_of(n) for n in tuple(self._pinned)} if shelf is self.memory else set()
+        return {step_of(n) for n in tuple(self._pinned)} if shelf is self.memory else set()
 
     def capacity(self) -> int:
         """The most bytes the tier could ever hold: its budget, or the size of its file system."""
         stat = self.memory.directory.statvfs()
         total = stat.f_blocks * stat.f_frsize
         return total if self.tier.budget is None else min(total, self.tier.budget)
-
-    def check_step(self, step: int, peer: str) -> str:
-        """The name of ``step``, announced by a peer; :class:`ReplicationError` where it is not a
-        step this tier names (the tier would never list it, so never retire it)."""
-        if not self.naming.names(step):
-            raise ReplicationError(f"{peer} sent step {step}, which is not a step this tier names (steps are ints "
-                                   "from 0); none of its files was kept")
-        return self.naming.name_of(step)
-
-    def hold(self, step: int, size: int) -> contextlib.AbstractContextManager[BinaryIO] | None:
-        """Where to keep a peer's copy of ``step`` (``size`` bytes), ``None`` if it does not fit
-        (one larger than the tier could ever hold evicts nothing)."""
-        name = self.check_step(step, "a peer")
-        if size > self.capacity() or not self._make_room(size, wait=True):
-            warnings.warn(f"the memory tier of {self.location} has no room for the peer's {name} "
-                          f"({size} bytes) within its budget; that step is not replicated", stacklevel=5)
-            return None
-        return self.peer.writer(name)
 
     # ------------------------------------------------------------------------------ persisting
 
@@ -382,26 +340,18 @@ class TieredStorage(Storage):
 
     def _persist_now(self, name: str) -> None:
         try:
-            committed = set(self.durable.list(self.naming.pattern).committed)
-            for step in self.memory.chain(self.naming.step_of(name)):
-                base = self.naming.name_of(step)
-                if base not in committed:
-                    with self.memory.storage.open(base) as src:
-                        self.durable.write(base, functools.partial(shutil.copyfileobj, src, length=_COPY_BYTES))
-            steps = [self.naming.step_of(n) for n in self.durable.list(self.naming.pattern).committed]
-            for old in removable(steps, self.keep_last, self._durable_base):
-                self.durable.delete(self.naming.name_of(old))
+            committed = set(self.durable.steps())
+            for step in self.memory.chain(step_of(name)):
+                if step not in committed:
+                    with self.memory.open(step) as src:
+                        self.durable.write(step, functools.partial(shutil.copyfileobj, src, length=_COPY_BYTES))
+            self.durable.retire(self.keep_last)
         finally:
             with self._cond:
                 self._pinned[name] -= 1
                 if not self._pinned[name]:
                     del self._pinned[name]
                 self._cond.notify_all()
-
-    def _durable_base(self, step: int) -> int | None:
-        if step not in self._durable_bases:
-            self._durable_bases[step] = _base_step(self.durable, step, self.naming)
-        return self._durable_bases[step]
 
     def _raise_persist_errors(self) -> None:
         """Raise the first error of a finished background copy (each once)."""
@@ -418,8 +368,8 @@ class TieredStorage(Storage):
     def close(self) -> None:
         """Persist the newest memory checkpoint if the directory lacks it; wait for every copy."""
         steps = self.memory.steps()
-        if steps and not self._durable_has(self.naming.name_of(steps[-1])):
-            self._persist(self.naming.name_of(steps[-1]))
+        if steps and not self.durable.has(steps[-1]):
+            self._persist(name_of(steps[-1]))
         self._persister.shutdown(wait=True)
         self._raise_persist_errors()
 

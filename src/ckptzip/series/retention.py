@@ -1,4 +1,4 @@
-"""Which checkpoints a store keeps: the newest few and every base their delta chains need."""
+"""Which checkpoints a series keeps: the newest few and every base their delta chains need."""
 
 from __future__ import annotations
 
