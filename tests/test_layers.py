@@ -1,6 +1,7 @@
 """The library's floors (docs/ARCHITECTURE.md): every module imports only modules of its own
 floor or below, nothing in the library imports the command line, the demo or the benchmark
-harness (bench/ckptzip_bench, outside the wheel), and the harness imports no private module."""
+harness (bench/ckptzip_bench, outside the wheel), the harness imports no private module, and
+everything outside the engine reaches it only through its seam (``ckptzip.engine.__all__``)."""
 
 from __future__ import annotations
 
@@ -84,13 +85,18 @@ def test_nothing_in_the_library_imports_the_benchmark_harness() -> None:
 
 
 def _ckptzip_imports(path: Path) -> list[str]:
-    """Every ``ckptzip...`` module ``path`` imports, and the names it imports from them, dotted."""
+    """Every ``ckptzip...`` module ``path`` imports, and the names it imports from them, dotted;
+    the library's relative imports resolved (``from ..engine import x`` in ckptzip/api.py is
+    ``ckptzip.engine.x``)."""
+    package = ["ckptzip", *path.relative_to(SRC).parent.parts] if path.is_relative_to(SRC) else []
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and not node.level and node.module and node.module.startswith("ckptzip."):
-            found += [f"{node.module}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module == "ckptzip":
-            found += [f"ckptzip.{alias.name}" for alias in node.names]
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                module = ".".join([*package[: len(package) - node.level + 1], *filter(None, [node.module])])
+            if module == "ckptzip" or module.startswith("ckptzip."):
+                found += [f"{module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
             found += [alias.name for alias in node.names if alias.name.startswith("ckptzip.")]
     return found
@@ -105,13 +111,26 @@ def test_the_harness_uses_no_private_module_or_name(path: Path) -> None:
     assert private == [], f"bench/ckptzip_bench/{path.name} imports private {private}"
 
 
-@pytest.mark.parametrize("path", sorted(BENCH.glob("*.py")), ids=lambda p: p.name)
-def test_the_harness_reaches_the_engine_only_through_its_seam(path: Path) -> None:
-    """``ckptzip.engine``'s own names (its ``__all__``), never its modules."""
+def _engine_seam() -> list[str]:
     tree = ast.parse((SRC / "engine" / "__init__.py").read_text())
-    seam = next(ast.literal_eval(node.value) for node in tree.body
+    return next(ast.literal_eval(node.value) for node in tree.body
                 if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__")
+
+
+def test_the_engine_seam_names_no_module_of_the_engine() -> None:
+    """So ``from ckptzip.engine import memory`` is an import of an internal, not of the seam."""
+    modules = {p.stem for p in (SRC / "engine").glob("*.py")}
+    assert sorted(modules & set(_engine_seam())) == []
+
+
+CALLERS = [p for p in MODULES if _top(p) != "engine"] + sorted(BENCH.glob("*.py"))
+
+
+@pytest.mark.parametrize("path", CALLERS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_callers_reach_the_engine_only_through_its_seam(path: Path) -> None:
+    """The library outside engine/ and the harness import ``ckptzip.engine``'s own names (its
+    ``__all__``), never its modules (``ckptzip.engine.memory``) nor what only they define."""
+    seam = _engine_seam()
     inside = [name for name in _ckptzip_imports(path)
               if name.startswith("ckptzip.engine.") and name.removeprefix("ckptzip.engine.") not in seam]
-    assert inside == [], f"bench/ckptzip_bench/{path.name} imports engine internals {inside}"
-
+    assert inside == [], f"{path.relative_to(ROOT)} imports engine internals {inside}"

@@ -14,11 +14,7 @@ from tqdm.auto import tqdm
 
 from . import settings
 from .budget import check_budget, validate_max_bytes
-from .engine.policy import Policy
-from .engine.reader import read_tensors
-from .engine.sources import DeltaBase
-from .engine.warmup import warm_up
-from .engine.writer import write_state
+from .engine import DeltaBase, Policy, read_tensors, warm_up, write_state
 from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, DeviceUnavailableError
 from .format import BaseRef, ContainerReader, TensorEntry, content_hash
 from .format.kinds import directory_kind

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .engine import memory
+from .engine import available_gpu_memory
 from .errors import DecodeBudgetError
 
 
@@ -73,7 +73,7 @@ def available(device: torch.device) -> int | None:
     if device.type == "cpu":
         return host_available()
     if device.type == "cuda":
-        return memory.available(device)
+        return available_gpu_memory(device)
     return None
 
 

@@ -65,7 +65,7 @@ def check_destination(src: str, dst: str, *, force: bool, exists: Callable[[str]
 
 def _codec_arg(parser: argparse.ArgumentParser) -> None:
     from ..codecs import codec_ids
-    from ..engine.policy import PRESETS
+    from ..engine import PRESETS
 
     parser.add_argument(
         "--codec", default="auto",
@@ -324,8 +324,7 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..engine.policy import Policy
-    from ..engine.warmup import compile_kernels
+    from ..engine import Policy, compile_kernels
     from ..kernels import remember_triton_key
 
     policy = Policy.parse(args.codec)

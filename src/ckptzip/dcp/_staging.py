@@ -21,10 +21,7 @@ from typing import Any
 
 import torch
 
-from ..engine.policy import Policy
-from ..engine.staging import PinnedPool
-from ..engine.plan import SAVE_BATCH_BYTES, GpuLimits, gpu_coded
-from ..engine.writer import StagedState, stage_state
+from ..engine import SAVE_BATCH_BYTES, GpuLimits, PinnedPool, Policy, StagedState, gpu_coded, stage_state
 
 _Key = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.device]
 # Pinned host memory for staged bytes, kept for the next save (pinning is what makes a first

@@ -17,10 +17,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ..errors import CkptzipError, UnsupportedObjectError
-from ..engine.policy import Policy
-from ..engine import memory
-from ..engine.warmup import warm_up
-from ..engine.writer import write_staged, write_state
+from ..engine import Policy, gpu_memory_cap, warm_up, write_staged, write_state
 from ..storage import write_error
 from ..tree import flatten
 from ._directory import CheckpointDirectory
@@ -105,7 +102,7 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
         self.per_thread_copy_ahead = per_thread_copy_ahead
         self.cache_staged_state_dict = cache_staged_state_dict
         self._open_directory(path, storage_options)
-        memory.cap(gpu_memory)  # a bad value fails here, not in the save
+        gpu_memory_cap(gpu_memory)  # a bad value fails here, not in the save
         self.gpu_memory = gpu_memory
         self._staged: collections.deque[Staged | None] = collections.deque()  # stage() → write_data, in order
         warm_up(policy=self._policy)  # compile the GPU kernels before the first save needs them

@@ -5,27 +5,57 @@ zstandard on a thread pool).
 - :mod:`.policy` — the ``codec=`` argument parsed once into a :class:`~.policy.Policy`.
 - :mod:`.encode` / :mod:`.decode` — a batch of tensors ⇄ stored chunks, mirror images.
 - :mod:`.writer` / :mod:`.reader` — whole states ⇄ a container, batches overlapped with copies
-  and file I/O.
+  and file I/O; a host snapshot's two halves (``stage_state``, ``write_staged``).
 - :mod:`.staging` — pinned host buffers and copy streams; :mod:`.ahead` — ordered work-ahead.
-- :mod:`.memory` — the GPU memory a call may use (``available_gpu_memory``);
+- :mod:`.memory` — the GPU memory a call may use; :mod:`.guard` — reads of a state that overlap
+  training, and the optimizer steps that wait for them.
 - :mod:`.plan` — which device codes or decodes a tensor, a save's and a load's batches (one
-  greedy packer);
-  :mod:`.threads` — how many threads code CPU batches.
+  greedy packer); :mod:`.threads` — how many threads code CPU batches.
 
-The names below are the engine's public seam: what the API, the manager, DCP and the benchmark
-harness (bench/ckptzip_bench) may use; everything else is the engine's own.
+The names below are the engine's public seam, and the only way in for everything outside it
+(the API, the manager, the tier, DCP, the integrations, the command line and the benchmark
+harness, bench/ckptzip_bench; tests/test_layers.py checks it); every module is the engine's own.
 """
 
+# The codec policy.
+from .policy import PRESETS, SMALL_TENSOR_BYTES, Policy
+from .warmup import compile_kernels, warm_up
+
+# Whole states: a save, a host snapshot's two halves, a load.
+from .writer import StagedState, stage_state, write_staged, write_state
+from .reader import read_tensors
+from .sources import DeltaBase, LoadPlan
+from .plan import SAVE_BATCH_BYTES, GpuLimits, gpu_coded
+from .staging import PinnedPool, Slab
+
+# The GPU memory a call may use.
+from .memory import available as available_gpu_memory
+from .memory import beside_training as gpu_memory_beside_training
+from .memory import cap as gpu_memory_cap
+from .memory import capped as gpu_memory_capped
+
+# Reads of a state that overlap training (engine/guard.py).
+from .guard import Read as OverlappingRead
+from .guard import owned as optimizer_owned
+from .guard import owned_storages as optimizer_storages
+from .guard import stepped as optimizer_stepped
+from .guard import wait_for_reads
+from .guard import watch as watch_optimizer_steps
+
+# Batches, one at a time (the DCP reader's groups, the harness's engine measurements).
+from .ahead import Task, read_ahead, run_ahead
 from .decode import Runs, decode_batch
 from .encode import EncodedBatch, encode_batch
 from .estimate import entropy_of_counts
-from .memory import available as available_gpu_memory
+from .plan import Limit, packed
 from .plan import load_batches as plan_read_batches
 from .plan import save_batches as plan_write_batches
-from .policy import SMALL_TENSOR_BYTES, Policy
-from .reader import read_tensors
-from .sources import LoadPlan
-from .writer import write_state
 
-__all__ = ["SMALL_TENSOR_BYTES", "EncodedBatch", "LoadPlan", "Policy", "Runs", "available_gpu_memory", "decode_batch",
-           "encode_batch", "entropy_of_counts", "plan_read_batches", "plan_write_batches", "read_tensors", "write_state"]
+__all__ = [
+    "PRESETS", "SAVE_BATCH_BYTES", "SMALL_TENSOR_BYTES", "DeltaBase", "EncodedBatch", "GpuLimits", "Limit", "LoadPlan",
+    "OverlappingRead", "PinnedPool", "Policy", "Runs", "Slab", "StagedState", "Task", "available_gpu_memory",
+    "compile_kernels", "decode_batch", "encode_batch", "entropy_of_counts", "gpu_coded", "gpu_memory_beside_training",
+    "gpu_memory_cap", "gpu_memory_capped", "optimizer_owned", "optimizer_stepped", "optimizer_storages", "packed",
+    "plan_read_batches", "plan_write_batches", "read_ahead", "read_tensors", "run_ahead", "stage_state",
+    "wait_for_reads", "warm_up", "watch_optimizer_steps", "write_staged", "write_state",
+]

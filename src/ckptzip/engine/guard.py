@@ -39,7 +39,7 @@ class Read:
 
     def __init__(self) -> None:
         self._done = threading.Event()
-        self.abandoned = False  # a writer stopped waiting: the read's bytes may be torn
+        self.gave_up_after: float | None = None  # seconds a writer waited before it went on: the bytes may be torn
 
     def start(self) -> Read:
         with _LOCK:
@@ -54,8 +54,9 @@ class Read:
 
     def wait(self) -> None:
         """Until the read is over, or :data:`WAIT_SECONDS`; then it is abandoned."""
-        if not self._done.wait(WAIT_SECONDS):
-            self.abandoned = True
+        seconds = WAIT_SECONDS
+        if not self._done.wait(seconds):
+            self.gave_up_after = seconds
             self.finish()
 
     @property

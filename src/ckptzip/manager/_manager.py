@@ -23,12 +23,7 @@ import torch
 
 from .. import api
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, MissingBaseError
-from ..engine import memory
-from ..engine.guard import wait_for_reads
-from ..engine.policy import Policy
-from ..engine.sources import DeltaBase
-from ..engine.warmup import warm_up
-from ..engine.writer import write_state
+from ..engine import DeltaBase, Policy, gpu_memory_cap, wait_for_reads, warm_up, write_state
 from ..format import BaseRef, content_hash
 from ..series import STEP_LIKE, STEP_PATTERN, Files, Series, name_of, report_ignored, step_of
 from ..storage import WriterLock, open_storage
@@ -151,7 +146,7 @@ class CheckpointManager:
             raise ValueError(f"overlap must be True or False, got {overlap!r}")
         self._policy = Policy.parse(codec)
         self._gpu_memory = gpu_memory
-        memory.cap(gpu_memory)  # a bad value fails here, not at the first save
+        gpu_memory_cap(gpu_memory)  # a bad value fails here, not at the first save
         self._storage = open_storage(directory, storage_options)
         self._tier = None if memory_tier is None else TieredStorage(memory_tier, self._storage, keep_last)
         self._agreed: int | None = None  # the step the replicated group last agreed on

@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from ..engine import guard, memory
+from ..engine import OverlappingRead, gpu_memory_capped
 from ..errors import SnapshotAbandonedError
 
 T = TypeVar("T")
@@ -30,7 +30,7 @@ class Reading(Generic[T]):
                  caps: dict[torch.device, int]) -> None:
         for device, stream in streams.items():
             stream.wait_stream(torch.cuda.current_stream(device))  # the state as the caller left it
-        self._guard = guard.Read().start()
+        self._guard = OverlappingRead().start()
         self._result: T | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(read, streams, caps), name="ckptzip-read",
@@ -43,7 +43,7 @@ class Reading(Generic[T]):
             with contextlib.ExitStack() as stack:
                 for stream in streams.values():
                     stack.enter_context(torch.cuda.stream(stream))
-                stack.enter_context(memory.capped(caps))
+                stack.enter_context(gpu_memory_capped(caps))
                 self._result = read()
                 for stream in streams.values():
                     stream.synchronize()  # every kernel that reads the state has run
@@ -62,9 +62,9 @@ class Reading(Generic[T]):
         self._thread.join()
         if self._error is not None:
             raise self._error
-        if self._guard.abandoned:
+        if self._guard.gave_up_after is not None:
             raise SnapshotAbandonedError(
-                f"the state's read did not end within {guard.WAIT_SECONDS:.0f} s, and the optimizer step (or the "
+                f"the state's read did not end within {self._guard.gave_up_after:.0f} s, and the optimizer step (or the "
                 "code in CheckpointManager.guard()) that waited for it went on; this checkpoint was not written, "
                 "the previous ones are intact")
         assert self._result is not None

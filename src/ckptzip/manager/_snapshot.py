@@ -29,12 +29,24 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
-from ..engine import guard, memory
-from ..engine.plan import GpuLimits, gpu_coded
-from ..engine.policy import Policy
-from ..engine.sources import DeltaBase
-from ..engine.staging import PinnedPool, Slab
-from ..engine.writer import StagedState, stage_state, write_staged, write_state
+from ..engine import (
+    DeltaBase,
+    GpuLimits,
+    PinnedPool,
+    Policy,
+    Slab,
+    StagedState,
+    gpu_coded,
+    gpu_memory_beside_training,
+    gpu_memory_capped,
+    optimizer_owned,
+    optimizer_stepped,
+    optimizer_storages,
+    stage_state,
+    watch_optimizer_steps,
+    write_staged,
+    write_state,
+)
 from ..errors import GpuMemoryError
 from ..format import TensorEntry
 from ..tree import flatten
@@ -144,7 +156,7 @@ class SnapshotPool:
         self._lock = threading.Lock()
         # streams by role and device: the caller's copies, the background reads, the worker's writes
         self._streams: dict[tuple[str, torch.device], torch.cuda.Stream] = {}
-        guard.watch()  # an optimizer's step shows the training's peak, and waits for reads that overlap it
+        watch_optimizer_steps()  # an optimizer's step shows the training's peak, and waits for reads that overlap it
 
     def _stream(self, role: str, device: torch.device) -> torch.cuda.Stream:
         stream = self._streams.get((role, device))
@@ -198,8 +210,8 @@ class SnapshotPool:
                 need[t.device] += _aligned(t.nbytes)
         if not need:
             return _Choice(self._where == "host", "the state holds no CUDA tensor")
-        room = {d: memory.beside_training(d) + self._pooled(d) for d in need}
-        if self._where == "device" or (self._where == "auto" and guard.stepped()):
+        room = {d: gpu_memory_beside_training(d) + self._pooled(d) for d in need}
+        if self._where == "device" or (self._where == "auto" and optimizer_stepped()):
             short = [d for d in need if need[d] + DEVICE_CODING_MIN_BYTES > room[d]]
             if not short:
                 why = ("snapshot='device' was asked for" if self._where == "device" else
@@ -222,10 +234,10 @@ class SnapshotPool:
         """A host snapshot; read while training goes on where ckptzip sees every writer of what it
         reads later (tensors the optimizers seen stepping own: the others are copied on their
         GPU first) and the GPUs have room for that beside the training's peak."""
-        if not self._overlap or not guard.stepped():
+        if not self._overlap or not optimizer_stepped():
             return _Choice(True, reason)
-        storages = guard.owned_storages()
-        later = frozenset(i for i, t in enumerate(sources) if t.is_cuda and guard.owned(t, storages))
+        storages = optimizer_storages()
+        later = frozenset(i for i, t in enumerate(sources) if t.is_cuda and optimizer_owned(t, storages))
         copies: dict[torch.device, int] = collections.defaultdict(int)
         for i, t in enumerate(sources):
             if t.is_cuda and i not in later:
@@ -268,7 +280,7 @@ class SnapshotPool:
         its read overlaps training). The CUDA tensors they do not (a share copied raw instead,
         :func:`raw_share`, and those the engine would code on the host) are copied to pinned host
         memory and coded when the snapshot is written."""
-        with memory.capped(caps):
+        with gpu_memory_capped(caps):
             limits = GpuLimits.of(sources, self._policy, self._gpu_memory, HOST_SNAPSHOT_BATCH_BYTES)
         coded = gpu_coded(sources, self._policy, limits)
         raw = raw_share([t.nbytes for t in sources], [i for i, t in enumerate(sources) if t.is_cuda and coded[i]],
@@ -439,7 +451,7 @@ class SnapshotPool:
             with contextlib.ExitStack() as stack:
                 for stream in streams:
                     stack.enter_context(torch.cuda.stream(stream))
-                stack.enter_context(memory.capped(snapshot.caps))
+                stack.enter_context(gpu_memory_capped(snapshot.caps))
                 yield write
         finally:
             for stream in streams:
