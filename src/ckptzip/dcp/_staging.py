@@ -28,8 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from ..engine.policy import Policy
 from ..engine.staging import PinnedPool
-from ..engine.plan import SAVE_BATCH_BYTES, GpuLimits, gpu_coded
-from ..engine.writer import StagedState, stage_state
+from ..engine.writer import StagedState, stage_coded
 from ..errors import UsageError
 
 _Key = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.device]
@@ -152,9 +151,6 @@ def stage(state_dict: Any, policy: Policy, gpu_memory: int | None) -> tuple[Any,
     staged_dict = walk(state_dict, "")
     if not tensors:
         return staged_dict, None
-    # what the GPUs cannot code (no nvCOMP, or over the budget) is copied to the host now and coded there later
-    coded = gpu_coded(tensors, policy, GpuLimits.of(tensors, policy, gpu_memory))
-    tensors = [t if on_gpu else t.to("cpu", copy=True) for t, on_gpu in zip(tensors, coded)]
     with _POOL_LOCK:  # one staging at a time owns the shared pool's reservation
-        state = stage_state(names, tensors, policy, _POOL, SAVE_BATCH_BYTES["cuda"], gpu_memory=gpu_memory)
+        state = stage_coded(names, tensors, policy, _POOL, gpu_memory)
     return staged_dict, Staged(state, sharded)

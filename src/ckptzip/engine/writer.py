@@ -35,7 +35,7 @@ from .ahead import Task, run_ahead
 from .encode import EncodedBatch, Part, PendingBatch, encode_batch, start_batch, tensor_bytes
 from .estimate import sampled_plane_entropies
 from .parts import encode_part, plane_count, quarters, ranges, stream_codecs, worth_parts
-from .plan import BatchKey, GpuLimits, halving, save_batches
+from .plan import SAVE_BATCH_BYTES, BatchKey, GpuLimits, gpu_coded, halving, save_batches
 from .policy import Policy
 from .sources import DeltaBase, Layout, Table, rewrite_table
 from .staging import PinnedPool, copy_stream, pinned_pool, shared_copy, shared_empty
@@ -707,6 +707,18 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
         staged.release()  # the buffers the batches before the failure took, back to the pool
         raise
     return staged
+
+
+def stage_coded(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
+                gpu_memory: int | None = None, *, shared: bool = False) -> StagedState:
+    """A snapshot of a state's tensors as a stager takes it, so the caller may change them once
+    this returns: those its GPUs code are coded there now (:func:`stage_state`, in batches of
+    :data:`~.plan.SAVE_BATCH_BYTES`); every other tensor (a host tensor, or one the GPU cannot
+    code: no nvCOMP, or over its budget) is copied to the host now, into shared memory where
+    ``shared``, and coded by :func:`write_staged`."""
+    on_gpu = gpu_coded(tensors, policy, GpuLimits.of(tensors, policy, gpu_memory))
+    copied = [t if coded else shared_copy(t) if shared else t.to("cpu", copy=True) for t, coded in zip(tensors, on_gpu)]
+    return stage_state(names, copied, policy, pool, SAVE_BATCH_BYTES["cuda"], gpu_memory=gpu_memory)
 
 
 def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:
