@@ -11,17 +11,15 @@ torchtitan 0.2 runs in a process of its own (this file as a script) with a ``--t
 install of it first on the path: ``make test`` installs it into ``<venv>/torchtitan-0.2``
 without its requirements. It imports TensorBoard and Hugging Face ``datasets`` when its model
 module loads and uses neither here: where they are missing, stand-ins that refuse to be used
-take their place (:func:`_without_torchtitan_02_extras`).
+take their place (:func:`ckptzip_bench.titan.without_unused_extras`).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -32,25 +30,6 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 MODES = ("disabled", "async", "async_with_pinned_mem")
 MANAGERS = ("CompressedCheckpointManager", "CompressedTorchCheckpointingManager")
 TORCHTITAN_02 = Path(sys.prefix) / "torchtitan-0.2"  # pip install --no-deps --target ... torchtitan==0.2.2 torchdata
-
-
-def _without_torchtitan_02_extras() -> None:
-    """Stand-ins for what torchtitan 0.2 imports with its model module and these tests never use
-    (TensorBoard's writer, Hugging Face ``datasets``), where they are not installed."""
-    if importlib.util.find_spec("tensorboard") is None:
-        board = types.ModuleType("torch.utils.tensorboard")
-
-        class SummaryWriter:
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                raise RuntimeError("tensorboard is not installed")
-
-        board.SummaryWriter = SummaryWriter  # type: ignore[attr-defined]
-        sys.modules["torch.utils.tensorboard"] = board
-    if importlib.util.find_spec("datasets") is None:
-        datasets, distributed = types.ModuleType("datasets"), types.ModuleType("datasets.distributed")
-        datasets.Dataset = type("Dataset", (), {})  # type: ignore[attr-defined]
-        datasets.load_dataset = distributed.split_dataset_by_node = None  # type: ignore[attr-defined]
-        sys.modules.update({"datasets": datasets, "datasets.distributed": distributed})
 
 
 class _TrainState:
@@ -136,10 +115,11 @@ def _cpu_stager(run: _Run) -> None:
 def _save_and_resume(rank: int, world: int, root: Path, manager: str, mode: str) -> None:
     from importlib.metadata import version
 
+    from ckptzip_bench.titan import without_unused_extras
     from helpers import assert_same
 
     if version("torchtitan").startswith("0.2."):
-        _without_torchtitan_02_extras()
+        without_unused_extras()
     run = _Run(root, manager, mode, seed=0)
     _cpu_stager(run)
     for _ in range(5):
@@ -200,7 +180,9 @@ def test_torchtitan_02_saves_with_ckptzip_and_resumes_bit_exactly(tmp_path: Path
 if __name__ == "__main__":  # torchtitan 0.2, in a process of its own (the test above)
     from importlib.metadata import version
 
-    _without_torchtitan_02_extras()
+    from ckptzip_bench.titan import without_unused_extras
+
+    without_unused_extras()
 
     import torchtitan
 

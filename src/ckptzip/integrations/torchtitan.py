@@ -184,6 +184,9 @@ class CompressedTorchCheckpointingManager(CompressedCheckpointManager):
         class Config(CompressedCheckpointManager.Config):
             pass
 
+    coded_states: tuple[str, ...] = (MODEL, OPTIMIZER)
+    """The states ckptzip codes (the others are saved by torch_checkpointing as it does)."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._backends: dict[bool, Any] = {}  # by asynchronous: torch_checkpointing's managers, built on first use
@@ -202,7 +205,7 @@ class CompressedTorchCheckpointingManager(CompressedCheckpointManager):
             config.items = {MODEL: ItemSpec(resharder=resharder, required=False),
                             OPTIMIZER: ItemSpec(resharder=resharder, required=False)}
             config.default = ItemSpec(requires_copy=False)  # the other states' state_dict()s are fresh objects
-            backend = self._backends[asynchronous] = Compressed(config, codec=self.codec, coded=[MODEL, OPTIMIZER])
+            backend = self._backends[asynchronous] = Compressed(config, codec=self.codec, coded=self.coded_states)
         return backend
 
     def _items(self, state_dict: dict[str, Any]) -> dict[str, Any]:
