@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -159,6 +160,15 @@ class CompressedCheckpointManager(CheckpointManager):
             _join(checkpoint_id, _TORCH_CHECKPOINTING_MODEL))
 
 
+def _when_unlocked(backend: Any, done: Future[None]) -> None:
+    """Complete ``done`` once ``backend`` (a torch_checkpointing manager) has staged its last save."""
+    try:
+        with backend.lock():
+            done.set_result(None)
+    except BaseException as exc:
+        done.set_exception(exc)
+
+
 class CompressedTorchCheckpointingManager(CompressedCheckpointManager):
     """torchtitan's ``CheckpointManager`` saving each step through torch_checkpointing, as
     torchtitan 0.3's ``torch_checkpointing`` checkpointer plans to (whose save and load are not
@@ -228,14 +238,20 @@ class CompressedTorchCheckpointingManager(CompressedCheckpointManager):
         if to_hf:
             return CheckpointManager.dcp_save(self, state_dict, checkpoint_id, async_mode, enable_garbage_collection,
                                               to_hf)
-        asynchronous = async_mode != AsyncMode.DISABLED
-        write = self._backend(asynchronous).save(checkpoint_id, self._items(state_dict))
+        backend = self._backend(async_mode != AsyncMode.DISABLED)
+        write = backend.save(checkpoint_id, self._items(state_dict))
         if enable_garbage_collection:
             GarbageCollection.collect("GC collection invoked by checkpointer.")
-        if async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM:  # staged when save returned: the items are snapshots
+        # ckptzip's items are snapshots when save returns; torch_checkpointing stages any other
+        # item it must copy on a thread, and the state may change once that is done: its lock
+        # (its manager.lock(), held while it stages) says when
+        if async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM:  # torchtitan waits before the optimizer steps
             staged: Future[None] = Future()
-            staged.set_result(None)
+            threading.Thread(target=_when_unlocked, args=(backend, staged), daemon=True).start()
             return AsyncSaveResponse(staging_completion=staged, upload_completion=write)
+        if async_mode == AsyncMode.ASYNC:  # torchtitan does not wait: staged before save returns
+            with backend.lock():
+                pass
         return write
 
     def dcp_load(self, state_dict: dict[str, Any], checkpoint_id: str, from_hf: bool, from_quantized: bool) -> None:
