@@ -52,6 +52,9 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
     on their GPU in the caller and only their stored bytes are copied to pinned host memory,
     which is kept for the next save; host tensors are copied (:mod:`._staging`). The files are
     those of a synchronous save, the staged GPU tensors in ``__<rank>.ckzd``, the rest beside.
+    With DCP's checkpoint process (``AsyncCheckpointerType.PROCESS``) the writer is pickled into
+    that process and hands it its stagings, in shared memory and without CUDA objects
+    (:meth:`__getstate__`).
 
     Each rank compresses and writes only its own shards, into one data file (``__<rank>.ckzd``,
     a ``.ckz`` container of all its items); shards on a GPU are compressed on that GPU, in
