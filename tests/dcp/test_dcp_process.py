@@ -169,3 +169,17 @@ def test_a_meta_tensor_without_its_staging_is_refused(tmp_path: Path) -> None:
     ((error, _),) = excinfo.value.failures.values()
     assert isinstance(error, UsageError)
     assert "item 'w' (chunk at offsets [0]) is a meta tensor" in str(error)
+
+
+def test_a_sharded_tensor_staged_on_a_gpu_is_refused_by_the_process_checkpointer(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A ShardedTensor's shards are found by their memory, which DCP's process does not share."""
+    monkeypatch.setattr(_staging, "staged_here", lambda t: True)
+    writer = CompressedStorageWriter(tmp_path / "p")
+    writer.stage(_state("cpu"))
+    pending = writer._staged[0]
+    assert pending is not None
+    pending.positions[_staging.key_of(torch.ones(1))] = 0  # as a ShardedTensor's shard is recorded
+    with pytest.raises(UsageError, match="ShardedTensor on a GPU"):
+        ForkingPickler.dumps(writer)
+    assert len(writer._staged) == 0 and not pending.state.jobs  # given back, not kept

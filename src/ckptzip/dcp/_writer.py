@@ -205,7 +205,13 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
         with self._staged_lock:
             handed, self._staged = self._staged, collections.deque()
         state = {k: v for k, v in self.__dict__.items() if k != "_staged_lock"}
-        state["_staged"] = collections.deque(None if s is None else s.portable() for s in handed)
+        try:
+            state["_staged"] = collections.deque(None if s is None else s.portable() for s in handed)
+        except BaseException:
+            for staged in handed:  # (those already handed gave their buffers back)
+                if staged is not None:
+                    staged.state.release()
+            raise
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
