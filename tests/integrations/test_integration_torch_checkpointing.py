@@ -228,3 +228,10 @@ def test_gpu_state_is_coded_on_the_gpu_before_staging(tmp_path: Path, saver: str
     finally:
         manager.close()
     assert manager._pool.reserved == 0  # every staging buffer came back, so the pool could be cleared
+
+
+def test_a_committed_archive_of_format_1_keeps_loading() -> None:
+    from golden_state import golden_state_2_1
+
+    archive = Path(__file__).parents[1] / "golden" / "torch_checkpointing_v1.pt"
+    assert_same(torch.load(archive, weights_only=False), golden_state_2_1())

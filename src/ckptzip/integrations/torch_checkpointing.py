@@ -52,7 +52,9 @@ from ..tree import flatten, map_tree
 
 __all__ = ["CompressedCheckpointManager", "CompressedItem"]
 
-FORMAT = 1  # of the archive's record: (FORMAT, container, DTensor shells)
+# The archives name _decoded (this module's) and pass it (FORMAT, container, DTensor shells): its
+# module, name and arguments are a file format, kept as they are for every archive written
+FORMAT = 1
 _Shell = tuple[Any, Any, torch.Size, tuple[int, ...]]  # a DTensor's mesh, placements, global shape and stride
 
 
