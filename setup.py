@@ -21,6 +21,9 @@ setup(ext_modules=[Extension(
     "ckptzip.codecs._gdeflate", ["src/ckptzip/codecs/_gdeflate.c"],
     extra_compile_args=[] if sys.platform == "win32" else ["-O3"], optional=True,
 ), Extension(
+    "ckptzip.codecs._ckzhuff", ["src/ckptzip/codecs/_ckzhuff.c"],
+    extra_compile_args=[] if sys.platform == "win32" else ["-O3"], optional=True,
+), Extension(
     "ckptzip.codecs._gdeflate_shim", ["src/ckptzip/codecs/_gdeflate_shim.cpp"], language="c++",
     extra_compile_args=[] if sys.platform == "win32" else ["-O2", "-std=c++17"],
     libraries=["dl"] if sys.platform.startswith("linux") else [], optional=True,

@@ -5,8 +5,10 @@
 # (add safetensors and a zipnn wheel there to include those baselines), OUT set to the folder
 # whose files come back:
 #     bash bench/h200.sh
-# Then render the results here:
-#     PYTHONPATH=bench python -m ckptzip_bench.results bench.json bench-moe-bf16.json --results-md bench/RESULTS.md --plot bench/bench.png
+# Then keep the JSON in bench/results/headline/ and, from bench/, render the run's report, the plot
+# and RESULTS.md's generated headline (docs/BENCH.md):
+#     PYTHONPATH=. python -m ckptzip_bench.results results/headline/bench.json results/headline/bench-moe-bf16.json \
+#         --results-md results/headline/REPORT.md --plot bench.png --update RESULTS.md
 #
 # Two runs, each under a soft budget (--budget-s: no method, repetition or state starts after it)
 # and a hard timeout; every run rewrites its JSON after each method, so a stopped run keeps what it

@@ -308,8 +308,8 @@ def test_from_checkpoint_rejects_unusable_files(capsys: pytest.CaptureFixture[st
     assert _run(capsys, "--from-checkpoint", str(missing)) == (
         2, "", f"ckptzip cost: error: no checkpoint at {str(missing)!r}: the path is missing\n")
     assert _run(capsys, "--from-checkpoint", str(tmp_path)) == (
-        2, "", f"ckptzip cost: error: no checkpoint at {str(tmp_path)!r}: the path is a directory, not a "
-               "checkpoint file\n")
+        2, "", f"ckptzip cost: error: no checkpoint file at {str(tmp_path)!r}: it is a directory, not a "
+               "ckptzip file: give a .ckz file\n")
     not_ckz = tmp_path / "notes.ckz"
     not_ckz.write_bytes(b"hello\n")
     status, out, err = _run(capsys, "--from-checkpoint", str(not_ckz))

@@ -253,7 +253,7 @@ def test_presets_split_floats_into_byte_planes(preset: str) -> None:
 
 
 def test_unknown_codec_argument_lists_choices() -> None:
-    with pytest.raises(CkptzipError, match=r"codec='brotli' is neither a preset \['auto', 'fast', 'portable'\]"):
+    with pytest.raises(CkptzipError, match=r"codec='brotli' is neither a preset \['auto', 'fast', 'portable', 'huff'\]"):
         save_bytes({"t": torch.zeros(1)}, codec="brotli")
 
 
@@ -328,8 +328,30 @@ def test_open_reads_tensors_lazily_by_name() -> None:
         assert_same_tensor(reader["model.0.weight"], obj["model"]["0.weight"])
         assert_same_tensor(reader["bits"], obj["bits"])
         assert reader.nbytes == sum(e.nbytes for e in reader.entries())
-        with pytest.raises(KeyError, match="no tensor named 'absent'"):
+        with pytest.raises(KeyError, match="no tensor or value named 'absent' in this checkpoint; keys"):
             reader["absent"]
+
+
+def test_open_gives_the_values_that_are_not_tensors_by_their_dotted_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #44: ``ckptzip.open(p)["step"]`` was a KeyError."""
+    _, optimizer = adamw_state(steps=2)
+    groups = optimizer.state_dict()["param_groups"]
+    shared = {"kind": "cosine"}
+    obj = {"model": {"w": torch.ones(3)}, "optimizer": optimizer.state_dict(), "step": 1000, "empty": {},
+           "sched": shared, "again": shared, "name": "run-7", "mixed": [torch.zeros(1), 2.5]}
+    monkeypatch.setattr(ckptzip.api, "read_tensors", None)  # values come from the index: nothing is decoded
+    with ckptzip.open(io.BytesIO(save_bytes(obj))) as reader:
+        assert (reader["step"], reader["name"], reader["empty"], reader["mixed.1"]) == (1000, "run-7", {}, 2.5)
+        assert reader["optimizer.param_groups.0.lr"] == groups[0]["lr"]
+        assert reader["optimizer.param_groups"] == groups and reader["again"] == shared
+        assert "step" in reader and "optimizer.param_groups.0" in reader and "optimizer" not in reader
+        reader["optimizer.param_groups"][0]["lr"] = 0
+        assert reader["optimizer.param_groups.0.lr"] == groups[0]["lr"]  # each access its own copy
+        with pytest.raises(KeyError, match=r"'optimizer' is a container in this checkpoint: ckpt\[\.\.\.\] gives its "
+                           r"tensors and values by their dotted paths \('optimizer\.state\.0\.step', \.\.\.\), and load\(\)"):
+            reader["optimizer"]
+        with pytest.raises(KeyError, match="'mixed' is a container"):
+            reader["mixed"]
 
 
 # --- compress / decompress -------------------------------------------------------------------

@@ -3,10 +3,14 @@ without credentials, the demo's arguments, a device hint naming the caller's own
 
 from __future__ import annotations
 
+import argparse
 import importlib.abc
+import importlib.metadata
 import os
 import subprocess
 import sys
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ import torch
 import ckptzip
 from ckptzip.cli import main
 
+ROOT = Path(__file__).resolve().parent.parent
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 
 
@@ -65,30 +70,52 @@ class _NoHarness(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
-def test_bench_without_the_harness_says_how_to_install_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The harness is not in the wheel: an installed ckptzip without it (and no checkout) says so."""
-    from ckptzip import cli
+def _entry_points(*found: importlib.metadata.EntryPoint) -> Callable[..., list[importlib.metadata.EntryPoint]]:
+    """``importlib.metadata.entry_points`` on a machine whose only ``ckptzip.bench`` entry points are ``found``."""
+    def entry_points(*, group: str) -> list[importlib.metadata.EntryPoint]:
+        return [e for e in found if e.group == group]
+    return entry_points
 
-    # As where it is not installed: not importable (an editable install finds it by a finder of
-    # its own, not by sys.path), and not imported already by earlier tests.
+
+def test_bench_without_the_harness_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The harness is not in the wheel: an installed ckptzip without it says so."""
+    # As where it is not installed: no entry point, not importable (an editable install finds it by
+    # a finder of its own, not by sys.path), and not imported already by earlier tests.
+    monkeypatch.setattr(importlib.metadata, "entry_points", _entry_points())
     monkeypatch.setattr(sys, "meta_path", [_NoHarness(), *sys.meta_path])
     for name in [m for m in sys.modules if m.split(".")[0] == "ckptzip_bench"]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setattr(cli, "CHECKOUT_BENCH", tmp_path)
     assert main(["bench", "--device", "cpu"]) == 1
-    assert capsys.readouterr().err.startswith(
+    assert capsys.readouterr().err.strip() == (
         "ckptzip: error: `ckptzip bench` needs the benchmark harness, which is not installed: it is not part of the "
-        "ckptzip wheel; from a ckptzip checkout, `pip install -e bench`"
+        "ckptzip wheel; from a ckptzip checkout, `pip install -e bench` (or put the checkout's bench/ folder on "
+        "PYTHONPATH)"
     )
 
 
-def test_bench_from_a_checkout_finds_the_harness_in_bench() -> None:
-    """Uninstalled, ``ckptzip bench`` in a source checkout imports bench/ckptzip_bench."""
+def test_bench_runs_the_module_its_entry_point_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed harness is found through the entry point bench/pyproject.toml declares, wherever it lives."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    declared = tomllib.loads((ROOT / "bench" / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert declared == {"ckptzip.bench": {"harness": "ckptzip_bench.run"}}
+    harness = types.ModuleType("elsewhere_bench")
+    ran: list[argparse.Namespace] = []
+    harness.configure = lambda p: p.add_argument("--reps")  # type: ignore[attr-defined]
+    harness.run = ran.append  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "elsewhere_bench", harness)
+    monkeypatch.setattr(importlib.metadata, "entry_points", _entry_points(
+        importlib.metadata.EntryPoint("harness", "elsewhere_bench", "ckptzip.bench")))
+    assert main(["bench", "--reps", "2"]) == 0
+    assert [args.reps for args in ran] == ["2"]
+
+
+def test_bench_from_a_checkout_imports_the_harness_from_bench_on_the_path() -> None:
+    """Uninstalled, ``ckptzip bench`` imports ckptzip_bench by name: a checkout's bench/ on PYTHONPATH."""
     code = "import sys; sys.argv = ['ckptzip', 'bench', '--help']; from ckptzip.cli import main; main()"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent / "src")
+    env["PYTHONPATH"] = os.pathsep.join(str(ROOT / folder) for folder in ("src", "bench"))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "--methods" in done.stdout

@@ -23,11 +23,12 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 
-from . import training_job
+from . import gpu_codecs, tier, training_job, training_loop
 from .analysis import (
     CPU_REFERENCE,
     GPU_REFERENCE,
@@ -92,6 +93,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+# The other suites: name -> (module with configure(parser) and run(args), one line of help).
+SUITES: dict[str, tuple[ModuleType, str]] = {
+    "training-job": (training_job, "ckptzip inside a training job: a filled GPU, many saves, the manager, fresh nodes"),
+    "training-loop": (training_loop, "ckptzip and its peers inside a real training loop: training time lost per checkpoint"),
+    "tier": (tier, "the memory tier and deltas where training barely moves, on the CPU"),
+    "gpu-codecs": (gpu_codecs, "each nvCOMP codec on weight-like bytes: ratio, GB/s, bit-exact, CPU interchange"),
+}
+
+
 def configure(p: argparse.ArgumentParser) -> None:
     """Add the ``bench`` subcommand's arguments to its parser; :func:`run` takes the parsed namespace."""
     p.description = __doc__
@@ -123,8 +133,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results-md", help="write RESULTS.md here")
     p.add_argument("--plot", help="write a PNG of ratio against throughput here (needs matplotlib)")
     suites = p.add_subparsers(dest="suite", metavar="SUITE", title="other suites (their own options follow the name)")
-    training_job.configure(suites.add_parser(
-        "training-job", help="ckptzip inside a training job: a filled GPU, many saves, the manager, fresh nodes"))
+    for name, (module, what) in SUITES.items():
+        module.configure(suites.add_parser(name, help=what))
 
 
 def _relative(arg: str) -> str:
@@ -288,8 +298,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``ckptzip bench`` (or the suite named). Returns 2 for unusable options; 1 if a method's
     restore was not bit-exact or a ckptzip preset failed; 0 otherwise (unmet targets and failed
     baselines are reported)."""
-    if getattr(args, "suite", None) == "training-job":
-        return training_job.run(args)
+    suite = getattr(args, "suite", None)
+    if suite is not None:
+        return int(SUITES[suite][0].run(args))
     try:
         settings = _settings(args)
     except CkptzipError as e:

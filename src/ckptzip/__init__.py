@@ -1,7 +1,9 @@
 """ckptzip: lossless, GPU-native compression of deep-learning training checkpoints.
 
 The errors are imported eagerly (they import nothing); the functions and classes below import
-torch, so they are imported on first use: ``import ckptzip`` and ``ckptzip --help`` stay cheap.
+torch, so they are imported on first use, and so are the subpackages (``ckptzip.dcp``,
+``ckptzip.integrations.lightning``, ...) when first reached as attributes: ``import ckptzip`` and
+``ckptzip --help`` stay cheap.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .errors import (
     DecodeBudgetError,
     DeviceUnavailableError,
     GpuMemoryError,
+    SnapshotAbandonedError,
     StorageAccessError,
     StorageUnavailableError,
     UnsupportedFormatError,
@@ -27,7 +30,10 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .api import CheckpointReader, CompressedTensor, compress, decompress, load, open, save, warmup
+    from . import api as api, dcp as dcp, integrations as integrations, manager as manager, testing as testing
+    from . import tier as tier
+    from .api import CheckpointReader, CompressedTensor, compress, decompress, load, save, warmup
+    from .api import open as open  # a public name, left out of __all__
     from .manager import CheckpointManager, CheckpointSkippedWarning
 
 _LAZY = {
@@ -36,6 +42,10 @@ _LAZY = {
     ),
     **dict.fromkeys(("CheckpointManager", "CheckpointSkippedWarning"), ".manager"),
 }
+# Reached as attributes (``ckptzip.dcp.CompressedStorageWriter(...)``), imported on first access.
+_SUBMODULES = ("api", "dcp", "integrations", "manager", "testing", "tier")
+
+# What ``from ckptzip import *`` binds: every public name but ``open``, which would shadow the built-in.
 
 __all__ = [
     "CheckpointManager",
@@ -50,6 +60,7 @@ __all__ = [
     "DecodeBudgetError",
     "DeviceUnavailableError",
     "GpuMemoryError",
+    "SnapshotAbandonedError",
     "StorageAccessError",
     "StorageUnavailableError",
     "UnsupportedFormatError",
@@ -59,10 +70,9 @@ __all__ = [
     "compress",
     "decompress",
     "load",
-    "open",
     "save",
     "warmup",
 ]
 
 
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals(), _SUBMODULES)

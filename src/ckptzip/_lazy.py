@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 
-def lazy_attributes(package: str, table: Mapping[str, str], namespace: dict[str, Any]
-                    ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_attributes(package: str, table: Mapping[str, str], namespace: dict[str, Any],
+                    submodules: Collection[str] = ()) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of ``package``: name ``n`` of ``table`` comes from its
-    module ``table[n]`` (relative to ``package``) the first time it is asked for, and is then
-    kept in ``namespace`` (the package's globals)."""
+    module ``table[n]`` (relative to ``package``), and name ``n`` of ``submodules`` is the
+    submodule ``package.n`` (``ckptzip.dcp.CompressedStorageWriter`` after ``import ckptzip``),
+    each imported the first time it is asked for and then kept in ``namespace`` (the package's
+    globals)."""
 
     def getattr_(name: str) -> Any:
-        if name not in table:
+        if name in submodules:
+            value = importlib.import_module(f".{name}", package)
+        elif name in table:
+            value = getattr(importlib.import_module(table[name], package), name)
+        else:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(table[name], package), name)
         namespace[name] = value
         return value
 
     def dir_() -> list[str]:
-        return sorted({*namespace, *table})
+        return sorted({*namespace, *table, *submodules})
 
     return getattr_, dir_

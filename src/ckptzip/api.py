@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import io
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -17,10 +18,11 @@ from .engine.reader import read_tensors
 from .engine.sources import DeltaBase
 from .engine.warmup import warm_up
 from .engine.writer import write_state
-from .errors import CheckpointWriteError, CkptzipError, DeviceUnavailableError
+from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, DeviceUnavailableError
 from .format import BaseRef, ContainerReader, TensorEntry, content_hash
+from .format.kinds import directory_kind
 from .storage import atomic_file, open_for_read
-from .tree import flatten, unflatten
+from .tree import flatten, plain_values, unflatten
 
 PathOrFile = str | os.PathLike[str] | BinaryIO
 PathFileOrBytes = PathOrFile | bytes | bytearray | memoryview  # what a checkpoint is read from
@@ -50,10 +52,10 @@ def save(obj: Any, f: PathOrFile, *, codec: CodecArg = "auto", progress: bool = 
     """Save ``obj`` (nested dict/list/tuple of tensors and plain values) to a path or binary file.
 
     A path is written atomically: to a temporary file, synced, then renamed. ``codec`` is a preset
-    (``"auto"``, ``"fast"``, ``"portable"``) or a codec id applied to every tensor. ``progress``
-    shows a progress bar on stderr. ``gpu_memory`` caps the GPU memory the save uses beside the
-    state, in bytes (default ``CKPTZIP_GPU_MEMORY_MB``, else what is free); it is given back when
-    the save returns. Below 256 MiB it raises :class:`~ckptzip.errors.GpuMemoryError`.
+    (``"auto"``, ``"fast"``, ``"portable"``, ``"huff"``) or a codec id applied to every tensor.
+    ``progress`` shows a progress bar on stderr. ``gpu_memory`` caps the GPU memory the save uses
+    beside the state, in bytes (default ``CKPTZIP_GPU_MEMORY_MB``, else what is free); it is given
+    back when the save returns. Below 256 MiB it raises :class:`~ckptzip.errors.GpuMemoryError`.
     """
     policy = Policy.parse(codec)
     if isinstance(f, (str, os.PathLike)):
@@ -124,6 +126,47 @@ def resolve_device(saved: str | None, map_location: MapLocation, argument: str =
     return device
 
 
+# Decoded bytes verify holds at once: four of a load's CPU batches, split between its workers.
+VERIFY_BATCH_BYTES = 64 << 20
+
+
+def verify_batches(entries: Sequence[TensorEntry], batch_bytes: int) -> list[list[int]]:
+    """The table's entries in batches of about ``batch_bytes`` declared bytes, in table order:
+    each stored tensor with the copies and casts made from it (so it is decoded once), and a
+    group larger than ``batch_bytes`` alone."""
+    groups: dict[int, list[int]] = {}
+    for i in range(len(entries)):
+        root = i
+        while entries[root].is_reference:  # a copy of a cast at most: the index refuses longer chains
+            root = entries[root].source_target
+        groups.setdefault(root, []).append(i)
+    batches: list[list[int]] = []
+    size = 0
+    for members in groups.values():
+        nbytes = sum(entries[i].nbytes for i in members)
+        if not batches or size + nbytes > batch_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].extend(members)
+        size += nbytes
+    return batches
+
+
+def local_location(entries: Sequence[TensorEntry]) -> dict[str, str]:
+    """A ``map_location`` that reads every tensor on this machine: on the device it was saved
+    on where this machine has it, on another GPU where it has GPUs, else on the CPU (a GPU's
+    file verified on a laptop)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    location = {}
+    for saved in {entry.device or "cpu" for entry in entries}:
+        device = torch.device(saved)
+        if device.type == "cuda" and gpus:
+            location[saved] = saved if (device.index or 0) < gpus else "cuda"
+        else:
+            location[saved] = "cpu"
+    return location
+
+
 class CheckpointReader:
     """Lazy access to a checkpoint: the index is read and validated up front, tensors on demand."""
 
@@ -132,6 +175,9 @@ class CheckpointReader:
         self._owned: BinaryIO | None = None  # a file this reader opened, and closes
         self.gpu_memory = gpu_memory
         if isinstance(f, (str, os.PathLike)):
+            if os.path.isdir(f):
+                raise CheckpointNotFoundError(
+                    f"no checkpoint file at {os.fspath(f)!r}: it is {directory_kind(f).describe()}")
             f = self._owned = open_for_read(f)  # refuses FIFOs and devices instead of blocking on them
         try:
             self._reader = ContainerReader(f)
@@ -140,6 +186,7 @@ class CheckpointReader:
             raise
         self.map_location = map_location
         self._by_name = {t.name: i for i, t in enumerate(self._reader.tensors)}
+        self._values: dict[str, Any] | None = None  # the values that are not tensors, by path, once asked for
         try:
             self._max_bytes = validate_max_bytes(max_bytes)
             if self._max_bytes is not None:
@@ -157,17 +204,32 @@ class CheckpointReader:
         return list(self._by_name)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._by_name
+        return name in self._by_name or name in self._plain_values()
 
     def __len__(self) -> int:
         return len(self._by_name)
 
-    def __getitem__(self, name: str) -> torch.Tensor:
-        try:
-            index = self._by_name[name]
-        except KeyError:
-            raise KeyError(f"no tensor named {name!r} in this checkpoint; it has {len(self)} tensors") from None
-        return self._tensor(index)
+    def __getitem__(self, name: str) -> Any:
+        """The tensor named ``name``, decoded and verified (``ckpt["model.embed.weight"]``), or a
+        value of the saved object that is not a tensor, by its dotted path (``ckpt["step"]``,
+        ``ckpt["optimizer.param_groups.0.lr"]``), read from the index without decoding anything."""
+        index = self._by_name.get(name)
+        if index is not None:
+            return self._tensor(index)
+        values = self._plain_values()
+        if name in values:
+            return copy.deepcopy(values[name])  # the caller's to change
+        inside = next((k for k in (*self._by_name, *values) if k.startswith(f"{name}.")), None)
+        if inside is not None:
+            raise KeyError(
+                f"{name!r} is a container in this checkpoint: ckpt[...] gives its tensors and values by their dotted "
+                f"paths ({inside!r}, ...), and load() the whole object")
+        raise KeyError(f"no tensor or value named {name!r} in this checkpoint; keys() lists its {len(self)} tensors")
+
+    def _plain_values(self) -> dict[str, Any]:
+        if self._values is None:
+            self._values = plain_values(self._reader.index.tree, len(self._reader.tensors))
+        return self._values
 
     def _tensor(self, index: int) -> torch.Tensor:
         return self._read([index], lambda _: None)[0]
@@ -195,6 +257,16 @@ class CheckpointReader:
     def named_tensors(self, *, base_tensors: BaseTensors = None) -> dict[str, torch.Tensor]:
         """Every tensor, decoded and verified, by name (XOR deltas: as for :meth:`load`)."""
         return dict(zip(self.keys(), self._all_tensors(False, base_tensors)))
+
+    def verify(self, *, batch_bytes: int = VERIFY_BATCH_BYTES) -> None:
+        """Decode every tensor and check every checksum, keeping nothing: tensors are decoded in
+        batches of about ``batch_bytes`` decoded bytes (a larger tensor alone, with the copies
+        and casts made from it), each dropped before the next is decoded, so memory stays about a
+        batch (or the largest tensor) whatever the size of the state. Damage raises
+        :class:`~ckptzip.errors.CorruptCheckpointError` naming the tensor; tensors stored as XOR
+        deltas need their base (:class:`~ckptzip.errors.MissingBaseError`, as for :meth:`load`)."""
+        for batch in verify_batches(self._reader.tensors, batch_bytes):
+            self._read(batch, lambda _: None)  # the batch's tensors are dropped here
 
     @property
     def bases(self) -> list[BaseRef]:

@@ -3,11 +3,12 @@
 On a GPU a training job has filled, what a save can have is mostly torch's cache. Buffers of
 varying sizes (a batch's planes, its codec outputs, its stored chunks) split the cache's blocks,
 and the free bytes end in pieces that no later buffer fits, while torch cannot return a segment
-that still holds one live block: on an H200 with 2 GiB free, batches of a 15 GB state ran out of
-memory with 0.6-1 GiB cached unused (bench/RESULTS.md). Inside :func:`uniform`, each buffer of up
-to that size that the engine and the GPU codecs allocate on this thread through :func:`empty` or
-:func:`zeros` is a view of a block of exactly that size, which torch hands back whole to the
-next one: the cache the save works in holds blocks of one size, never split.
+that still holds one live block: on a filled GPU, batches ran out of memory while torch's cache
+held room enough unused, in pieces (results: "A filled GPU, a training job's conditions").
+Inside :func:`uniform`, each buffer of up to that size that the engine and the GPU codecs allocate
+on this thread through :func:`empty` or :func:`zeros` is a view of a block of exactly that size,
+which torch hands back whole to the next one: the cache the save works in holds blocks of one
+size, never split.
 """
 
 from __future__ import annotations

@@ -44,6 +44,11 @@ class CheckpointWriteError(CkptzipError, OSError):
     """Writing a checkpoint failed (disk full, permission, I/O); the previous checkpoint is intact."""
 
 
+class SnapshotAbandonedError(CheckpointWriteError):
+    """A save's read of the state did not end before a writer of the state stopped waiting for
+    it (an optimizer step, ``CheckpointManager.guard()``); that checkpoint was not written."""
+
+
 class UsageError(CkptzipError, ValueError):
     """An argument ckptzip cannot act on; the message says what to pass instead."""
 

@@ -40,6 +40,12 @@ def type_name(obj: Any) -> str:
 _SHOWN = 10  # objects an error names; --skip-unsupported reports every one
 
 
+def listing(lines: list[str]) -> str:
+    """The first few of ``lines`` joined for an error message, with how many more there are."""
+    more = len(lines) - _SHOWN
+    return "; ".join(lines[:_SHOWN]) + (f"; and {more} more" if more > 0 else "")
+
+
 def _where(path: str) -> str:
     return path or "<root>"
 
@@ -61,11 +67,15 @@ def _stand_in(obj: Any) -> tuple[Any, str] | None:
     return None
 
 
-def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
+SKIP_ADVICE = ("Pass --skip-unsupported (skip_unsupported=True) to leave them out (each is reported), or convert them "
+               "to tensors and plain values before saving")
+
+
+def storable(obj: Any, *, skip_unsupported: bool = False, advice: str = SKIP_ADVICE) -> Plain:
     """``obj`` with every leaf ckptzip cannot store replaced by a stand-in (a Namespace, dict
     subclass or namedtuple by a dict, a path by its string) or, with ``skip_unsupported``, left out
     (a dict entry is dropped, a list or tuple item becomes ``None``); without it, such a leaf is an
-    :class:`UnsupportedObjectError` naming every one by its path."""
+    :class:`UnsupportedObjectError` naming every one by its path, then ``advice``."""
     plain = Plain(None)
 
     def value(leaf: Any, path: str) -> Any:
@@ -95,12 +105,9 @@ def storable(obj: Any, *, skip_unsupported: bool = False) -> Plain:
     if plain.state is DROP:
         raise UnsupportedObjectError(f"the state is a {type_name(obj)}, which ckptzip cannot store")
     if plain.unsupported and not skip_unsupported:
-        more = len(plain.unsupported) - _SHOWN
-        shown = "; ".join(plain.unsupported[:_SHOWN]) + (f"; and {more} more" if more > 0 else "")
         raise UnsupportedObjectError(
-            f"ckptzip cannot store {len(plain.unsupported)} object(s) of this state: {shown}. Pass --skip-unsupported "
-            "(skip_unsupported=True) to leave them out (each is reported), or convert them to tensors and plain "
-            "values before saving"
+            f"ckptzip cannot store {len(plain.unsupported)} object(s) of this state: {listing(plain.unsupported)}. "
+            f"{advice}"
         )
     return plain
 

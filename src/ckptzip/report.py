@@ -117,15 +117,23 @@ def _table(rows: list[list[str]], right: set[int]) -> str:
     return "\n".join(lines)
 
 
+def entry_ratio(entry: TensorEntry) -> float | None:
+    """Decoded over stored bytes of one tensor; None for a copy or cast, which stores none."""
+    if entry.is_reference and entry.nbytes:
+        return None
+    return entry.nbytes / entry.compressed_nbytes if entry.compressed_nbytes else 1.0
+
+
 def tensor_table(entries: list[TensorEntry], limit: int | None = None) -> str:
     """One row per tensor: name, dtype, shape, bytes, compressed, ratio, codec, class."""
     rows = [["tensor", "dtype", "shape", "bytes", "compressed", "ratio", "codec", "class"]]
     shown = entries if limit is None else sorted(entries, key=lambda e: -e.nbytes)[:limit]
     for e in shown:
-        ratio = e.nbytes / e.compressed_nbytes if e.compressed_nbytes else 1.0
+        ratio = entry_ratio(e)
         rows.append([
             e.name, e.dtype, "×".join(map(str, e.shape)) or "()", human_bytes(e.nbytes),
-            human_bytes(e.compressed_nbytes), "-" if e.is_reference and e.nbytes else f"{ratio:.3f}", pipeline_label(e, entries), classify(e),
+            human_bytes(e.compressed_nbytes), "-" if ratio is None else f"{ratio:.3f}", pipeline_label(e, entries),
+            classify(e),
         ])
     return _table(rows, right={3, 4, 5})
 
@@ -138,35 +146,72 @@ def class_table(entries: list[TensorEntry]) -> str:
     return _table(rows, right={1, 2, 3, 4})
 
 
+SOURCE_KINDS = {"cast": "stored as casts of fp32 tensors", "copy": "duplicates stored once",
+                "xor": "stored as XOR deltas"}
+
+
+@dataclass
+class SourceTotal:
+    """The tensors stored by reference of one kind (``SOURCE_KINDS``)."""
+
+    tensors: int = 0
+    nbytes: int = 0
+    not_stored: int = 0  # bytes the references spare
+    sparse: int = 0  # XOR deltas coded sparse
+
+
+def source_totals(entries: Iterable[TensorEntry]) -> dict[str, SourceTotal]:
+    """Per kind of reference the file holds (casts, duplicates, XOR deltas), its totals."""
+    totals: dict[str, SourceTotal] = {}
+    for e in entries:
+        if e.source_kind is not None:
+            total = totals.setdefault(e.source_kind, SourceTotal())
+            total.tensors += 1
+            total.nbytes += e.nbytes
+            total.not_stored += e.nbytes - e.compressed_nbytes
+            total.sparse += isinstance(e.transform, Sparse)
+    return {kind: totals[kind] for kind in SOURCE_KINDS if kind in totals}
+
+
 def sources_note(entries: list[TensorEntry], bases: list[BaseRef]) -> str:
     """What the file stores by reference: casts, duplicates, XOR deltas and the bases they need."""
     lines = []
-    for kind, what in (("cast", "stored as casts of fp32 tensors"), ("copy", "duplicates stored once"),
-                       ("xor", "stored as XOR deltas")):
-        chosen = [e for e in entries if e.source_kind == kind]
-        if chosen:
-            saved = sum(e.nbytes - e.compressed_nbytes for e in chosen)
-            sparse = sum(isinstance(e.transform, Sparse) for e in chosen)
-            lines.append(f"{what}: {len(chosen)} tensors, {human_bytes(sum(e.nbytes for e in chosen))} "
-                         f"({human_bytes(saved)} not stored{f'; {sparse} coded sparse' if sparse else ''})")
+    for kind, t in source_totals(entries).items():
+        lines.append(f"{SOURCE_KINDS[kind]}: {t.tensors} tensors, {human_bytes(t.nbytes)} "
+                     f"({human_bytes(t.not_stored)} not stored{f'; {t.sparse} coded sparse' if t.sparse else ''})")
     for ref in bases:
         lines.append(f"needs base checkpoint {ref.describe()} (restore through its CheckpointManager)")
     return "\n".join(lines) or "every tensor is stored as itself (no references, duplicates or deltas)"
 
 
+@dataclass(frozen=True)
+class Portability:
+    """Where a file loads: ``gpu_only`` codecs need a GPU; ``compiled`` ones a GPU or ckptzip's C decoder."""
+
+    gpu_only: list[str]
+    compiled: list[str]
+
+    @property
+    def note(self) -> str:
+        """Whether the file loads without a GPU, and how to make it do so if not."""
+        if self.gpu_only:
+            return (
+                f"GPU-only codecs: {', '.join(self.gpu_only)}; loading needs an NVIDIA GPU with nvCOMP "
+                "(ckptzip[gpu]). For CPU use: ckptzip convert SRC DST --codec portable"
+            )
+        if self.compiled:
+            return (
+                f"loads on a GPU or, for {', '.join(self.compiled)}, on a CPU where ckptzip was built with its C "
+                "decoder (any install from source with a C compiler); elsewhere: ckptzip convert SRC DST --codec portable"
+            )
+        return "portable: every codec has a CPU decoder; loads on any machine"
+
+
+def portability(entries: list[TensorEntry]) -> Portability:
+    codecs = {c for e in entries for c in e.codecs}
+    return Portability(sorted(codecs & gpu_only_ids()), sorted(codecs & gpu_first_ids()))
+
+
 def portability_note(entries: list[TensorEntry]) -> str:
     """Whether the file loads without a GPU, and how to make it do so if not."""
-    codecs = {c for e in entries for c in e.codecs}
-    gpu_only = sorted(codecs & gpu_only_ids())
-    if gpu_only:
-        return (
-            f"GPU-only codecs: {', '.join(gpu_only)}; loading needs an NVIDIA GPU with nvCOMP "
-            "(ckptzip[gpu]). For CPU use: ckptzip convert SRC DST --codec portable"
-        )
-    compiled = sorted(codecs & gpu_first_ids())
-    if compiled:
-        return (
-            f"loads on a GPU or, for {', '.join(compiled)}, on a CPU where ckptzip was built with its C decoder "
-            "(any install from source with a C compiler); elsewhere: ckptzip convert SRC DST --codec portable"
-        )
-    return "portable: every codec has a CPU decoder; loads on any machine"
+    return portability(entries).note

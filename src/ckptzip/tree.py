@@ -319,8 +319,10 @@ _UNFINISHED = object()  # the slot of a container whose decoding has begun but n
 
 
 class _Unflattener:
-    def __init__(self, tensor: Callable[[int], torch.Tensor], ntensors: int) -> None:
+    def __init__(self, tensor: Callable[[int], Any], ntensors: int,
+                 array: Callable[[int], Any] | None = None) -> None:
         self.tensor = tensor
+        self.array = array or (lambda i: tensor(i).cpu().numpy())
         self.ntensors = ntensors
         self.containers: list[Any] = []  # decoded containers, numbered in pre-order as when encoded
 
@@ -380,7 +382,7 @@ class _Unflattener:
         if tag == "tensor":
             return self.tensor(self.index(body, "tensor"))
         if tag == "ndarray":
-            return self.tensor(self.index(body, "array")).cpu().numpy()
+            return self.array(self.index(body, "array"))
         if tag == "npscalar":
             dtype, raw = _pair(body)
             values = np.frombuffer(bytes.fromhex(_str(raw)), dtype=np.dtype(_str(dtype)))
@@ -460,7 +462,35 @@ def _torch_device(name: str) -> torch.device:
 
 def unflatten(tree: Any, tensor: Callable[[int], torch.Tensor], ntensors: int) -> Any:
     """Rebuild the saved object; ``tensor(i)`` returns entry i of the tensor table."""
+    return _decode(_Unflattener(tensor, ntensors), tree)
+
+
+def plain_values(tree: Any, ntensors: int) -> dict[str, Any]:
+    """Every value of the saved object that holds no tensor or array (a leaf, or a container of
+    such values: ``optimizer.param_groups.0``), by its dotted path (as :func:`iter_leaves` names
+    it, and the tensors' names are made): what a lazy reader gives without decoding a tensor."""
+    slot = object()  # stands for every tensor and array
+    obj = _decode(_Unflattener(lambda _: slot, ntensors, lambda _: slot), tree)
+    values: dict[str, Any] = {}
+    plain: dict[int, bool] = {}  # per container: whether it holds no tensor (a shared one is walked once)
+
+    def walk(value: Any, at: str) -> bool:
+        if is_container(value):
+            if id(value) not in plain:  # every child walked: the values beside a tensor count too
+                plain[id(value)] = all([walk(child, child_path) for child_path, child in _children(value, at)])
+            held = plain[id(value)]
+        else:
+            held = value is not slot
+        if held:
+            values[at] = value
+        return held
+
+    walk(obj, "")
+    return values
+
+
+def _decode(unflattener: _Unflattener, tree: Any) -> Any:
     try:
-        return _Unflattener(tensor, ntensors).decode(tree, 0)
+        return unflattener.decode(tree, 0)
     except RecursionError as exc:  # a caller already deep in its own stack
         raise CorruptCheckpointError(f"tree nested too deeply to load ({exc})") from None

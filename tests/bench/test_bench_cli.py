@@ -540,3 +540,65 @@ def test_the_discard_store_counts_a_managers_checkpoint_bytes_and_keeps_its_mark
     assert stored > 0 and abs(stored - len(expected.getvalue())) < 4096  # the same container, but for its header
     kept = [path for path in DiscardFileSystem.store if "bench-test/" in path]
     assert kept and not any(path.endswith(".ckz") and DiscardFileSystem.store[path].getvalue() for path in kept)
+
+
+def test_the_tier_suite_refuses_an_unknown_part(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench(["tier", "--parts", "rss,nope"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ckptzip bench tier: error: unknown part(s) nope: choose from rss, restore, replicate, delta")
+
+
+@pytest.mark.slow  # trains a model and starts fresh processes
+def test_the_tier_suite_measures_the_tier_its_restores_and_deltas(tmp_path: Path) -> None:
+    out = tmp_path / "tier.json"
+    assert bench(["tier", "--parts", "rss,restore,delta", "--mb", "1", "--saves", "3", "--restores", "1",
+                  "--steps", "2", "--warmup", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["rss"]["saves"] == 3 and 0 < doc["rss"]["tier_mb_last"] < 3  # two compressed 1 MB checkpoints
+    assert doc["restore"]["from"] == ["memory"] and doc["restore"]["gb_per_s"] > 0
+    steps = doc["delta"]["steps"]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["format"].startswith("2.") and s["identical"] > 0.5 and s["file_ratio"] > 1 for s in steps)
+
+
+def test_the_gpu_codecs_suite_says_why_it_cannot_run(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptzip_bench import gpu_codecs
+
+    monkeypatch.setattr(gpu_codecs, "nvcomp", SimpleNamespace(UNAVAILABLE_REASON="no CUDA device"))
+    assert bench(["gpu-codecs", "--mib", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ckptzip bench gpu-codecs: error: the GPU codecs cannot run here: no CUDA device")
+
+
+@pytest.mark.gpu
+def test_the_gpu_codecs_suite_round_trips_every_codec_it_probes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench(["gpu-codecs", "--mib", "4", "--chunk-kib", "64", "--reps", "1", "--single-mib", "1",
+                  "--codecs", "ans", "zstd", "gdeflate"]) == 0
+    out = capsys.readouterr().out
+    assert "All round trips bit-exact." in out and "gdeflate" in out
+
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+HEADLINE_JSON = BENCH_DIR / "results" / "headline" / "h200-dense-medium.json"
+
+
+def test_update_generated_replaces_only_the_lines_between_the_markers() -> None:
+    text = f"# Results\n\nby hand\n{results.BEGIN}\nold\nlines\n{results.END}\nby hand too\n"
+    assert results.update_generated(text, "new") == f"# Results\n\nby hand\n{results.BEGIN}\nnew\n{results.END}\nby hand too\n"
+    for broken in ("no markers", f"{results.END}\n{results.BEGIN}", f"{results.BEGIN}\n{results.BEGIN}\n{results.END}"):
+        with pytest.raises(results.BenchResultsError, match="to mark the generated part; add them where the headline"):
+            results.update_generated(broken, "new")
+
+
+def test_results_md_holds_the_headline_its_json_renders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/RESULTS.md's generated part is what `python -m ckptzip_bench.results --update` writes from
+    the headline run's JSON, and the command leaves the hand-written rest, and the plot shown, as they are."""
+    text = (BENCH_DIR / "RESULTS.md").read_text(encoding="utf-8")
+    doc = results.load_results(HEADLINE_JSON)
+    assert results.generated_part(text) == results.headline_block(doc, "bench.png")
+    copy = tmp_path / "RESULTS.md"
+    copy.write_text(text.replace("| ckptzip-auto | 1.232 |", "| ckptzip-auto | 9.999 |"), encoding="utf-8")
+    assert results.main([str(HEADLINE_JSON), "--update", str(copy)]) == 0
+    assert capsys.readouterr().out == f"updated the generated part of {copy}\n"
+    assert copy.read_text(encoding="utf-8") == text

@@ -46,6 +46,23 @@ def test_decompress_to_safetensors_refuses_non_tensor_values(tmp_path: Path, cap
     assert not (tmp_path / "s.safetensors").exists()
 
 
+def test_decompress_to_safetensors_names_the_entries_in_the_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #44: a training state was refused without saying which entries were in the way."""
+    state = {"model": {"w": torch.ones(2)}, "optimizer": {"state": {}}, "step": 5, "w": torch.zeros(1), 3: torch.ones(1)}
+    state.update({f"extra{i}": i for i in range(10)})
+    ckptzip.save(state, tmp_path / "s.ckz")
+    assert main(["decompress", str(tmp_path / "s.ckz"), str(tmp_path / "s.safetensors")]) == 1
+    assert capsys.readouterr().err == (
+        "ckptzip: error: safetensors holds a flat dict of name -> tensor; 14 of the 15 entries of this checkpoint are "
+        "not a tensor under a string name: 'model': dict; 'optimizer': dict; 'step': int; 3: torch.Tensor; "
+        "'extra0': int; 'extra1': int; 'extra2': int; 'extra3': int; 'extra4': int; 'extra5': int; and 4 more. "
+        "Write a torch.save file instead (DST.pt), or save one dict of tensors of it with safetensors "
+        "(safetensors.torch.save_file(ckptzip.load(SRC)['model'], ...), say)\n")
+    ckptzip.save(torch.ones(2), tmp_path / "t.ckz")
+    assert main(["decompress", str(tmp_path / "t.ckz"), str(tmp_path / "t.safetensors")]) == 1
+    assert "this checkpoint holds a torch.Tensor. Write a torch.save file" in capsys.readouterr().err
+
+
 def test_convert_changes_the_codec_and_keeps_the_bits(tmp_path: Path) -> None:
     state = _state()
     ckptzip.save(state, tmp_path / "a.ckz", codec="raw")

@@ -147,6 +147,26 @@ def test_import_ckptzip_is_lazy_and_keeps_its_names() -> None:
         ckptzip.nothing  # noqa: B018
 
 
+def test_subpackages_are_attributes_imported_on_first_use_and_star_keeps_the_builtin_open() -> None:
+    """Issue #44: the README's ``ckptzip.dcp.CompressedStorageWriter(...)`` and
+    ``ckptzip.integrations.lightning.CkptzipCheckpointIO()`` raised AttributeError after ``import
+    ckptzip``; ``from ckptzip import *`` bound ``open`` over the built-in."""
+    code = (
+        "import builtins, sys, ckptzip\n"
+        "assert 'dcp' in dir(ckptzip) and 'ckptzip.dcp' not in sys.modules and 'torch' not in sys.modules\n"
+        "assert ckptzip.dcp.CompressedStorageWriter is sys.modules['ckptzip.dcp._writer'].CompressedStorageWriter\n"
+        "assert ckptzip.integrations.lightning.CkptzipCheckpointIO.__module__ == 'ckptzip.integrations.lightning'\n"
+        "assert ckptzip.manager.CheckpointManager is ckptzip.CheckpointManager\n"
+        "assert not hasattr(ckptzip.integrations, 'nothing')\n"
+        "ns = {}; exec('from ckptzip import *', ns)\n"
+        "assert 'open' not in ns and 'load' in ns and 'open' not in ckptzip.__all__\n"
+        "exec('from ckptzip import *; assert open is builtins.open', {'builtins': builtins})\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
 def test_positional_arguments_have_help(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["compress", "--help"])
@@ -174,6 +194,43 @@ def test_inspect_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     report = json.loads(capsys.readouterr().out)
     assert [t["name"] for t in report["tensors"]] == ["w"]
     assert (report["bytes"], report["tensors"][0]["bytes"], report["tensors"][0]["shape"]) == (64 * 8 * 4 + 12, 2048, [64, 8])
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+def test_inspect_json_holds_everything_the_text_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #44: --json had no class totals, references or portability."""
+    path = str(GOLDEN / "cpu_zstd_v2_1_delta.ckz")
+    assert main(["inspect", path]) == 0
+    text = capsys.readouterr().out
+    assert main(["inspect", "--json", path]) == 0
+    report = json.loads(capsys.readouterr().out)
+    with ckptzip.open(path) as reader:
+        entries = reader.entries()
+        assert report["ratio"] == reader.ratio and report["bases"] == [b.to_json() for b in reader.bases]
+    assert report["classes"]["total"] == {"tensors": 13, "bytes": sum(e.nbytes for e in entries),
+                                          "compressed": sum(e.compressed_nbytes for e in entries),
+                                          "ratio": report["ratio"]}
+    assert f"total            {report['classes']['total']['tensors']}  " in text
+    assert set(report["classes"]) == {"weights", "exp_avg", "exp_avg_sq", "other", "total"}
+    assert {k: v["tensors"] for k, v in report["references"].items()} == {"cast": 2, "copy": 1, "xor": 8}
+    assert report["references"]["copy"] == {"tensors": 1, "bytes": 262144, "not_stored": 262144, "sparse": 0}
+    assert "duplicates stored once: 1 tensors, 256.0 KiB (256.0 KiB not stored)" in text
+    assert report["bases"][0]["step"] == 100 and "needs base checkpoint step 100" in text
+    assert report["portability"] == {"portable": True, "gpu_only_codecs": [], "codecs_needing_the_c_decoder": [],
+                                     "note": "portable: every codec has a CPU decoder; loads on any machine"}
+    assert report["portability"]["note"] in text
+    rows = {t["name"]: t for t in report["tensors"]}
+    assert rows["exp_avg_copy"]["ratio"] is None and rows["exp_avg_copy"]["codec"] == "copy of optimizer.state.0.exp_avg"
+    assert rows["optimizer.state.0.exp_avg"]["ratio"] == 262144 / 80
+
+
+def test_inspect_json_says_a_gpu_only_file_is_not_portable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "--json", str(GOLDEN / "gpu_ans_v1_0.ckz")]) == 0
+    where = json.loads(capsys.readouterr().out)["portability"]
+    assert (where["portable"], where["gpu_only_codecs"]) == (False, ["ans"])
+    assert where["note"].startswith("GPU-only codecs: ans; loading needs an NVIDIA GPU")
 
 
 def test_inspect_and_verify_point_a_directory_to_dcp_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

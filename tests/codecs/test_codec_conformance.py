@@ -32,6 +32,11 @@ class TestLz4(CodecTests):
     codec_config: ClassVar[dict[str, Any]] = {"id": "lz4"}
 
 
+@pytest.mark.skipif(not has_codec("ckz-huff", "cpu"), reason="ckptzip's ckz-huff coder is not built")
+class TestCkzHuff(CodecTests):
+    codec_config: ClassVar[dict[str, Any]] = {"id": "ckz-huff"}
+
+
 @pytest.mark.skipif(_gdeflate_lib.load()[0] is None or not has_codec("gdeflate", "cpu"),
                     reason="nvCOMP's CPU library (the encoder) is not installed")
 class TestGdeflateCpu(CodecTests):
@@ -52,3 +57,11 @@ class TestNvcomp(CodecTests):
                     ids=lambda c: "-".join(str(v) for v in c.values()))
     def config(self, request: pytest.FixtureRequest) -> dict[str, object]:
         return dict(request.param)
+
+
+@pytest.mark.gpu
+class TestCkzHuffGpu(CodecTests):
+    """ckptzip's own coder's kernels (the same bytes as TestCkzHuff's, tests/kernels/test_ckzhuff_kernels.py)."""
+
+    backend = "cuda"
+    codec_config: ClassVar[dict[str, Any]] = {"id": "ckz-huff"}

@@ -156,7 +156,7 @@ def test_equality_and_repr_follow_the_config() -> None:
 
 
 def test_known_ids_are_derived_from_the_codec_classes() -> None:
-    assert codec_ids() == {"raw", "zstd", "deflate", "lz4", "ans", "bitcomp", "gdeflate", "cascaded"}
+    assert codec_ids() == {"raw", "zstd", "deflate", "lz4", "ans", "bitcomp", "gdeflate", "cascaded", "ckz-huff"}
     assert gpu_only_ids() == {"ans", "bitcomp", "cascaded"}  # gdeflate: tests/codecs/test_gdeflate_cpu.py
     assert all(has_codec(i, "cpu") for i in CPU_CODECS)
     assert not any(has_codec(i, "cpu") for i in gpu_only_ids())

@@ -286,8 +286,8 @@ def test_the_report_says_where_a_gdeflate_file_loads() -> None:
 
 @needs_decoder
 def test_the_golden_file_an_h200_saved_with_auto_loads_on_the_cpu() -> None:
-    """tests/golden/gpu_gdeflate_v2_1.ckz: tests/golden_state.py's state on an H200, saved with
-    ``codec="auto"`` by bench/gdeflate_check.py."""
+    """tests/golden/gpu_gdeflate_v2_1.ckz: tests/golden_state.py's state on a GPU, saved with
+    ``codec="auto"`` (tests/golden/make_golden.py)."""
     path = GOLDEN / "gpu_gdeflate_v2_1.ckz"
     with ckptzip.open(path) as reader:
         entries = {e.name: e for e in reader.entries()}

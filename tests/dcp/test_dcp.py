@@ -368,6 +368,50 @@ def test_convert_to_ckz_and_back(saved: tuple[Path, dict[str, Any]], tmp_path: P
     assert_same(target, state)
 
 
+@pytest.mark.parametrize("writer", ["ckptzip", "FileSystemWriter"])
+def test_convert_to_ckz_keeps_an_optimizers_integer_keys_so_its_moments_attach(
+    tmp_path: Path, writer: str, recwarn: pytest.WarningsRecorder
+) -> None:
+    """Issue #44: DCP stores every key as a string; an optimizer.state_dict() keyed "0", "1", ...
+    loaded without error and attached no Adam moments."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.LayerNorm(8))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        model(torch.randn(4, 16)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    state = {"model": model.state_dict(), "optim": optimizer.state_dict(), "step": 3}
+    storage = CompressedStorageWriter(tmp_path / "dcp") if writer == "ckptzip" else FileSystemWriter(tmp_path / "dcp")
+    dcp.save(state, storage_writer=storage, no_dist=True)
+    dcp_to_ckz(tmp_path / "dcp", tmp_path / "one.ckz", trusted_objects=writer != "ckptzip")
+    loaded = ckptzip.load(tmp_path / "one.ckz")
+    assert list(loaded["optim"]["state"]) == [0, 1, 2, 3]
+
+    torch.manual_seed(1)
+    resumed = nn.Sequential(nn.Linear(16, 8), nn.LayerNorm(8))
+    resumed.load_state_dict(loaded["model"])
+    again = torch.optim.AdamW(resumed.parameters(), lr=1e-2)
+    again.load_state_dict(loaded["optim"])
+    assert len(again.state) == 4
+    for new, old in zip(resumed.parameters(), model.parameters()):
+        assert set(again.state[new]) == {"step", "exp_avg", "exp_avg_sq"}
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert_same_tensor(again.state[new][key], optimizer.state[old][key], key)
+    assert not [w for w in recwarn if "DCP stores every dict key as a string" in str(w.message)]
+
+
+def test_convert_to_ckz_warns_of_other_dicts_whose_keys_read_as_integers(tmp_path: Path) -> None:
+    state = {"per_layer": {"0": torch.ones(2), "1": torch.zeros(2)}, "named": {"07": torch.ones(1)},
+             "optim": {"state": {"5": {"exp_avg": torch.ones(2)}}, "param_groups": [{"params": [0, 1]}]}}
+    dcp.save(state, storage_writer=CompressedStorageWriter(tmp_path / "dcp"), no_dist=True)
+    with pytest.warns(UserWarning, match=r"may have had integer keys; they keep string keys in the \.ckz: "
+                      r"per_layer, optim\.state$"):
+        dcp_to_ckz(tmp_path / "dcp", tmp_path / "one.ckz")
+    loaded = ckptzip.load(tmp_path / "one.ckz")
+    assert list(loaded["per_layer"]) == ["0", "1"] and list(loaded["optim"]["state"]) == ["5"]  # 5 is no parameter
+
+
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="ckptzip")
     configure(parser.add_subparsers(dest="command").add_parser("dcp-convert"))

@@ -67,7 +67,7 @@ def _devices() -> list:
 
 
 @pytest.mark.parametrize("device", _devices())
-@pytest.mark.parametrize("codec", ["auto", "fast", "portable", "zstd", "raw", "deflate"])
+@pytest.mark.parametrize("codec", ["auto", "fast", "portable", "zstd", "raw", "deflate", "huff", "ckz-huff"])
 def test_save_and_load_round_trip_bit_exactly(device: str, codec: str) -> None:
     state = _state(device)
     buf = io.BytesIO()
@@ -477,6 +477,50 @@ def test_a_policy_stores_each_codec_in_chunks_of_its_own_size_unless_it_sets_one
     for bad in (0, (1 << 28) + 1, 1.5, True):
         with pytest.raises(UsageError, match=rf"^chunk_bytes={bad!r}: stored chunks hold 1 to 268435456 bytes$"):
             Policy("auto", chunk_bytes=bad)  # type: ignore[arg-type]
+
+
+def _huff_state(device: str) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(4)
+    state = {"w": torch.randn(256, 1024, generator=gen) * 0.02,
+             "g": (torch.randn(512, 512, generator=gen) * 1e-3).bfloat16(),
+             "zero low bytes": (torch.randn(64, 1024, generator=gen) * 0.02).bfloat16().float(),
+             "i8": torch.randint(-3, 4, (70_000,), generator=gen, dtype=torch.int8),
+             "tiny": torch.randn(100, generator=gen)}
+    return {k: v.to(device) for k, v in state.items()}
+
+
+def test_the_huff_preset_codes_every_structured_stream_with_ckz_huff() -> None:
+    """Sign/exponent planes and whole byte tensors ckz-huff, mantissas and tiny tensors raw, the
+    zero low bytes of bf16-valued fp32 as constant chunks; no trials."""
+    state = _huff_state("cpu")
+    data = io.BytesIO()
+    ckptzip.save(state, data, codec="huff")
+    with ckptzip.open(io.BytesIO(data.getvalue())) as reader:
+        entries = {e.name: e for e in reader.entries()}
+        assert_same(reader.load(), state)
+    huff, raw = {"id": "ckz-huff"}, {"id": "raw"}
+    # no trial rescues a mantissa plane (torch's lowest mantissa bytes would shrink a little): the
+    # GPU tries none, and a huff batch is the same file on either backend
+    assert [s.codec for s in entries["w"].streams] == [raw, raw, raw, huff]
+    assert [s.codec for s in entries["g"].streams] == [raw, huff]
+    assert [s.codec for s in entries["zero low bytes"].streams] == [huff, huff, raw, huff]
+    assert all(length == 5 for _, length, _, _ in entries["zero low bytes"].streams[0].chunks)  # constants
+    assert [s.codec for s in entries["i8"].streams] == [huff]
+    assert [s.codec for s in entries["tiny"].streams] == [raw]
+
+
+@pytest.mark.gpu
+def test_the_huff_preset_writes_the_same_file_on_a_gpu_as_on_the_cpu() -> None:
+    """One batch on either backend: the same plane choices, chunks, order and bytes."""
+    if not has_codec("ckz-huff", "cuda"):
+        pytest.skip("ckz-huff's kernels do not run here")
+    files = []
+    for device in ("cuda", "cpu"):
+        data = io.BytesIO()
+        ckptzip.save(_huff_state(device), data, codec="huff")
+        files.append(data.getvalue())
+    assert files[0] == files[1]
+    assert_same(ckptzip.load(io.BytesIO(files[0]), map_location="cuda"), _huff_state("cuda"))
 
 
 @pytest.mark.parametrize("preset", ["auto", "portable", "fast"])

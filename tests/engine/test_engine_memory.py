@@ -554,22 +554,33 @@ def test_a_lone_tensor_that_runs_out_of_memory_is_coded_in_ranges_and_later_batc
 @needs_cuda
 def test_the_manager_says_why_it_takes_host_snapshots(tmp_path: object, caplog: pytest.LogCaptureFixture) -> None:
     state = _state(n=8, elements=1 << 24)  # 512 MiB of fp32 and 32 MiB of bf16: 0.53 GiB
-    filler = _fill(1536 * MIB)  # less than the copy and the 2 GiB headroom
+    filler = _fill(1536 * MIB)  # held through the save, as a training's peak would be
     try:
         with caplog.at_level(logging.WARNING, logger="ckptzip"), ckptzip.CheckpointManager(str(tmp_path)) as manager:
+            _step_an_optimizer()  # the training's peak is known from here on
             manager.save(1, state)
             manager.wait()
-            assert manager.last_snapshot == "host", (manager.last_snapshot_reason, torch.cuda.mem_get_info(),
-                                                      memory.available(torch.device("cuda", 0)))
-            assert "a device copy of the state needs 0.53 GiB on cuda:0" in (manager.last_snapshot_reason or "")
+            assert manager.last_snapshot == "host", (manager.last_snapshot_reason, torch.cuda.mem_get_info())
+            assert "a device copy of the state needs 0.53 GiB on cuda:0 and its coding 2.00 GiB" in (
+                manager.last_snapshot_reason or "")
     finally:
         del filler
     assert any("taking host snapshots" in r.getMessage() for r in caplog.records)
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()  # the peak without the filler
     with ckptzip.CheckpointManager(str(tmp_path)) as manager:
         assert_same(manager.restore(), state)
         manager.save(2, state)
         manager.wait()
-        assert manager.last_snapshot == "device"
+        assert manager.last_snapshot == "device", manager.last_snapshot_reason
+
+
+def _step_an_optimizer() -> None:
+    """One step of a torch optimizer, which a manager made before it takes as training having begun."""
+    p = torch.nn.Parameter(torch.zeros(4, device="cuda"))
+    p.grad = torch.ones(4, device="cuda")
+    torch.optim.SGD([p], lr=0.1).step()
 
 
 @gpu

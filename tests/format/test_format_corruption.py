@@ -138,8 +138,10 @@ def test_lazy_reader_reports_damage_when_the_tensor_is_read(small_file: bytes) -
 def test_empty_and_foreign_files(tmp_path) -> None:
     with pytest.raises(CorruptCheckpointError, match="file is 0 bytes, shorter than the 48 bytes"):
         load_bytes(b"")
-    with pytest.raises(CorruptCheckpointError, match="does not end with the ckptzip end marker"):
+    with pytest.raises(CorruptCheckpointError, match="this is a zip archive, not a ckptzip file"):
         load_bytes(b"PK\x03\x04" + b"\0" * 100)
+    with pytest.raises(CorruptCheckpointError, match="does not end with the ckptzip end marker"):
+        load_bytes(b"\0" * 100)
 
 
 # --- hostile but well-hashed indexes -------------------------------------------------------------

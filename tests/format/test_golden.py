@@ -125,3 +125,40 @@ def test_format_2_2_golden_sparse_delta_file_decodes_against_its_base() -> None:
     assert {entries[n].transforms[0]["count"] for n in ("optimizer.state.0.exp_avg", "tokens", "fp8")} == {0}
     assert pipeline_label(entries["model.embed.weight"]) == "xor+sparse(1.6%)[zstd×5]"
     assert "stored as XOR deltas: 9 tensors, 1.0 MiB (1.0 MiB not stored; 7 coded sparse)" in note
+
+
+def test_ckz_huff_golden_files_decode_on_the_cpu_and_the_encoder_still_writes_them() -> None:
+    """cpu_ckzhuff_v2_1.ckz ("huff" preset, CPU): it loads, and saving its state again writes its
+    chunks byte for byte (the encoder's choices are part of what the GPU's kernels reproduce);
+    cpu_ckzhuff_v2_2_sparse.ckz: sparse XOR residues, bitmaps and values, in ckz-huff."""
+    import io
+
+    from golden_state import golden_sparse_delta_state
+
+    with ckptzip.open(GOLDEN / "cpu_ckzhuff_v2_1.ckz") as reader:
+        assert {c for e in reader.entries() for c in e.codecs} == {"ckz-huff", "raw"}
+        assert_same(reader.load(), golden_state())
+    again = io.BytesIO()
+    ckptzip.save(golden_state(), again, codec="huff")
+    assert _data_section(again.getvalue()) == _data_section((GOLDEN / "cpu_ckzhuff_v2_1.ckz").read_bytes())
+    with ckptzip.open(GOLDEN / "cpu_zstd_v2_1_refs.ckz") as base:
+        base_tensors = base.named_tensors()
+    with ckptzip.open(GOLDEN / "cpu_ckzhuff_v2_2_sparse.ckz") as reader:
+        entries = {e.name: e for e in reader.entries()}
+        assert_same(reader.load(base_tensors=[base_tensors]), golden_sparse_delta_state())
+    assert entries["model.embed.weight"].codecs[0] == "ckz-huff"  # the bitmap
+
+
+def _data_section(file: bytes) -> bytes:
+    """A file's stored chunks: from the preamble to the index (which names the writer's version)."""
+    return file[16 : int.from_bytes(file[-32:-24], "little")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("location", ["cuda", "cpu"])
+def test_ckz_huff_golden_file_decodes_on_the_gpu(location: str) -> None:
+    if not has_codec("ckz-huff", "cuda"):
+        pytest.skip("ckz-huff's kernels do not run here")
+    got = ckptzip.load(GOLDEN / "cpu_ckzhuff_v2_1.ckz", map_location=location)
+    assert got["model"]["embed.weight"].device.type == location
+    assert_same(got, golden_state())

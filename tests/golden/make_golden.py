@@ -2,9 +2,12 @@
 
     PYTHONPATH=src:tests python tests/golden/make_golden.py tests/golden
 
+ckz-huff (the "huff" preset): cpu_ckzhuff_v2_1.ckz (golden_state, a cast making it 2.1), its GPU
+twin gpu_ckzhuff_v2_1.ckz, cpu_ckzhuff_v2_2_sparse.ckz (golden_sparse_delta_state against
+cpu_zstd_v2_1_refs.ckz), and ckzhuff_chunks.npz (chunks of every kind, raw and coded).
 Files of format 2.0: cpu_zstd_v2_0.ckz (CPU, portable), gpu_zstd_v2_0.ckz (GPU nvCOMP zstd,
 portable), gpu_ans_v2_0.ckz (GPU nvCOMP ans, then the default preset; now "fast").
-gpu_gdeflate_v2_1.ckz (GPU, the default preset since issue 22) comes from bench/gdeflate_check.py. Format 2.1: cpu_zstd_v2_1_refs.ckz
+Format 2.1: gpu_gdeflate_v2_1.ckz (GPU, "auto", the default preset since issue 22), cpu_zstd_v2_1_refs.ckz
 (casts and a duplicate, golden_state_2_1) and cpu_zstd_v2_1_delta.ckz (golden_delta_state, XOR
 deltas against cpu_zstd_v2_1_refs.ckz as its base, "step" 100). Format 2.2:
 cpu_zstd_v2_2_sparse.ckz (golden_sparse_delta_state, XOR deltas coded sparse against the same
@@ -27,6 +30,10 @@ from ckptzip.engine.policy import Policy
 from ckptzip.engine.sources import DeltaBase
 from ckptzip.format import BaseRef, content_hash
 from ckptzip.tree import flatten
+import numpy as np
+
+from ckzhuff_reference import samples
+from ckptzip.codecs import get_codec
 from golden_state import golden_delta_state, golden_sparse_delta_state, golden_state, golden_state_2_1
 
 
@@ -46,10 +53,11 @@ def _to(obj, device):  # noqa: ANN001, ANN202
 def main(out_dir: str) -> None:
     out = Path(out_dir)
     state = golden_state()
-    targets = [("cpu_zstd_v2_0.ckz", state, "portable")]
+    targets = [("cpu_zstd_v2_0.ckz", state, "portable"), ("cpu_ckzhuff_v2_1.ckz", state, "huff")]
     if torch.cuda.is_available():
         gpu = _to(state, "cuda")
-        targets += [("gpu_zstd_v2_0.ckz", gpu, "portable"), ("gpu_ans_v2_0.ckz", gpu, "fast")]
+        targets += [("gpu_zstd_v2_0.ckz", gpu, "portable"), ("gpu_ans_v2_0.ckz", gpu, "fast"),
+                    ("gpu_gdeflate_v2_1.ckz", gpu, "auto"), ("gpu_ckzhuff_v2_1.ckz", gpu, "huff")]
     targets += [("cpu_zstd_v2_1_refs.ckz", golden_state_2_1(), "portable")]
     for name, obj, codec in targets:
         if not (out / name).exists():
@@ -57,11 +65,13 @@ def main(out_dir: str) -> None:
     with ckptzip.open(out / "cpu_zstd_v2_1_refs.ckz") as base:
         ref = BaseRef(100, "cpu_zstd_v2_1_refs.ckz", content_hash(base.entries()))
     tensors = {item.name: item.tensor for item in flatten(golden_state_2_1()).tensors}
-    for name, later in [("cpu_zstd_v2_1_delta.ckz", golden_delta_state), ("cpu_zstd_v2_2_sparse.ckz",
-                                                                        golden_sparse_delta_state)]:
+    for name, later, codec in [("cpu_zstd_v2_1_delta.ckz", golden_delta_state, "portable"),
+                               ("cpu_zstd_v2_2_sparse.ckz", golden_sparse_delta_state, "portable"),
+                               ("cpu_ckzhuff_v2_2_sparse.ckz", golden_sparse_delta_state, "huff")]:
         if not (out / name).exists():
             with open(out / name, "xb") as f:
-                write_checkpoint(f, later(), Policy.parse("portable"), base=DeltaBase(ref, tensors))
+                write_checkpoint(f, later(), Policy.parse(codec), base=DeltaBase(ref, tensors))
+    ckzhuff_chunks(out / "ckzhuff_chunks.npz")
     if not (out / "torch_checkpointing_v1.pt").exists():  # an item of ckptzip.integrations.torch_checkpointing
         from ckptzip.engine.staging import PinnedPool
         from ckptzip.integrations.torch_checkpointing import CompressedItem
@@ -72,6 +82,23 @@ def main(out_dir: str) -> None:
         with ckptzip.open(path) as r:
             codecs = sorted({c for e in r.entries() for c in e.codecs})
             print(f"{path.name}: {r.file_size} bytes, codecs {codecs}")
+
+
+def ckzhuff_chunks(path: Path) -> None:
+    """ckz-huff chunks of every kind and of sizes around its rounds, written by the CPU encoder
+    (the GPU's writes the same bytes): raw_<kind>_<n> and enc_<kind>_<n>."""
+    if path.exists():
+        return
+    codec = get_codec({"id": "ckz-huff"}, "cpu")
+    arrays = {}
+    for n in (1, 17, 513, 4096, 8193, 65_536):
+        for kind, data in samples(n, n).items():
+            if n == 65_536 and kind != "fp32 sign+exponent":
+                continue
+            key = f"{kind.replace(' ', '-')}_{n}"
+            (coded,) = codec.encode([torch.from_numpy(data)])
+            arrays[f"raw_{key}"], arrays[f"enc_{key}"] = data, coded.numpy()
+    np.savez_compressed(path, **arrays)
 
 
 if __name__ == "__main__":

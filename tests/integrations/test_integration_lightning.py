@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
 import pathlib
 from typing import Any
@@ -13,7 +14,7 @@ from helpers import assert_same, state_copy
 pl = pytest.importorskip("lightning.pytorch")
 
 import ckptzip  # noqa: E402
-from ckptzip.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedObjectError  # noqa: E402
+from ckptzip.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedObjectError, UsageError  # noqa: E402
 from ckptzip.format.spec import MAGIC  # noqa: E402
 from ckptzip.integrations.lightning import CkptzipCheckpointIO  # noqa: E402
 
@@ -164,7 +165,7 @@ def checkpoint_with_unsupported_values() -> dict[str, Any]:
 
 def test_unsupported_value_raises_with_its_path(tmp_path: pathlib.Path) -> None:
     with pytest.raises(UnsupportedObjectError) as info:
-        CkptzipCheckpointIO().save_checkpoint(checkpoint_with_unsupported_values(), tmp_path / "a.ckpt")
+        CkptzipCheckpointIO(on_unsupported="error").save_checkpoint(checkpoint_with_unsupported_values(), tmp_path / "a.ckpt")
     message = str(info.value)
     assert "'hyper_parameters.data_dir'" in message and "PosixPath" in message
     assert "save_hyperparameters()" in message and "on_unsupported='repr' or 'drop'" in message
@@ -174,7 +175,87 @@ def test_unsupported_value_raises_with_its_path(tmp_path: pathlib.Path) -> None:
 def test_unsupported_hyperparameter_fails_fit_with_a_clear_error(tmp_path: pathlib.Path) -> None:
     model = Tiny(extra=pathlib.Path("/data"))
     with pytest.raises(UnsupportedObjectError, match=r"'hyper_parameters\.extra'"):
-        trainer(tmp_path, 1, plugins=[CkptzipCheckpointIO()]).fit(model, loader())
+        trainer(tmp_path, 1, plugins=[CkptzipCheckpointIO(on_unsupported="error")]).fit(model, loader())
+
+
+class Opaque:
+    """A value with no plain form: neither ckptzip nor --trust-pickle's conversions store it."""
+
+
+def test_by_default_what_trust_pickle_converts_is_converted_once_said(tmp_path: pathlib.Path) -> None:
+    """Issue #44: a Namespace or Path in the hyperparameters failed the first checkpoint."""
+    model = Tiny(extra={"args": argparse.Namespace(lr=0.1, out=pathlib.Path("/out")), pathlib.Path("/k"): 1})
+    with pytest.warns(UserWarning) as caught:
+        trainer(tmp_path, 2, plugins=[CkptzipCheckpointIO()]).fit(model, loader())
+    said = [str(w.message) for w in caught if "ckptzip" in str(w.message)]
+    assert said == [  # once, though two checkpoints were written
+        "ckptzip cannot store 3 value(s) of this checkpoint without pickling; they were converted to values it "
+        "stores, which is what loads back: hyper_parameters.extra.args: argparse.Namespace -> dict, "
+        "hyper_parameters.extra.args.out: pathlib.PosixPath -> str, hyper_parameters.extra.<key PosixPath('/k')>: "
+        "pathlib.PosixPath -> str"]
+    (path,) = (tmp_path / "checkpoints").iterdir()
+    assert ckptzip.load(path)["hyper_parameters"]["extra"] == {"args": {"lr": 0.1, "out": "/out"}, "/k": 1}
+
+
+def test_as_a_callback_it_checks_the_hyperparameters_at_setup_before_training(tmp_path: pathlib.Path) -> None:
+    """Issue #44: the plugin failed at the first checkpoint, an epoch in; as a callback it fails
+    when the Trainer sets up."""
+    for io, match in ((CkptzipCheckpointIO(), r"1 object\(s\) of this state: hyper_parameters\.extra: "
+                       r"test_integration_lightning\.Opaque\. In a Lightning checkpoint such values usually come "
+                       r"from save_hyperparameters\(\)"),
+                      (CkptzipCheckpointIO(on_unsupported="error"), r"'hyper_parameters\.extra'.*save_hyperparameters")):
+        extra = Opaque() if io.on_unsupported == "convert" else pathlib.Path("/data")
+        model = Tiny(extra=extra)
+        run = trainer(tmp_path, 1, callbacks=[io])
+        with pytest.raises(UnsupportedObjectError, match=match):
+            run.fit(model, loader())
+        assert run.global_step == 0 and not (tmp_path / "checkpoints").exists()
+
+
+def test_as_a_callback_it_becomes_the_checkpoint_io_and_says_its_conversions_at_setup(tmp_path: pathlib.Path) -> None:
+    io = CkptzipCheckpointIO()
+    model = Tiny(extra=argparse.Namespace(data=pathlib.Path("/data")))
+    run = trainer(tmp_path, 1, callbacks=[io])
+    with pytest.warns(UserWarning, match=r"2 value\(s\).*converted.*hyper_parameters\.extra: argparse\.Namespace"):
+        run.fit(model, loader())
+    assert run.strategy.checkpoint_io is io
+    (path,) = (tmp_path / "checkpoints").iterdir()
+    assert path.read_bytes()[: len(MAGIC)] == MAGIC
+    assert ckptzip.load(path)["hyper_parameters"]["extra"] == {"data": "/data"}
+    again = trainer(tmp_path / "again", 1, plugins=[io], callbacks=[io])  # in both: the same one
+    again.fit(Tiny(), loader())
+    assert again.strategy.checkpoint_io is io
+
+
+def test_as_a_callback_it_may_be_inside_lightnings_asynchronous_checkpoint_io(tmp_path: pathlib.Path) -> None:
+    io = CkptzipCheckpointIO()
+    wrapper = pl.plugins.AsyncCheckpointIO(io)
+    trainer(tmp_path, 1, plugins=[wrapper], callbacks=[io]).fit(Tiny(), loader())
+    assert wrapper.checkpoint_io is io
+    (path,) = (tmp_path / "checkpoints").iterdir()
+    assert path.read_bytes()[: len(MAGIC)] == MAGIC
+    with pytest.raises(UsageError, match=r"already has a checkpoint IO \(AsyncCheckpointIO\) besides this "
+                       r"CkptzipCheckpointIO: give one of them \(a wrapper takes this one inside: "
+                       r"plugins=\[AsyncCheckpointIO\(io\)\], callbacks=\[io\]\)"):
+        trainer(tmp_path / "b", 1, plugins=[pl.plugins.AsyncCheckpointIO()], callbacks=[io]).fit(Tiny(), loader())
+
+
+def test_as_a_callback_beside_another_checkpoint_io_is_a_usage_error(tmp_path: pathlib.Path) -> None:
+    class Other(pl.plugins.TorchCheckpointIO):
+        pass
+
+    with pytest.raises(UsageError, match=r"already has a checkpoint IO \(.*Other\) besides this CkptzipCheckpointIO"):
+        trainer(tmp_path, 1, plugins=[Other()], callbacks=[CkptzipCheckpointIO()]).fit(Tiny(), loader())
+
+
+def test_as_a_callback_with_the_standalone_pytorch_lightning(tmp_path: pathlib.Path) -> None:
+    standalone = pytest.importorskip("pytorch_lightning")
+    io = CkptzipCheckpointIO()
+    run = trainer(tmp_path, 1, namespace=standalone, callbacks=[io])
+    run.fit(make_module_class(standalone)(), loader())
+    assert run.strategy.checkpoint_io is io
+    (path,) = (tmp_path / "checkpoints").iterdir()
+    assert path.read_bytes()[: len(MAGIC)] == MAGIC
 
 
 def test_on_unsupported_repr(tmp_path: pathlib.Path) -> None:
@@ -219,7 +300,8 @@ def test_remote_paths_go_through_fsspec_and_a_failed_save_leaves_nothing() -> No
     assert_same(io.load_checkpoint("memory://ckptzip-test/run/a.ckpt"), checkpoint, device=True)
     io.remove_checkpoint("memory://ckptzip-test/run/a.ckpt")
     with pytest.raises(UnsupportedObjectError):
-        io.save_checkpoint(checkpoint_with_unsupported_values(), "memory://ckptzip-test/run/a.ckpt")
+        CkptzipCheckpointIO(on_unsupported="error").save_checkpoint(
+            checkpoint_with_unsupported_values(), "memory://ckptzip-test/run/a.ckpt")
     with pytest.raises(CheckpointNotFoundError, match=r"no checkpoint at 'memory://ckptzip-test/run/a\.ckpt'"):
         io.load_checkpoint("memory://ckptzip-test/run/a.ckpt")
 
@@ -236,7 +318,7 @@ def test_missing_checkpoint_is_a_file_not_found_error(tmp_path: pathlib.Path) ->
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ValueError, match=r"on_unsupported must be one of \('error', 'repr', 'drop'\), got 'pickle'"):
+    with pytest.raises(ValueError, match=r"on_unsupported must be one of \('convert', 'error', 'repr', 'drop'\), got 'pickle'"):
         CkptzipCheckpointIO(on_unsupported="pickle")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="takes no storage_options"):
         CkptzipCheckpointIO().save_checkpoint({}, "x.ckpt", storage_options={"a": 1})

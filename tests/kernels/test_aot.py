@@ -21,7 +21,7 @@ import pytest
 import torch
 import zstandard
 
-from ckptzip.kernels import _aot, _build, planes, segments
+from ckptzip.kernels import _aot, _build, ckzhuff, planes, segments
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -32,12 +32,12 @@ def _shipped() -> dict:
 
 def test_the_shipped_kernels_are_built_from_the_current_sources() -> None:
     assert _shipped()["sources"] == _aot.sources_digest(), (
-        "_planes_triton.py or _segments_triton.py changed since the shipped kernels were built: run `make kernels`")
+        "a Triton source of the kernels (_aot.SOURCES) changed since the shipped kernels were built: run `make kernels`")
 
 
 def test_every_variant_the_engine_launches_is_shipped_for_every_architecture() -> None:
     shipped = _shipped()
-    expected = {_aot.variant_key(kernel, constants) for _, kernel, _, constants in _build.variants()}
+    expected = {_aot.variant_key(kernel, constants) for _, kernel, _, constants, _ in _build.variants()}
     assert set(shipped["kernels"]) == expected
     for key, by_arch in shipped["kernels"].items():
         assert sorted(by_arch) == sorted(shipped["archs"]), key
@@ -49,8 +49,8 @@ def test_every_variant_the_engine_launches_is_shipped_for_every_architecture() -
 
 
 def test_the_engine_launches_with_the_constants_the_variants_were_built_with() -> None:
-    assert {c["E"] for _, k, _, c in _build.variants() if k == "split_kernel"} == {planes.ELEMENTS_PER_BLOCK}
-    assert {c["BLOCK"] for _, k, _, c in _build.variants() if k == "gather_bytes_kernel"} == {segments.GATHER_BLOCK}
+    assert {c["E"] for _, k, _, c, _ in _build.variants() if k == "split_kernel"} == {planes.ELEMENTS_PER_BLOCK}
+    assert {c["BLOCK"] for _, k, _, c, _ in _build.variants() if k == "gather_bytes_kernel"} == {segments.GATHER_BLOCK}
     assert _aot.variant_key("merge_kernel", {"K": 2, "E": 4096, "ITERS": 16}) == "merge_kernel[E=4096,ITERS=16,K=2]"
 
 
@@ -110,8 +110,8 @@ def test_without_a_driver_library_the_launch_falls_back_to_triton(monkeypatch: p
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton's compiler")
 def test_the_build_reproduces_a_shipped_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    module, kernel, types, constants = next(v for v in _build.variants() if v[1] == "gather_bytes_kernel")
-    image, entry = _build.compile_one(module, kernel, types, constants, 90)
+    module, kernel, types, constants, warps = next(v for v in _build.variants() if v[1] == "gather_bytes_kernel")
+    image, entry = _build.compile_one(module, kernel, types, constants, 90, warps)
     shipped = _shipped()["kernels"][_aot.variant_key(kernel, constants)]["sm90"]
     assert image[:4] == b"\x7fELF"
     assert {k: entry[k] for k in ("entry", "params", "warps", "shared")} == {
@@ -152,6 +152,10 @@ def _every_kernel(device: torch.device) -> list[torch.Tensor]:
     results.append(segments.segment_sums([base], index, offsets, lengths, outs=[out], out_index=index,
                                          out_offsets=np.cumsum(lengths) - lengths))
     results += [out, segments.gather_bytes([base], np.zeros(3000, dtype=np.int64), np.arange(3000) * 7)]
+    exponents = (torch.randn(300_001, generator=g, device=device) * 0.02).view(torch.int32) >> 23
+    chunks = [exponents.to(torch.uint8), base[:5000], torch.zeros(700, dtype=torch.uint8, device=device)]
+    coded = ckzhuff.CkzHuffCudaCodec().encode(chunks)
+    results += [*coded, *ckzhuff.CkzHuffCudaCodec().decode(coded, [c.numel() for c in chunks])]
     return results
 
 
@@ -168,7 +172,7 @@ def test_the_shipped_code_computes_what_tritons_does(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(_aot, "launch", counting)
     shipped = _every_kernel(device)
-    assert set(launched) == {kernel for _, kernel, _, _ in _build.variants()}
+    assert set(launched) == {kernel for _, kernel, _, _, _ in _build.variants()}
     monkeypatch.setattr(_aot, "launch", lambda *args: False)
     jit = _every_kernel(device)
     for a, b in zip(shipped, jit, strict=True):

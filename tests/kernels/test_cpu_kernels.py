@@ -174,3 +174,41 @@ def test_cpu_batches_split_a_load_evenly_between_workers(workers: int) -> None:
         size = engine_plan.cpu_batch_bytes(total, workers)
         assert engine_plan.MIN_CPU_BATCH_BYTES <= size <= engine_plan.LOAD_BATCH_BYTES["cpu"]
         assert size == engine_plan.MIN_CPU_BATCH_BYTES or -(-total // size) % workers == 0  # equal shares
+
+
+@pytest.mark.parametrize("missing", [("ckptzip.kernels._cpu",), ("ckptzip.kernels._cpu", "ckptzip.codecs._gdeflate")])
+def test_a_failed_c_build_is_said_once_when_the_numpy_kernels_stand_in(missing: tuple[str, ...]) -> None:
+    """Issue #44: pip hides a failed optional build, and ckptzip ran several times slower
+    without a word."""
+    code = (
+        "import importlib.abc, sys, warnings\n"
+        "class Missing(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name in {missing!r}: raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Missing())\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import io, torch, ckptzip\n"
+        "    b = io.BytesIO(); ckptzip.save({'w': torch.randn(1000)}, b); ckptzip.load(b.getvalue())\n"
+        "    ckptzip.save({'w': torch.randn(1000)}, io.BytesIO())\n"
+        "import ckptzip.kernels as k; assert k.COMPILED is None\n"
+        "said = [str(w.message) for w in caught if w.category is k.NoCompiledKernelsWarning]\n"
+        "assert len(said) == 1, said\n"
+        "print(said[0])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("CKPTZIP_NUMPY_KERNELS", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ckptzip's compiled CPU kernels are not built here (its C extensions failed to "
+                                  "build when it was installed, most likely for want of a C compiler): CPU saves and "
+                                  "loads run NumPy kernels, several times slower")
+    assert ("files a GPU wrote with codec='auto' (gdeflate) cannot be decoded on the CPU" in done.stdout) == (
+        len(missing) == 2)
+    assert "`pip install .` in a clone builds them" in done.stdout
+
+
+def test_the_environment_variable_chooses_the_numpy_kernels_without_a_warning() -> None:
+    code = "import warnings; warnings.simplefilter('error'); import ckptzip.kernels as k; assert k.COMPILED is None"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "CKPTZIP_NUMPY_KERNELS": "1"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)

@@ -20,6 +20,7 @@ from .._version import __version__
 from ..errors import CkptzipError, UsageError
 
 if TYPE_CHECKING:
+    from ..api import CheckpointReader
     from ..format import TensorEntry
 
     _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -215,11 +216,34 @@ def _refuse_directory(path: str, command: str) -> None:
 
 
 def _entry_json(entry: TensorEntry, entries: list[TensorEntry]) -> dict[str, object]:
-    from ..report import classify, pipeline_label
+    from ..report import classify, entry_ratio, pipeline_label
 
     return {
         "name": entry.name, "dtype": entry.dtype, "shape": list(entry.shape), "bytes": entry.nbytes,
-        "compressed": entry.compressed_nbytes, "codec": pipeline_label(entry, entries), "class": classify(entry),
+        "compressed": entry.compressed_nbytes, "ratio": entry_ratio(entry), "codec": pipeline_label(entry, entries),
+        "class": classify(entry),
+    }
+
+
+def _inspect_json(reader: CheckpointReader, top: int | None) -> dict[str, object]:
+    """Everything ``inspect`` prints, as JSON: sizes, class totals, references and the bases they
+    need, portability, and the tensor table (the ``top`` largest)."""
+    from ..report import class_totals, portability, source_totals
+
+    entries = reader.entries()
+    shown = entries if top is None else sorted(entries, key=lambda e: -e.nbytes)[:top]
+    where = portability(entries)
+    return {
+        "file_bytes": reader.file_size, "bytes": reader.nbytes, "compressed": reader.compressed_nbytes,
+        "ratio": reader.ratio,
+        "classes": {name: {"tensors": t.tensors, "bytes": t.nbytes, "compressed": t.compressed, "ratio": t.ratio}
+                    for name, t in class_totals(entries).items()},
+        "references": {kind: {"tensors": t.tensors, "bytes": t.nbytes, "not_stored": t.not_stored, "sparse": t.sparse}
+                       for kind, t in source_totals(entries).items()},
+        "bases": [ref.to_json() for ref in reader.bases],
+        "portability": {"portable": not where.gpu_only and not where.compiled, "gpu_only_codecs": where.gpu_only,
+                        "codecs_needing_the_c_decoder": where.compiled, "note": where.note},
+        "tensors": [_entry_json(e, entries) for e in shown],
     }
 
 
@@ -231,11 +255,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     with api.open(args.path) as reader:
         entries = reader.entries()
         if args.json:
-            shown = entries if args.top is None else sorted(entries, key=lambda e: -e.nbytes)[: args.top]
-            emit(json.dumps({
-                "file_bytes": reader.file_size, "bytes": reader.nbytes, "compressed": reader.compressed_nbytes,
-                "tensors": [_entry_json(e, entries) for e in shown],
-            }, indent=1))
+            emit(json.dumps(_inspect_json(reader, args.top), indent=1))
             return 0
         emit(tensor_table(entries, limit=args.top))
         emit("")
@@ -248,14 +268,17 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    """Decode every tensor of a .ckz file and check every checksum; nothing is written."""
+    """Decode every tensor of a .ckz file and check every checksum, a batch at a time (memory
+    stays about a batch), each tensor where this machine can decode it (a GPU's file on the CPU
+    where there is no GPU); nothing is written."""
     from .. import api
     from ..report import human_bytes
 
     _refuse_directory(args.path, "verify")
     start = time.perf_counter()
     with api.open(args.path) as reader:
-        reader.named_tensors()
+        reader.map_location = api.local_location(reader.entries())
+        reader.verify()
         count, nbytes = len(reader.entries()), reader.nbytes
     emit(f"{args.path}: {count} tensors ({human_bytes(nbytes)}), every checksum verified, "
          f"{time.perf_counter() - start:.2f} s")
@@ -271,7 +294,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _configure_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help=".ckz file")
     p.add_argument("--top", type=positive_int, default=None, help="show only the N largest tensors (N >= 1)")
-    p.add_argument("--json", action="store_true", help="print the sizes and the tensor table as JSON")
+    p.add_argument("--json", action="store_true", help="print the same as JSON: sizes, class totals, references, "
+                   "portability and the tensor table")
     p.set_defaults(func=_cmd_inspect)
 
 
@@ -338,24 +362,34 @@ def _plugin(module: str) -> Configure:
     return configure
 
 
-# Where a source checkout keeps the benchmark harness (the ckptzip_bench package), outside the wheel.
-CHECKOUT_BENCH = Path(__file__).resolve().parents[3] / "bench"
+# The benchmark harness (bench/ckptzip_bench, a distribution of its own outside the wheel) declares
+# its command module in this entry-point group (bench/pyproject.toml); where it is not installed,
+# the module is imported by name, which finds a checkout's bench/ folder on the import path.
+BENCH_ENTRY_POINTS = "ckptzip.bench"
+BENCH_MODULE = "ckptzip_bench.run"
+
+
+def _harness() -> Any:
+    """The harness's command module: ``configure(parser)`` and ``run(args)``."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=BENCH_ENTRY_POINTS):
+        return entry.load()
+    try:
+        return importlib.import_module(BENCH_MODULE)
+    except ModuleNotFoundError as e:
+        if e.name != BENCH_MODULE.split(".")[0]:  # the harness is there; something it imports is not
+            raise
+        raise UsageError(
+            "`ckptzip bench` needs the benchmark harness, which is not installed: it is not part of the "
+            "ckptzip wheel; from a ckptzip checkout, `pip install -e bench` (or put the checkout's bench/ folder "
+            "on PYTHONPATH)"
+        ) from None
 
 
 def _bench(p: argparse.ArgumentParser) -> None:
-    """``ckptzip bench``: the harness is the ckptzip_bench package, installed or in the checkout's bench/."""
-    try:
-        harness = importlib.import_module("ckptzip_bench.run")
-    except ModuleNotFoundError as e:
-        if e.name != "ckptzip_bench":  # the harness is there; something it imports is not
-            raise
-        if not (CHECKOUT_BENCH / "ckptzip_bench").is_dir():
-            raise UsageError(
-                "`ckptzip bench` needs the benchmark harness, which is not installed: it is not part of the "
-                "ckptzip wheel; from a ckptzip checkout, `pip install -e bench` (or run ckptzip from the checkout)"
-            ) from None
-        sys.path.append(str(CHECKOUT_BENCH))
-        harness = importlib.import_module("ckptzip_bench.run")
+    """``ckptzip bench``: the harness's own arguments and command."""
+    harness = _harness()
     harness.configure(p)
     p.set_defaults(func=harness.run)
 

@@ -10,6 +10,7 @@ from .registry import codec_ids, get_codec, gpu_first_ids, gpu_only_ids, has_cod
 # Importing a codec module registers its codecs. The GPU codecs register themselves only where
 # nvCOMP and CUDA are usable; their module never fails to import for want of them.
 importlib.import_module(".cpu", __name__)
+importlib.import_module(".ckzhuff", __name__)  # ckptzip's own coder of byte planes (declared; compiled C)
 importlib.import_module(".gdeflate_cpu", __name__)  # declares gdeflate on the CPU; loads nvCOMP's library on first use
 with contextlib.suppress(ImportError):  # pragma: no cover - module absent in a partial install
     importlib.import_module(".nvcomp", __name__)

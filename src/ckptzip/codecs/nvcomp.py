@@ -51,11 +51,10 @@ _NVCOMP_TYPE = {"|u1": 1, "<u2": 3, "<u4": 5, "<f2": 10, "<f4": 11}  # nvcompTyp
 _ANY_TYPE = 0xFF  # NVCOMP_TYPE_BITS: a decoder that reads the type from the stream
 _MIN_CHUNK_CAPACITY = 1 << 16
 _SLOT_ALIGN = 256  # output slots of encode_segments start at multiples of this
-# nvCOMP's scratch for one launch grows with its chunks for some formats (zstd, on an H200: 1.05 GiB
-# plus 0.38 MiB a chunk to compress, 0.76 MiB a chunk to decompress: 3 GiB for a 1 GiB batch of
-# 256 KiB chunks; gdeflate and ans ask none). A launch whose scratch would pass this, or a quarter
-# of the room torch can have on the device, is cut into launches that fit, one after another on the
-# stream through the same scratch.
+# nvCOMP's scratch for one launch grows with its chunks for some formats (zstd: gigabytes for a
+# batch of thousands of chunks; gdeflate and ans ask none; results: "Codecs per byte plane"). A
+# launch whose scratch would pass this, or a quarter of the room torch can have on the device, is
+# cut into launches that fit, one after another on the stream through the same scratch.
 _SCRATCH_STEP = 128 << 20
 
 
@@ -328,7 +327,7 @@ class _NvcompCodec(Codec):
         (output buffer, each chunk's offset in it, compressed sizes). Outputs lie in slots of the compressed-size bound,
         zeroed: whatever nvCOMP leaves unwritten within a chunk's reported size would otherwise
         carry stale device memory into the file, and files would differ with the process's
-        allocation history (a memset: ~0.5 ms per GiB on an H200)."""
+        allocation history (a memset, cheap beside the coding)."""
         capacity = self._capacity(int(sizes.max()))
         slot = -(-_slot_bytes(lib, self._format, capacity) // _SLOT_ALIGN) * _SLOT_ALIGN
         out_offsets = np.arange(sizes.size, dtype=np.int64) * slot
@@ -583,13 +582,12 @@ class NvcompGdeflateCodec(_NvcompCodec):
 
     codec_id = "gdeflate"
     algorithm = "Gdeflate"
-    # On an H200 (exponent-like plane, Huffman only): 256 KiB chunks encode at 118 GB/s against 93
-    # at 64 KiB and 73 at 1 MiB, at the best ratio of the three. CPU gdeflate decodes any size.
+    # 256 KiB: of 64 KiB to 1 MiB, the size that encodes exponent-like planes fastest (Huffman
+    # only), at about the best ratio (results: "Codecs per byte plane"). CPU gdeflate decodes any size.
     chunk_bytes = 256 << 10
-    # A launch of fewer chunks than run at once costs one chunk's latency (~2.7 ms at 256 KiB, ~1.7
-    # at 128 KiB): with 2 GiB free beside a 15 GB state a save took 0.60 s in 128 KiB chunks against
-    # 0.65 s in 256 KiB and 0.63 s in 64 KiB (medians of 6 on one H200), at 0.04 % more stored
-    # bytes; unconstrained saves are faster in 256 KiB (0.31 against 0.34 s), so only small batches.
+    # A launch of fewer chunks than run at once costs one chunk's latency, which is shorter for a
+    # smaller chunk: small batches (a filled GPU's) save faster in 128 KiB, larger ones in 256 KiB
+    # (results: "A filled GPU, a training job's conditions").
     small_batch_chunk_bytes = 128 << 10
     max_chunk_bytes = 1 << 31
     alignment = 8

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -21,8 +22,9 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from .. import api
 from ..errors import CheckpointNotFoundError, CkptzipError, UnsupportedObjectError
+from ..format.kinds import PLAIN_DCP_METADATA as PLAIN_METADATA_FILE
 from ..storage import is_url, local_path, open_directory
-from ..tree import expanded_leaves
+from ..tree import expanded_leaves, is_container, join_path
 from ._metadata import METADATA_FILE
 from ._reader import CompressedStorageReader
 from ._writer import CompressedStorageWriter
@@ -30,7 +32,6 @@ from ._writer import CompressedStorageWriter
 # Most items a .ckz's state may become in DCP, which cannot share sub-objects and stores every
 # path of a shared container again: a few hundred bytes of aliases can stand for 2**40 of them.
 MAX_DCP_ITEMS = 1_000_000
-PLAIN_METADATA_FILE = ".metadata"
 
 
 @contextlib.contextmanager
@@ -104,8 +105,65 @@ def dcp_to_ckz(
     for all of it. The result loads with ``ckptzip.load``.
     """
     state = _load_full_state(dcp_dir, trusted_objects=trusted_objects)
+    doubtful = restore_optimizer_keys(state)
+    if doubtful:
+        warnings.warn(
+            f"DCP stores every dict key as a string, so these dicts, whose keys all read as integers, may have had "
+            f"integer keys; they keep string keys in the .ckz: {', '.join(doubtful)}", UserWarning, stacklevel=2)
     with _open_file(ckz_path, "wb") as target:
         api.save(state, target, codec=codec)
+
+
+def restore_optimizer_keys(state: Any) -> list[str]:
+    """Give optimizer states back their integer keys, in place, and return the paths of the
+    other dicts whose keys all read as integers.
+
+    DCP flattens a state into dotted paths and stores every dict key as a string, so an
+    optimizer's ``state_dict()["state"]``, keyed by parameter index, comes back keyed ``"0"``,
+    ``"1"``, ...; ``load_state_dict`` then matches no parameter and attaches no moments, without
+    an error. A dict with ``"state"`` and ``"param_groups"`` whose groups' ``"params"`` are
+    integers is such a state: its keys that name those integers become integers again."""
+    doubtful: list[str] = []
+
+    def walk(obj: Any, path: str) -> None:
+        if not is_container(obj):
+            return
+        if isinstance(obj, dict):
+            _restore_state_keys(obj)  # before its "state" is walked
+            if obj and all(isinstance(k, str) and _integer(k) is not None for k in obj):
+                doubtful.append(path or "<root>")
+            items: Any = obj.items()
+        else:
+            items = enumerate(obj)
+        for key, value in items:
+            walk(value, join_path(path, key))
+
+    walk(state, "")
+    return doubtful
+
+
+def _restore_state_keys(optimizer: dict[Any, Any]) -> None:
+    """Key ``optimizer["state"]`` by the integer parameter indices of its ``param_groups`` where
+    its string keys name only those."""
+    state, groups = optimizer.get("state"), optimizer.get("param_groups")
+    if not (isinstance(state, dict) and state and isinstance(groups, list)):
+        return
+    params = [g.get("params") for g in groups if isinstance(g, dict)]
+    indices = {i for p in params if isinstance(p, list) for i in p if type(i) is int}
+    keys = {k: _integer(k) if isinstance(k, str) else None for k in state}
+    if all(i is not None and i in indices for i in keys.values()):
+        restored = {keys[k]: v for k, v in state.items()}
+        state.clear()
+        state.update(restored)
+
+
+def _integer(text: str) -> int | None:
+    """The integer ``text`` spells as ``str(int)`` does ("3", "-1"; not "03" or " 3"), else None."""
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if str(value) == text else None
 
 
 def ckz_to_dcp(ckz_path: str | os.PathLike[str], dcp_dir: str | os.PathLike[str], *, codec: str = "auto") -> None:

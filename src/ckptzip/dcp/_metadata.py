@@ -26,10 +26,11 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from ..api import load, save
+from ..format.kinds import DCP_METADATA
 from ..errors import CorruptCheckpointError, UnsupportedFormatError, UnsupportedObjectError
 from ..format import TORCH_DTYPES
 
-METADATA_FILE = ".metadata.ckz"
+METADATA_FILE = DCP_METADATA
 FORMAT = "ckptzip-dcp"
 FORMAT_VERSION = 2  # 2: one container per rank's data file; 1: one container per item (still read)
 

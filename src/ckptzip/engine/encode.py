@@ -269,6 +269,7 @@ def _choose_codecs(batch: _Batch, entropies: np.ndarray, floating: np.ndarray, p
     if is_plane.any():
         plane_entropy = entropies[streams.tensor, np.minimum(streams.index, 7)]
     candidates = policy.plane_candidates(backend)
+    trials = policy.samples_planes(backend)
     low = policy.low_entropy_candidate(backend)
     configs = coding.configs
     structured: list[int] = []
@@ -281,7 +282,7 @@ def _choose_codecs(batch: _Batch, entropies: np.ndarray, floating: np.ndarray, p
             bitmap = streams.index[s] == 0
             configs.append(low if low is not None and bitmap and _density(batch, s) <= SPARSE_LZ_MAX_DENSITY
                            else candidates[0])
-            if backend == "cpu" and len(candidates) > 1:
+            if trials and len(candidates) > 1:
                 structured.append(s)
         elif not is_plane[s]:
             configs.append(policy.whole_codec(backend, size).get_config())
@@ -291,11 +292,11 @@ def _choose_codecs(batch: _Batch, entropies: np.ndarray, floating: np.ndarray, p
             configs.append(low)
         elif plane_entropy[s] < RANDOM_ENTROPY_BITS:
             configs.append(candidates[0])
-            if backend == "cpu" and len(candidates) > 1:
+            if trials and len(candidates) > 1:
                 structured.append(s)
         else:
             configs.append(RAW)
-            if backend == "cpu" and size >= 4 * TRIAL_BYTES:
+            if trials and size >= 4 * TRIAL_BYTES:
                 random.append(s)
     # Trials on samples: structured planes pick their candidate; near-random ones are coded only
     # where the plane codec shrinks them.

@@ -1,10 +1,22 @@
-"""GPU memory of the engine: how much one call may use.
+"""GPU memory of the engine: how much one call may use, and how much work beside training may hold.
 
-A training job fills its GPU, so every GPU path sizes its batches from what can really be had:
-the device's free memory plus what torch's caching allocator holds unused (blocks it hands out
-again, or releases for an allocation that does not fit), capped by the caller (``gpu_memory=``)
-or ``CKPTZIP_GPU_MEMORY_MB``. Below :data:`MIN_GPU_MEMORY` a call raises
-:class:`~ckptzip.errors.GpuMemoryError` before it allocates anything.
+A training job fills its GPU, so every GPU path sizes its batches from what can really be had,
+capped by the caller (``gpu_memory=``) or ``CKPTZIP_GPU_MEMORY_MB``, and by torch's per-process
+memory fraction where one is set. What can be had depends on when the work runs:
+
+- Work that runs in the caller and is done when the call returns (``ckptzip.save`` and ``load``,
+  a blocking snapshot, DCP's staging) may *borrow* what torch's caching allocator holds unused
+  (:func:`available`): between two training steps that is the training's own working set (the
+  activations it frees after backward and takes again in the next forward), which the call
+  gives back to the cache before it returns. Below :data:`MIN_GPU_MEMORY` such a call raises
+  :class:`~ckptzip.errors.GpuMemoryError` before it allocates anything.
+- Work that holds memory while training runs (a device snapshot, its coding in the background, a
+  read that overlaps the next forward and backward) may take only what the training leaves
+  unused *at its peak* (:func:`beside_training`): torch's peak of reserved memory (since the
+  process started, or since the caller last reset it) is what the training needs, whatever is
+  free between two steps. Such work is given its share when the save is taken (:func:`capped`);
+  where that share is too small the engine codes on the host instead, never in the training's
+  memory.
 
 The engine allocates on the caller's current stream, where a training job's freed blocks are
 cached, and gives its blocks back to that cache when it is done with them: a save or load uses
@@ -15,11 +27,13 @@ memory that torch holds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
 import torch
 
+from .._local import ThreadSetting
 from ..errors import CkptzipError, GpuMemoryError
 
 MIN_GPU_MEMORY = 256 << 20
@@ -53,11 +67,56 @@ def cached(device: torch.device) -> int:
     return max(0, torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
+def _fraction(device: torch.device) -> float:
+    """The share of ``device`` torch's allocator may reserve (1.0 unless the process set one)."""
+    query = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.6
+    return 1.0 if query is None else float(query(device))
+
+
+def _free(device: torch.device) -> int:
+    """Bytes torch's allocator could still reserve on ``device``: the device's free memory, within
+    the per-process memory fraction where one is set (torch refuses to reserve beyond it)."""
+    free, total = torch.cuda.mem_get_info(device)
+    fraction = _fraction(device)
+    if fraction < 1:
+        free = min(free, max(0, int(fraction * total) - torch.cuda.memory_reserved(device)))
+    return int(free)
+
+
 def available(device: torch.device) -> int:
-    """GPU memory a call can have on ``device``: free, plus what torch's cache holds unused."""
+    """GPU memory a call that is done when it returns can borrow on ``device``: free, plus what
+    torch's cache holds unused (the training's working set between two steps)."""
     device = _indexed(device)
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free) + cached(device)
+    return _free(device) + cached(device)
+
+
+# What work beside training leaves unused on top of the training's peak: the allocator's
+# fragmentation grows when memory is tight, and libraries allocate outside torch (NCCL's buffers
+# at a first collective); the larger of these two.
+TRAINING_MARGIN_BYTES = 1 << 30
+TRAINING_MARGIN_SHARE = 0.02
+
+
+def beside_training(device: torch.device) -> int:
+    """GPU memory work may hold on ``device`` while training runs: what the training leaves unused
+    at its peak (free memory, plus what torch reserves now, less torch's peak of reserved memory),
+    less a margin (:data:`TRAINING_MARGIN_BYTES`, :data:`TRAINING_MARGIN_SHARE` of the GPU)."""
+    device = _indexed(device)
+    reserved = torch.cuda.memory_reserved(device)
+    peak = max(reserved, torch.cuda.max_memory_reserved(device))
+    total = torch.cuda.get_device_properties(device).total_memory
+    margin = max(TRAINING_MARGIN_BYTES, int(TRAINING_MARGIN_SHARE * total))
+    return max(0, _free(device) + reserved - peak - margin)
+
+
+_CAPS: ThreadSetting[dict[torch.device, int]] = ThreadSetting()
+
+
+def capped(caps: dict[torch.device, int] | None) -> contextlib.AbstractContextManager[None]:
+    """Within the block, this thread's GPU work holds at most ``caps[device]`` on each device
+    (work beside training: its share of :func:`beside_training`, taken when the save was). Such
+    a budget never raises: below the minimum, the engine codes on the host."""
+    return _CAPS.within(None if caps is None else {_indexed(d): n for d, n in caps.items()})
 
 
 @dataclass(frozen=True)
@@ -79,6 +138,9 @@ def budget(device: torch.device, gpu_memory: int | None, what: str) -> Budget:
     limit = cap(gpu_memory)
     have = available(device)
     nbytes = have if limit is None else min(limit, have)
+    beside = (_CAPS.get() or {}).get(device)
+    if beside is not None:
+        return Budget(device, min(nbytes, beside))
     if nbytes < MIN_GPU_MEMORY:
         capped = f", capped at {limit / _MIB:.0f} MiB (gpu_memory or {ENV})" if limit is not None and limit < have else ""
         raise GpuMemoryError(

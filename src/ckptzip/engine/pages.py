@@ -1,12 +1,10 @@
 """Host memory faulted in ahead of the writes that fill it.
 
 A load's outputs are new memory: the first write to each 4 KiB page traps into the kernel, which
-zeroes it, and those traps, not the decoding, took most of the merge of fresh outputs (one core of
-the development machine: 1.8-2.0 GB/s into new memory against 10 GB/s into memory already
-touched). Linux 5.14 and later fault a whole range in with one ``madvise(MADV_POPULATE_WRITE)``,
-on the thread that is about to write it: a one-core load of an 814 MB trained state took 0.70 s
-without it and 0.56 s with it (bench/RESULTS.md, sixteenth session). Elsewhere (older kernels,
-other systems) this does nothing.
+zeroes it, and those traps, not the decoding, bound the merge of fresh outputs on one core. Linux
+5.14 and later fault a whole range in with one ``madvise(MADV_POPULATE_WRITE)``, on the thread
+that is about to write it, faster than page by page (results: "CPU path and the GDeflate
+decoder"). Elsewhere (older kernels, other systems) this does nothing.
 """
 
 from __future__ import annotations

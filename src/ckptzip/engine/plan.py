@@ -122,18 +122,18 @@ TWO_LANE_WORKING_SETS = SAVE_WORKING_SETS + 3
 # while the host splits the next batch (the writer finishes each batch after starting the next,
 # :func:`~.encode.start_batch`): beside a batch's planes, up to two codec outputs and its stored
 # chunks, and the two batches' stored chunks the pipeline holds, the next batch's planes and codec
-# outputs are held too, in blocks of a twelfth of the budget. On an H200 with 2 GiB free, a ninth
-# ran batches out of memory and a twelfth none; smaller blocks were slower (bench/RESULTS.md,
-# seventeenth session).
+# outputs are held too, in blocks of a twelfth of the budget: the largest block that never ran a
+# batch out of memory, and smaller ones only add batches (results: "A filled GPU, a training job's
+# conditions").
 BLOCK_SLACK = 2 << 20
 OVERLAP_WORKING_SETS = 12
 # GPU batches of at most this many bytes code their planes with the codecs' small-batch chunk
 # sizes (Codec.small_batch_chunk_bytes): their sign/exponent planes hold fewer chunks than one
 # launch runs at once (a GPU with a few GiB free; host snapshots' 256 MiB batches).
 SMALL_BATCH_BYTES = 512 << 20
-# Batches of blocks are packed first fit into up to this many open batches (:func:`packed`):
-# a 7B-like state's 172 MiB tensors filled 330 MiB blocks alone in table order (68 % full, 48
-# batches for four layers), and each batch costs the same host work whatever it holds.
+# Batches of blocks are packed first fit into up to this many open batches (:func:`packed`): in
+# table order a tensor a little over half a block fills a block alone, and each batch costs the
+# same host work whatever it holds (results: "A filled GPU, a training job's conditions").
 OPEN_BATCHES = 8
 
 
@@ -260,8 +260,9 @@ def _limit(key: BatchKey, nbytes: int, limits: GpuLimits | None) -> Limit:
     return Limit(fill=nbytes)
 
 
-# A load's batches: about this many decoded bytes each. CPU batches of 16 MiB: each costs about 1 ms
-# of Python, and at 8 MiB that was a tenth of a one-core load (170 against 155 ms for 235 MB).
+# A load's batches: about this many decoded bytes each. A CPU batch costs the same Python whatever
+# its size: 16 MiB keeps that small beside its decode, and larger batches are no faster on many
+# cores (results: "CPU path and the GDeflate decoder").
 LOAD_BATCH_BYTES = {"cuda": 512 << 20, "cpu": 16 << 20}
 MIN_CPU_BATCH_BYTES = 1 << 20  # a smaller batch's per-batch Python would cost more than its bytes
 

@@ -4,11 +4,16 @@ Presets:
 - ``"auto"``: byte planes for 2-, 4- and 8-byte dtypes; planes that carry structure get the best
   codec of the backend that every machine can decode, near-random planes (float mantissa bytes)
   are stored raw, since coding them costs time and gains nothing. GPU: nvCOMP gdeflate in its
-  Huffman-only mode (``algorithm_type`` 0): within 3 % of ans's ratio on sign/exponent planes
-  (bench/RESULTS.md), slower (an H200: 118 against 381 GB/s encoding, 68 against 606 decoding),
-  and a CPU decodes it too (ckptzip's own decoder, :mod:`ckptzip.codecs.gdeflate_cpu`); CPU: zstd.
+  Huffman-only mode (``algorithm_type`` 0): within a few percent of ans's ratio on sign/exponent
+  planes and slower to code, but a CPU decodes it too (ckptzip's own decoder,
+  :mod:`ckptzip.codecs.gdeflate_cpu`; results: "Codecs per byte plane"); CPU: zstd.
 - ``"fast"``: as auto, with the backend's fastest codec (GPU: nvCOMP ans, which only a GPU decodes).
 - ``"portable"``: as auto, with zstd everywhere, so the file decodes wherever ckptzip installs.
+- ``"huff"``: as auto, with ckptzip's own coder, ``ckz-huff``, for every coded stream on both
+  backends (no trials on the CPU, no nvCOMP on the GPU): Huffman-only gdeflate's ratio at ans's
+  speed on a GPU, decoded by every CPU (:mod:`ckptzip.codecs.ckzhuff`); a batch codes the same
+  bytes on either. Its codes spend a bit on every byte (8x at most), so planes near constant but
+  not constant (XOR deltas) shrink less than auto's LZ pass shrinks them.
 A codec id (``"zstd"``, ``"ans"``, ``"gdeflate"``, ...) applies that codec to every tensor's raw bytes.
 
 Everything below the API receives a Policy; nothing re-parses the string.
@@ -29,7 +34,7 @@ from ..errors import CkptzipError, UsageError
 from ..format.spec import MAX_CHUNK_RAW
 from ..kernels import prepare_triton
 
-PRESETS = ("auto", "fast", "portable")
+PRESETS = ("auto", "fast", "portable", "huff")
 SMALL_TENSOR_BYTES = 1 << 12
 # On the CPU the planner codes a sample of each structured float plane with every candidate codec
 # and keeps the smallest; a near-random plane is coded when a sample shrinks by this fraction.
@@ -41,6 +46,8 @@ _PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
     ("auto", "cuda"): {"id": "gdeflate", "algorithm_type": 0},
     ("fast", "cuda"): {"id": "ans", "data_type": "|u1"},
     ("portable", "cuda"): {"id": "zstd", "level": 3},
+    ("huff", "cuda"): {"id": "ckz-huff"},
+    ("huff", "cpu"): {"id": "ckz-huff"},
     # Whole streams and integer planes on the CPU; float planes: _CPU_FLOAT_CANDIDATES.
     ("auto", "cpu"): {"id": "zstd", "level": 1},
     ("fast", "cpu"): {"id": "zstd", "level": 1},
@@ -48,23 +55,21 @@ _PRESET_CODECS: dict[tuple[str, str], dict[str, Any]] = {
 }
 # Float planes this close to constant (XOR deltas of weights that barely moved, the zero low bytes
 # of bf16-valued fp32 gradients), in bits/byte of their sampled bytes: a Huffman-only coder spends
-# at least a bit on every byte (8x at best, 7.5x measured on bf16 deltas at lr 1e-6), so the GPU's
-# auto preset codes them with gdeflate's LZ pass too (the same bitstream: a CPU decodes it alike).
+# at least a bit on every byte (8x at best), so the GPU's auto preset codes them with gdeflate's LZ
+# pass too (the same bitstream: a CPU decodes it alike).
 LOW_ENTROPY_BITS = 1.0
 _LOW_ENTROPY_CODECS: dict[tuple[str, str], dict[str, Any]] = {("auto", "cuda"): {"id": "gdeflate", "algorithm_type": 1}}
 # A sparse residue's bitmap (engine.delta) is coded as those planes are only where at most this
-# share of its elements changed; above it, like its values' planes, with the plane codec. At an RL
-# learning rate (1e-6, 1-1.6 % of bf16 weights changed) gdeflate's LZ pass made incremental saves
-# slower and larger than Huffman alone: 13.7 against 24.4 GB/s, 58.9x against 76.4x
-# (bench/results/h200-s16-call3-delta-ab.txt); the threshold is where LZ starts to pay on a bitmap
-# (bench/results/h200-s16-call4-bitmap-probe.txt).
+# share of its elements changed; above it, like its values' planes, with the plane codec: denser
+# bitmaps code no smaller with LZ and several times slower, and LZ on every sparse stream made an
+# RL step's deltas both larger and slower (results: "Deltas, casts and duplicates").
 SPARSE_LZ_MAX_DENSITY = 1e-3
 # Float planes of presets on the CPU: each is coded with whichever of these shrinks a sample most
 # (the first alone for "fast"; ties go to the first, the fastest; level 3 is tried only where
-# level 1 beat the first, encode._trial). On an H200-trained state's
-# exponent planes (bench/results/h200-codec-candidates-medium-planes.txt): weights 3.08x without
-# short matches against 2.79x at level 1 (codecs/cpu.py); exp_avg and gradients 2.64x and 2.71x at
-# level 1 against 2.56x and 2.51x; Adam's exp_avg_sq 3.77x at level 3.
+# level 1 beat the first, encode._trial). On exponent planes zstd without short matches comes
+# nearest the entropy (a short match costs more than the Huffman literals it replaces;
+# codecs/cpu.py), level 1 wins where values repeat (exp_avg, gradients) and level 3 on Adam's
+# exp_avg_sq (results: "Codecs per byte plane").
 _LITERALS = {"id": "zstd", "level": 1, "long_matches_only": True}
 _CPU_FLOAT_CANDIDATES = (_LITERALS, {"id": "zstd", "level": 1}, {"id": "zstd", "level": 3})
 
@@ -136,10 +141,16 @@ class Policy:
 
     def plane_candidates(self, backend: str) -> list[dict[str, Any]]:
         """Configurations a float plane is tried with: on the CPU, several for presets, where a
-        trial on a sample picks one (the first alone for "fast"); else the plane codec alone."""
-        if not self.is_preset or backend != "cpu":
+        trial on a sample picks one (the first alone for "fast"); else (and for "huff") the plane
+        codec alone."""
+        if not self.is_preset or backend != "cpu" or self.name == "huff":
             return [self.plane_codec(backend).get_config()]
         return list(_CPU_FLOAT_CANDIDATES[:1] if self.name == "fast" else _CPU_FLOAT_CANDIDATES)
+
+    def samples_planes(self, backend: str) -> bool:
+        """Whether coding on ``backend`` tries codecs on samples of planes (the CPU's presets, but
+        "huff", whose file is the GPU's byte for byte)."""
+        return backend == "cpu" and self.is_preset and self.name != "huff"
 
     def low_entropy_candidate(self, backend: str) -> dict[str, Any] | None:
         """The configuration of float planes below :data:`LOW_ENTROPY_BITS`, where it differs
@@ -148,13 +159,13 @@ class Policy:
 
     def whole_codec(self, backend: str, nbytes: int) -> Codec:
         """The codec of a tensor stored as one stream (not split into planes)."""
-        if self.is_preset and nbytes < SMALL_TENSOR_BYTES and backend == "cuda":
-            return codec_for({"id": "raw"}, backend)  # tiny tensors: not worth a GPU codec
+        if self.is_preset and nbytes < SMALL_TENSOR_BYTES and (backend == "cuda" or self.name == "huff"):
+            return codec_for({"id": "raw"}, backend)  # tiny tensors: not worth a GPU codec (huff: on either)
         return self.plane_codec(backend)
 
     def gpu_scratch_bytes(self) -> int:
         """GPU scratch the codecs a save runs on a GPU need beside its batches, however small
-        (:meth:`~ckptzip.codecs.base.Codec.scratch_bytes`: 1.05 GiB for nvCOMP's zstd on an H200)."""
+        (:meth:`~ckptzip.codecs.base.Codec.scratch_bytes`: about a GiB for nvCOMP's zstd, none for ans)."""
         configs = [self.plane_codec("cuda").get_config(), self.low_entropy_candidate("cuda")]
         codecs = [codec_for(config, "cuda") for config in configs if config is not None]
         return max(codec.scratch_bytes(self.chunk_bytes_for(codec)) for codec in codecs)

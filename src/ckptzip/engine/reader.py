@@ -51,8 +51,8 @@ RETRY_SHRINK = (1, 4, 16)  # batch sizes (fractions of the budget's) a load trie
 # its budget allows), so a load needs about the decoded size plus a batch per worker (a part's
 # stored bytes, decode buffer, planes).
 CPU_SLICE_BYTES = _plan.LOAD_BATCH_BYTES["cpu"]
-# Reads in flight: each copies into a pinned buffer at about 6 GB/s (one core; 4.5 GB/s each when
-# eight copy at once), so a dozen keep the host-to-device link (55 GB/s) fed from memory too.
+# Reads in flight: one thread copies into a pinned buffer at a fraction of the host-to-device
+# link's speed, so a dozen keep the link fed from memory too (results: "Save and load on a GPU").
 _READ_THREADS = max(1, min(12, os.cpu_count() or 1))
 
 

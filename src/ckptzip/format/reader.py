@@ -11,6 +11,7 @@ from ..checksum import xxh3_hex
 from ..errors import CorruptCheckpointError
 from ..storage.ranges import ByteRanges, Readable
 from .index import Chunk, Index, TensorEntry
+from .kinds import HEAD_BYTES, foreign_kind
 from .spec import PREAMBLE_SIZE, TRAILER_SIZE, Trailer, check_preamble
 
 
@@ -20,6 +21,10 @@ class ContainerReader:
     def __init__(self, f: Readable) -> None:
         ranges = ByteRanges(f)
         size = ranges.size
+        head = ranges.read(0, min(size, HEAD_BYTES), "head")
+        kind = foreign_kind(head, size)
+        if kind is not None:  # another kind of file, not a damaged one
+            raise CorruptCheckpointError(f"this is {kind.describe()}")
         if size < PREAMBLE_SIZE + TRAILER_SIZE:
             Trailer.unpack(b"\0" * TRAILER_SIZE, size)  # raises with the size in the message
         trailer = Trailer.unpack(ranges.read(size - TRAILER_SIZE, TRAILER_SIZE, "trailer"), size)

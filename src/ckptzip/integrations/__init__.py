@@ -1,4 +1,5 @@
-"""Trainer integrations, each an optional extra imported on its own (nothing is imported here):
+"""Trainer integrations, each an optional extra imported on its own, when first reached (as
+``ckptzip.integrations.lightning``, say; nothing is imported here):
 
 - :mod:`ckptzip.integrations.lightning`: ``CkptzipCheckpointIO``, a PyTorch Lightning / Fabric
   ``CheckpointIO`` plugin (``pip install 'ckptzip[lightning]'``).
@@ -20,3 +21,17 @@
 
 docs/INTEGRATIONS.md describes each.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from . import deepspeed as deepspeed, hf as hf, jax as jax, lightning as lightning, megatron as megatron
+    from . import tf as tf, torchtitan as torchtitan
+
+_SUBMODULES = ("deepspeed", "hf", "jax", "lightning", "megatron", "tf", "torchtitan")
+
+__getattr__, __dir__ = lazy_attributes(__name__, {}, globals(), _SUBMODULES)

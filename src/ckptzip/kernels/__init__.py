@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -26,8 +27,8 @@ import torch
 from ..codecs import MIN_PARALLEL_BYTES, codec_thread_count
 from . import _aot
 
-__all__ = ["COMPILED", "CPU_PIECE_BYTES", "INTERPRET", "THREAD_SAFE", "compiled_threads", "distinct", "load_triton",
-           "pieces", "prepare_triton", "remember_triton_key", "run_gpu", "use_triton"]
+__all__ = ["COMPILED", "CPU_PIECE_BYTES", "INTERPRET", "THREAD_SAFE", "NoCompiledKernelsWarning", "compiled_threads",
+           "distinct", "load_triton", "pieces", "prepare_triton", "remember_triton_key", "run_gpu", "use_triton"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Triton's interpreter keeps global state: under it, batches run on one thread.
@@ -35,14 +36,33 @@ THREAD_SAFE = not INTERPRET
 CPU_PIECE_BYTES = 1 << 20  # most bytes of a row of the compiled kernels, whose threads split rows by bytes
 
 
+class NoCompiledKernelsWarning(UserWarning):
+    """ckptzip's C extensions were not built where it was installed: its CPU path runs slower."""
+
+
 def _compiled() -> ModuleType | None:
-    """The compiled CPU kernels, or None (not built here, or ``CKPTZIP_NUMPY_KERNELS=1``)."""
+    """The compiled CPU kernels, or None (not built here, or ``CKPTZIP_NUMPY_KERNELS=1``). Where
+    they were not built, a warning says so, once per process: pip hides a failed optional build
+    (no C compiler at install) unless run with -v, and nothing else would tell."""
     if os.environ.get("CKPTZIP_NUMPY_KERNELS") == "1":
         return None
     try:
         return importlib.import_module(f"{__name__}._cpu")
     except ImportError:
-        return None
+        pass
+    try:
+        importlib.import_module("..codecs._gdeflate", __name__)  # the other C extension the build makes
+        decoder = True
+    except ImportError:
+        decoder = False
+    warnings.warn(
+        "ckptzip's compiled CPU kernels are not built here (its C extensions failed to build when it was installed, "
+        "most likely for want of a C compiler): CPU saves and loads run NumPy kernels, several times slower"
+        + ("" if decoder else ", and files a GPU wrote with codec='auto' (gdeflate) cannot be decoded on the CPU")
+        + ". Reinstall ckptzip from its source where gcc or clang is at hand (`pip install .` in a clone "
+        "builds them); CKPTZIP_NUMPY_KERNELS=1 chooses the NumPy kernels without this warning",
+        NoCompiledKernelsWarning, stacklevel=2)
+    return None
 
 
 COMPILED: Any = _compiled()  # the module's functions take tables of addresses (see _cpu.c)
@@ -71,17 +91,19 @@ def load_triton(name: str) -> ModuleType:
 
 
 def run_gpu(module: str, kernel: str, grid: int, device: torch.device, args: Sequence[torch.Tensor | int],
-            constants: Mapping[str, object]) -> None:
+            constants: Mapping[str, object], warps: int | None = None) -> None:
     """Launch ``kernel`` of the Triton module ``module`` over ``grid`` programs on ``device``: its
-    code shipped compiled (:mod:`._aot`) where there is one for this GPU, else Triton's."""
+    code shipped compiled (:mod:`._aot`) where there is one for this GPU, else Triton's. ``warps``:
+    the warps of a program where not Triton's default (the shipped code was compiled with them)."""
     if not _aot.launch(kernel, grid, device, args, constants):
-        getattr(load_triton(module), kernel)[(grid,)](*args, **constants)
+        options = {} if warps is None else {"num_warps": warps}
+        getattr(load_triton(module), kernel)[(grid,)](*args, **constants, **options)
 
 
 def prepare_triton(device: torch.device) -> None:
     """Where a GPU path on ``device`` begins, unless its kernels are shipped compiled: import the
     Triton kernels and give Triton its once-per-process cache key (remembered across processes,
-    :mod:`._triton_key`; else Triton's hash of its own compiler, 0.5-1.4 s) on a background
+    :mod:`._triton_key`; else Triton's hash of its own compiler, which reads its files) on a background
     thread, once, while the caller plans its work (pure host work, no CUDA call); the first
     launch waits for it."""
     global _prepared
@@ -103,7 +125,7 @@ def remember_triton_key() -> Path | None:
 def _prepare() -> None:
     try:
         remember_triton_key()
-        for name in ("_planes_triton", "_segments_triton"):
+        for name in ("_planes_triton", "_segments_triton", "_ckzhuff_triton"):
             importlib.import_module(f"{__name__}.{name}")
     finally:
         _READY.set()
@@ -126,10 +148,14 @@ def pieces(sizes: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray, np.nda
 
 def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct values of a 1-D integer array, ascending, and where each first occurs: what
-    ``np.unique(values, return_index=True)`` gives, without the import of ``numpy.ma`` (20 ms)
-    that NumPy's first ``unique`` call of a process costs."""
+    ``np.unique(values, return_index=True)`` gives, without the import of ``numpy.ma`` that
+    NumPy's first ``unique`` call of a process costs."""
     order = np.argsort(values, kind="stable")
     ordered = values[order]
     head = np.ones(ordered.size, dtype=bool)
     head[1:] = ordered[1:] != ordered[:-1]
     return ordered[head], order[head]
+
+
+# The GPU's ckz-huff codec (its kernels are this package's): declared here, loaded when first asked for.
+importlib.import_module(f"{__name__}.ckzhuff")

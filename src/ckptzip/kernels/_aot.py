@@ -29,7 +29,7 @@ import torch
 
 _HERE = Path(__file__).parent
 FOLDER = _HERE / "cubins"
-SOURCES = ("_planes_triton.py", "_segments_triton.py")  # what the shipped code is compiled from
+SOURCES = ("_planes_triton.py", "_segments_triton.py", "_ckzhuff_triton.py")  # what the shipped code is compiled from
 ENV = "CKPTZIP_AOT_KERNELS"
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _STATIC_SHARED_LIMIT = 48 * 1024  # bytes of dynamic shared memory a launch may use without opting in

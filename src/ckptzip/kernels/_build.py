@@ -4,7 +4,7 @@ variant the engine launches, for every architecture in ARCHS, with the manifest 
 
     python -m ckptzip.kernels._build [--archs 80,90,...]
 
-Run it after changing ``_planes_triton.py`` or ``_segments_triton.py``: until then the manifest's
+Run it after changing ``_planes_triton.py``, ``_segments_triton.py`` or ``_ckzhuff_triton.py``: until then the manifest's
 digest no longer matches and every GPU compiles with Triton as before (a test says so).
 """
 
@@ -20,28 +20,34 @@ from typing import Any
 
 import zstandard
 
-from . import _aot, planes, segments
+from . import _aot, ckzhuff, planes, segments
 
-# A100 (and 8.6/8.9 with it), H100/H200, B200/GB200, B300, RTX 50 and RTX PRO, DGX Spark.
+# sm_80 A100 (and 8.6/8.9 with it), sm_90 Hopper, sm_100 B200/GB200, sm_103 B300, sm_120 RTX 50 and
+# RTX PRO, sm_121 DGX Spark.
 ARCHS = (80, 90, 100, 103, 120, 121)
 _PARAM = re.compile(r"\.param\s+\.(\w+)")
 
 
-def variants() -> Iterator[tuple[str, str, dict[str, str], dict[str, object]]]:
-    """Each variant the engine launches: its module, kernel, argument types and constants."""
+Variant = tuple[str, str, dict[str, str], dict[str, object], "int | None"]
+
+
+def variants() -> Iterator[Variant]:
+    """Each variant the engine launches: its module, kernel, argument types, constants and warps
+    (None: Triton's default)."""
     table = {"table": "*i64", "partial": "*i64"}
     for k in (2, 4, 8):
         yield ("_planes_triton", "split_kernel", {**table, "hist": "*i32"},
                {"K": k, "E": planes.ELEMENTS_PER_BLOCK, "ITERS": planes.BLOCKS_PER_PROGRAM,
-                "SAMPLE_EVERY": planes.SAMPLE_EVERY})
+                "SAMPLE_EVERY": planes.SAMPLE_EVERY}, None)
         yield ("_planes_triton", "merge_kernel", table,
-               {"K": k, "E": planes.ELEMENTS_PER_BLOCK, "ITERS": planes.BLOCKS_PER_PROGRAM})
+               {"K": k, "E": planes.ELEMENTS_PER_BLOCK, "ITERS": planes.BLOCKS_PER_PROGRAM}, None)
     for kernel in ("segments_kernel", "segments_words_kernel"):
         for gather in (False, True):
             yield ("_segments_triton", kernel, table, {"BLOCK": segments.BLOCK, "ITERS": segments.ITERS,
-                                                        "GATHER": gather})
+                                                        "GATHER": gather}, None)
     yield ("_segments_triton", "gather_bytes_kernel", {"addresses": "*i64", "out": "*u8", "n": "i64"},
-           {"BLOCK": segments.GATHER_BLOCK})
+           {"BLOCK": segments.GATHER_BLOCK}, None)
+    yield from ckzhuff.variants()
 
 
 def params(ptx: str, entry: str) -> list[str]:
@@ -50,8 +56,8 @@ def params(ptx: str, entry: str) -> list[str]:
     return _PARAM.findall(head[: head.index(")")])
 
 
-def compile_one(module: str, kernel: str, types: dict[str, str], constants: dict[str, object], arch: int
-                ) -> tuple[bytes, dict[str, Any]]:
+def compile_one(module: str, kernel: str, types: dict[str, str], constants: dict[str, object], arch: int,
+                warps: int | None = None) -> tuple[bytes, dict[str, Any]]:
     """One variant's machine code for ``arch`` and its manifest entry (less the file name)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -60,7 +66,10 @@ def compile_one(module: str, kernel: str, types: dict[str, str], constants: dict
     signature = {**types, **dict.fromkeys(constants, "constexpr")}
     source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants)
     target = GPUTarget("cuda", arch, 32)
-    options = triton.compiler.make_backend(target).parse_options({"enable_fp_fusion": False})  # integer kernels
+    wanted: dict[str, object] = {"enable_fp_fusion": False}  # integer kernels
+    if warps is not None:
+        wanted["num_warps"] = warps
+    options = triton.compiler.make_backend(target).parse_options(wanted)
     compiled = triton.compile(source, target=target, options=options.__dict__)
     meta = compiled.metadata
     if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
@@ -78,10 +87,10 @@ def build(archs: tuple[int, ...] = ARCHS) -> dict[str, Any]:
     folder.mkdir()
     packer = zstandard.ZstdCompressor(level=19)
     kernels: dict[str, dict[str, Any]] = {}
-    for module, kernel, types, constants in variants():
+    for module, kernel, types, constants, warps in variants():
         key = _aot.variant_key(kernel, constants)
         for arch in archs:
-            image, entry = compile_one(module, kernel, types, constants, arch)
+            image, entry = compile_one(module, kernel, types, constants, arch, warps)
             entry["file"] = f"{key.replace('[', '-').replace(']', '').replace(',', '-').replace('=', '')}-sm{arch}.zst"
             (folder / entry["file"]).write_bytes(packer.compress(image))
             kernels.setdefault(key, {})[f"sm{arch}"] = entry

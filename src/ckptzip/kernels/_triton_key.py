@@ -1,8 +1,8 @@
 """Triton's once-per-process cache key, remembered across processes.
 
 Before a process's first kernel compile or cache lookup, Triton hashes its own compiler (about
-100 files and libtriton, some 500 MB): 0.5-1.4 s, on the path of a fresh process's first save or
-restore. The key depends only on those files, so ckptzip keeps it in a small file named after the
+100 files and libtriton, hundreds of MB), on the path of a fresh process's first save or restore
+(results: "A filled GPU, a training job's conditions"). The key depends only on those files, so ckptzip keeps it in a small file named after the
 files' sizes and modification times, and hands it to Triton the way Triton's own compile workers
 receive it (``triton.runtime.cache.triton_key`` replaced by a function returning it). A changed
 Triton install gets a new name and so a freshly computed key.
@@ -34,7 +34,7 @@ def cache_dir() -> Path | None:
 
 def fingerprint(root: str, version: str) -> str:
     """A digest of the version and of every ``.py``/``.so`` file under ``root``: its path, size
-    and modification time (a stat each, about 10 ms for Triton)."""
+    and modification time (a stat each, not a read: cheap against the hash it stands for)."""
     digest = hashlib.sha256(version.encode())
     for folder, folders, files in os.walk(root):
         folders.sort()

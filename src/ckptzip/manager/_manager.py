@@ -24,6 +24,7 @@ import torch
 from .. import api
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, MissingBaseError
 from ..engine import memory
+from ..engine.guard import wait_for_reads
 from ..engine.policy import Policy
 from ..engine.sources import DeltaBase
 from ..engine.warmup import warm_up
@@ -83,13 +84,21 @@ class CheckpointManager:
         codec: codec preset or id for :func:`ckptzip.save`.
         max_pending: most saves in flight; ``save`` waits for the oldest beyond that. Snapshots
             hold ``max_pending`` x (state size) of memory, on the GPU for CUDA tensors.
-        snapshot: ``"device"`` copies CUDA tensors within GPU memory (shortest stall; needs the
-            state's size free on the GPU); ``"host"`` compresses them on the GPU in small batches
-            and keeps only the compressed bytes, in pinned host memory (little extra GPU memory;
-            ``save`` returns once they are queued to the host); ``"auto"`` (default) picks
-            ``"device"`` when the GPU has room for the copy (free memory and what torch's cache
-            would release, beside 2 GiB or 5 % for training), else ``"host"``, logging a warning
-            the first time (``last_snapshot``, ``last_snapshot_reason`` say what it chose and why).
+        snapshot: ``"device"`` copies CUDA tensors within GPU memory (shortest stall; holds the
+            state's size on the GPU until the checkpoint is written); ``"host"`` compresses them on
+            the GPU in small batches and keeps only the compressed bytes, in pinned host memory;
+            ``"auto"`` (default) picks ``"device"`` where the copy and its coding fit in what the
+            training leaves unused at its peak (torch's peak of reserved memory, less a margin:
+            never what torch caches between two steps, which is the training's working set), once
+            an optimizer step has shown that peak; else ``"host"``, logging a warning the first time
+            (``last_snapshot``, ``last_snapshot_reason`` say what it chose and why). docs/MANAGER.md,
+            "GPU memory".
+        overlap: a host snapshot reads the tensors that torch optimizers own (parameters, their
+            state) while the next forward and backward run: ``save`` returns at once and the
+            optimizer's next ``step`` waits until the read is over (a process-wide step pre-hook).
+            Every other tensor is copied before ``save`` returns. Writers of optimizer-owned
+            tensors other than ``step`` (``p.data`` updates, say) must run inside :meth:`guard`;
+            ``overlap=False`` reads everything before ``save`` returns.
         storage_options: passed to the fsspec filesystem (credentials, ``endpoint_url``, ...).
         incremental: ``None`` (every checkpoint whole) or K in [1, 1000]: a save may store each tensor as
             an XOR delta against the same tensor of the previous save, where that is estimated to
@@ -128,6 +137,7 @@ class CheckpointManager:
         incremental: int | None = None,
         gpu_memory: int | None = None,
         memory_tier: MemoryTier | None = None,
+        overlap: bool = True,
     ) -> None:
         if incremental is not None and (type(incremental) is not int or not 1 <= incremental <= MAX_INCREMENTAL):
             raise ValueError(f"incremental must be None (every checkpoint whole) or an int in [1, {MAX_INCREMENTAL}] "
@@ -138,6 +148,8 @@ class CheckpointManager:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         if snapshot not in ("auto", "device", "host"):
             raise ValueError(f"snapshot must be 'auto', 'device' or 'host', got {snapshot!r}")
+        if type(overlap) is not bool:
+            raise ValueError(f"overlap must be True or False, got {overlap!r}")
         self._policy = Policy.parse(codec)
         self._gpu_memory = gpu_memory
         memory.cap(gpu_memory)  # a bad value fails here, not at the first save
@@ -155,7 +167,7 @@ class CheckpointManager:
         self._leftovers: list[str] = []  # found when the lock was taken; discarded after the first commit
         self._newest_committed = max(map(step_of, self._committed_steps()), default=None)
         self._pending: collections.deque[tuple[int, concurrent.futures.Future[None]]] = collections.deque()
-        self._snapshots = SnapshotPool(snapshot, self._policy, gpu_memory)
+        self._snapshots = SnapshotPool(snapshot, self._policy, gpu_memory, overlap and async_save)
         warm_up(policy=self._policy)  # compile the GPU kernels before the first save needs them
         self._executor = (
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-save")
@@ -175,6 +187,23 @@ class CheckpointManager:
         """Why the latest asynchronous ``save`` took the snapshot it took (the memory numbers when
         ``"auto"`` chose a host snapshot; a warning is logged on ``ckptzip`` when it starts to)."""
         return self._snapshots.last_reason
+
+    @property
+    def last_snapshot_overlapped(self) -> bool:
+        """Whether the latest asynchronous ``save`` left its read of the state to run while
+        training goes on (the optimizer's next step waited for it)."""
+        return self._snapshots.last_overlapped
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Wrap code that changes the checkpointed state other than a torch optimizer's ``step``
+        (which waits by itself): it runs once every read of a state in flight is over.
+
+            with manager.guard():
+                ema.update(model)  # writes tensors a save may still be reading
+        """
+        wait_for_reads()
+        yield
 
     @property
     def restored_from(self) -> Tier | None:

@@ -1,13 +1,13 @@
-#!/usr/bin/env python3
-"""Probe ckptzip's nvCOMP codecs on this GPU.
+"""ckptzip's nvCOMP codecs on this GPU, one by one (docs/gpu-codecs.md).
 
-For normal fp32 and bf16 weights (N(0, 0.02), ~1 GiB each) and their byte planes
+For normal fp32 and bf16 weights (N(0, 0.02), ``--mib`` each) and their byte planes
 (``view(-1, k).t().contiguous()``), every codec and chunk size: checks the round trip bit-exactly
 and prints the ratio and encode/decode GB/s (of raw bytes; CUDA events, one warm-up, median of
 ``--reps``), for the whole batch in one call and for one chunk per call. For zstd, deflate and lz4
 it also checks that GPU streams decode on the CPU (zstandard, zlib raw, lz4.block) and back.
 
-    python3 bench/gpu_codec_probe.py [--mib 1024] [--chunk-kib 64 256 1024] [--reps 3] [--codecs ans zstd]
+    ckptzip bench gpu-codecs [--mib 1024] [--chunk-kib 64 256 1024] [--reps 3] [--codecs ans zstd]
+    python -m ckptzip_bench.gpu_codecs ...   (the same, from bench/ of a checkout)
 
 Exit status: 0 all checks passed, 1 a mismatch or an error, 2 the GPU codecs cannot run here.
 """
@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 import torch
 import zstandard
 
-from ckptzip.codecs import get_codec
-from ckptzip.codecs import nvcomp as gpu
+from ckptzip.codecs import get_codec, nvcomp
+from .system import hardware
 
 try:
-    import lz4.block as lz4_block  # type: ignore[import-untyped]
+    import lz4.block as lz4_block
 except ImportError:  # the lz4 interchange check is then skipped
     lz4_block = None
 
@@ -161,21 +161,26 @@ def probe(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The codec probe's arguments (``ckptzip bench gpu-codecs``, or this module run)."""
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--mib", type=int, default=1024, help="bytes per data variant (MiB)")
     parser.add_argument("--chunk-kib", type=int, nargs="+", default=[64, 256, 1024], help="chunk sizes (KiB)")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions (median) after one warm-up")
     parser.add_argument("--single-mib", type=int, default=16, help="bytes coded one chunk per call (MiB)")
     parser.add_argument("--codecs", nargs="+", help="only these codec ids")
-    args = parser.parse_args(argv)
 
-    if gpu.UNAVAILABLE_REASON is not None:
-        print(f"GPU codecs unavailable: {gpu.UNAVAILABLE_REASON}", file=sys.stderr)
+
+def run(args: argparse.Namespace) -> int:
+    """Probe every codec asked for; 2 (and nothing run) where the GPU codecs cannot run."""
+    if nvcomp.UNAVAILABLE_REASON is not None:
+        print(f"ckptzip bench gpu-codecs: error: the GPU codecs cannot run here: {nvcomp.UNAVAILABLE_REASON}",
+              file=sys.stderr)
         return 2
     print(
         f"{torch.cuda.get_device_name()} | torch {torch.__version__} (CUDA {torch.version.cuda}) | "
-        f"nvcomp {gpu._library('zstd').version} | {args.mib} MiB per variant, median of {args.reps}, "
+        f"{hardware()['versions']['nvcomp']} | {args.mib} MiB per variant, median of {args.reps}, "
         f"one-chunk-per-call columns on the first {args.single_mib} MiB"
     )
     header = (
@@ -218,5 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m ckptzip_bench.gpu_codecs")
+    configure(parser)
+    sys.exit(run(parser.parse_args()))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

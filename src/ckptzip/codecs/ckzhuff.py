@@ -1,0 +1,172 @@
+"""``ckz-huff`` on the CPU: ckptzip's own entropy coder for byte planes (docs/FORMAT.md, "ckz-huff"),
+in compiled C (``_ckzhuff.c``, built with the package), bit-exact with its GPU kernels
+(:mod:`ckptzip.kernels.ckzhuff`) both ways.
+
+A chunk is a size word and the bytes stored, one byte repeated, or a canonical Huffman code of
+codewords of at most :data:`MAX_LEN` bits with :data:`LANES` independent lanes of codes, so a GPU
+codes a chunk with a warp and a CPU core decodes lanes side by side. Chunks are independent: a
+large tensor's decode spreads over ckptzip's CPU threads, chunk by chunk.
+
+Untrusted input: every chunk decodes into exactly its declared raw size (writes stay within it,
+reads within the chunk), in time linear in its stored and raw bytes; anything the format does
+not allow raises ``CorruptChunkError`` naming the chunk and the flaw. Without the compiled coder
+(ckptzip built without a C compiler) the codec is unavailable on the CPU, with the reason and
+the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import CodecUnavailableError, CorruptChunkError
+from ._threads import chunk_groups, parallel_map
+from .base import Codec
+from .registry import declare, mark_unavailable, register
+
+CODEC_ID = "ckz-huff"
+LANES = 32  # independent code streams of a chunk
+GROUP = 16  # bytes of a lane in a row: byte i of a chunk belongs to lane (i // GROUP) % LANES
+MAX_LEN = 12  # the longest codeword: a table of 2**MAX_LEN entries decodes one
+MAX_CHUNK = 1 << 22  # the most bytes a chunk holds (its lanes' word counts are 16-bit)
+OVERHEAD = 4  # a coded chunk is at most this much larger than its bytes (stored whole)
+STORED, CONSTANT, HUFFMAN = 0, 1, 2  # the forms of a chunk, its first byte
+FIXED_HEADER = 4 + 2 * LANES + 32  # a Huffman chunk's size word, lanes' word counts and symbol bitmap
+# What makes a chunk malformed, numbered as the decoders report it (codecs/_ckzhuff.c's Status)
+FLAWS = ("", "fewer than 4 bytes", "a size word declaring another decoded size", "an unknown form",
+         "stored bytes of another length than declared", "a constant of more than one byte",
+         "a code of fewer than 2 symbols, or a header longer than the chunk", "header padding that is not zero",
+         "a code length outside 1 to 12", "an incomplete or over-subscribed code",
+         "lane lengths that do not add up to the chunk", "a lane whose codes do not fill its words exactly")
+NO_CODER = ("ckptzip was installed without its ckz-huff coder (C, compiled when ckptzip is installed from "
+            "source); reinstall ckptzip where a C compiler (gcc or clang) is at hand, or convert the file once on "
+            "a machine that decodes it: `ckptzip convert SRC DST --codec portable`")
+_Rows = Callable[[np.ndarray, np.ndarray], tuple[int, str] | None]
+
+
+@functools.cache
+def _coder() -> tuple[_Rows, _Rows] | None:
+    """The compiled ``(encode, decode)`` (see ``_ckzhuff.c``), or None where it was not built."""
+    try:
+        from ._ckzhuff import decode, encode
+    except ImportError:
+        return None
+    return encode, decode
+
+
+def _addresses(tensor: torch.Tensor, offsets: np.ndarray) -> np.ndarray:
+    addresses: np.ndarray = offsets.astype(np.uint64) + np.uint64(tensor.data_ptr())
+    return addresses
+
+
+def _check_bounds(what: str, tensor: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> None:
+    if tensor.dtype != torch.uint8 or tensor.dim() != 1 or not tensor.is_contiguous() or tensor.is_cuda:
+        raise ValueError(f"{CODEC_ID} (cpu) takes 1-D contiguous torch.uint8 CPU tensors; {what} is not one")
+    if offsets.shape != lengths.shape or (offsets < 0).any() or (offsets + lengths > tensor.numel()).any():
+        raise ValueError(f"{CODEC_ID} (cpu): a {what} chunk lies outside its buffer")
+
+
+def _corrupt(index: int, what: str) -> CorruptChunkError:
+    return CorruptChunkError(f"{CODEC_ID} chunk {index} {what}", index)
+
+
+def check_raw(raw: np.ndarray) -> None:
+    """``CorruptChunkError`` for the first declared decoded size a chunk cannot have."""
+    bad = (raw <= 0) | (raw > MAX_CHUNK)
+    if bad.any():
+        index = int(np.argmax(bad))
+        raise _corrupt(index, f"declares {int(raw[index])} decoded bytes; {CODEC_ID} chunks hold 1 to {MAX_CHUNK}")
+
+
+def check_chunks(lengths: np.ndarray, max_chunk: int) -> None:
+    """``ValueError`` for the first chunk an encoder does not take (empty or over ``max_chunk``)."""
+    bad = (lengths <= 0) | (lengths > max_chunk)
+    if bad.any():
+        index = int(np.argmax(bad))
+        raise ValueError(f"{CODEC_ID} encodes chunks of 1 to {max_chunk} bytes; chunk {index} has {int(lengths[index])}")
+
+
+class CkzHuffCpuCodec(Codec):
+    """``ckz-huff`` chunks on the CPU, interchangeable with the GPU's byte for byte."""
+
+    codec_id = CODEC_ID
+    backend = "cpu"
+    max_chunk_bytes = MAX_CHUNK
+
+    def __init__(self) -> None:
+        coder = _coder()
+        if coder is None:  # built directly, not through the registry (which knows the reason)
+            raise CodecUnavailableError(f"codec {CODEC_ID!r} cannot run on the CPU here: {NO_CODER}.")
+        self._encode, self._decode = coder
+
+    def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
+        base = torch.cat(list(chunks)) if chunks else torch.empty(0, dtype=torch.uint8)
+        out, offsets, sizes = self.encode_segments(base, np.cumsum(lengths) - lengths, lengths)
+        return [out[o : o + n] for o, n in zip(offsets.tolist(), sizes.tolist())]
+
+    def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
+        raw = np.array(raw_sizes, dtype=np.int64)
+        lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
+        if raw.size != lengths.size:
+            raise ValueError(f"codec {CODEC_ID!r}: {lengths.size} chunks but {raw.size} raw sizes")
+        check_raw(raw)
+        src = torch.cat(list(chunks)) if chunks else torch.empty(0, dtype=torch.uint8)
+        dst_offsets = np.cumsum(raw) - raw
+        dst = torch.empty(int(raw.sum()), dtype=torch.uint8)
+        self.decode_segments(src, np.cumsum(lengths) - lengths, lengths, dst, dst_offsets, raw)
+        return [dst[o : o + n] for o, n in zip(dst_offsets.tolist(), raw.tolist())]
+
+    def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
+                        ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Non-empty chunks of at most MAX_CHUNK bytes; each output in a slot OVERHEAD bytes larger."""
+        _check_bounds("source", base, offsets, lengths)
+        if not lengths.size:
+            return torch.empty(0, dtype=torch.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        check_chunks(lengths, self.max_chunk_bytes)
+        slots = lengths + OVERHEAD
+        out_offsets = np.cumsum(slots) - slots
+        out = torch.empty(int(slots.sum()), dtype=torch.uint8)
+        rows = np.empty((lengths.size, 4), np.int64)  # as _ckzhuff.c takes them
+        rows[:, 0], rows[:, 1] = _addresses(base, offsets), lengths
+        rows[:, 2], rows[:, 3] = _addresses(out, out_offsets), slots
+        sizes = np.zeros(lengths.size, np.uint64)
+
+        def run(group: np.ndarray) -> None:
+            coded = np.zeros(group.size, np.uint64)
+            self._encode(np.ascontiguousarray(rows[group]), coded)
+            sizes[group] = coded
+
+        parallel_map(run, chunk_groups(lengths), int(lengths.sum()))
+        return out, out_offsets, sizes.astype(np.int64)
+
+    def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
+                        dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
+        _check_bounds("stored", src, src_offsets, src_lengths)
+        _check_bounds("decoded", dst, dst_offsets, raw_lengths)
+        check_raw(raw_lengths)
+        rows = np.empty((raw_lengths.size, 4), np.int64)
+        rows[:, 0], rows[:, 1] = _addresses(src, src_offsets), src_lengths
+        rows[:, 2], rows[:, 3] = _addresses(dst, dst_offsets), raw_lengths
+
+        def run(group: np.ndarray) -> None:
+            sizes = np.zeros(group.size, np.uint64)
+            failed = self._decode(np.ascontiguousarray(rows[group]), sizes)
+            if failed is not None:
+                row, why = failed
+                raise _corrupt(int(group[row]), f"does not decode: {why}")
+
+        parallel_map(run, chunk_groups(raw_lengths), int(raw_lengths.sum()))
+
+
+def _load() -> None:
+    if _coder() is not None:
+        register(CkzHuffCpuCodec)
+    else:
+        mark_unavailable(CODEC_ID, "cpu", NO_CODER)
+
+
+declare([CODEC_ID], "cpu", _load)

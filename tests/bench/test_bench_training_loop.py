@@ -1,0 +1,66 @@
+"""`ckptzip bench training-loop` on the CPU with its tiny model: every method's rows, lost time
+against the steps without checkpoints, restores in a fresh process compared by digest, and a
+method that fails reported as a result, not fatal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckptzip_bench import training_loop
+
+
+def _run(tmp_path: Path, methods: str, *extra: str) -> list[dict[str, object]]:
+    parser = argparse.ArgumentParser()
+    training_loop.configure(parser)
+    out = tmp_path / "loop.json"
+    args = parser.parse_args(["--config", "tiny", "--methods", methods, "--every", "2", "--checkpoints", "2",
+                              "--base-steps", "3", "--warm-steps", "1", "--dir", str(tmp_path),
+                              "--json", str(out), *extra])
+    training_loop.RESULTS.clear()
+    assert training_loop.run(args) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_each_method_is_timed_in_the_loop_and_restores_bit_exactly_in_a_fresh_process(tmp_path: Path) -> None:
+    rows = _run(tmp_path, "torch.save,ckptzip.save,ckptzip-manager", "--verify")
+    timed = {r["method"]: r for r in rows if "lost_per_checkpoint_s" in r}
+    assert set(timed) == {"torch.save", "ckptzip.save", "ckptzip-manager"}
+    for row in timed.values():
+        assert row["every"] == 2 and row["checkpoints"] == 2
+        assert isinstance(row["bytes_last"], int) and row["bytes_last"] > 0
+        assert row["host_rss_gb"] > 0
+    verified = {r["method"]: r for r in rows if r.get("verify")}
+    assert set(verified) == {"torch.save", "ckptzip.save", "ckptzip-manager"}
+    assert all(r["bit_exact"] is True for r in verified.values()), verified
+    assert verified["ckptzip-manager"]["bytes"] < verified["torch.save"]["bytes"]  # type: ignore[operator]
+    assert not (tmp_path / "ckptzip-training-loop" / "ckptzip-manager").exists()  # every method cleans up
+
+
+def test_a_method_that_fails_is_a_result_with_where_it_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(step: int, state: dict[str, torch.Tensor], d: Path) -> None:
+        raise OSError("disk gone")
+
+    real = training_loop.make_method
+
+    def make(name: str, directory: Path) -> training_loop.Method:
+        method = real(name, directory)
+        method.save = broken
+        return method
+
+    monkeypatch.setattr(training_loop, "make_method", make)
+    rows = _run(tmp_path, "ckptzip.save")
+    failed = [r for r in rows if r.get("method") == "ckptzip.save"]
+    assert len(failed) == 1 and str(failed[0]["error"]).startswith("OSError: disk gone at test_bench_training_loop.py:")
+
+
+def test_an_unknown_method_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    training_loop.configure(parser)
+    assert training_loop.run(parser.parse_args(["--methods", "zip-everything", "--dir", str(tmp_path)])) == 2
+    assert "unknown method(s) zip-everything" in capsys.readouterr().err
