@@ -16,7 +16,8 @@ byte-level BPE trained on it here (nothing is downloaded). For each manager and 
   ``checkpointer.load`` of that step; ``resume_bit_exact``: whether the model and optimizer it
   loaded are, bit for bit, what they were when that step was saved.
 
-Managers: ``torchtitan`` (its ``CheckpointManager``: DCP's ``FileSystemWriter``), ``ckptzip``
+Managers: ``torchtitan`` (its ``CheckpointManager``: DCP's ``FileSystemWriter``; in
+``async_with_pinned_mem`` a new pinned stager each save, since torch 2.11 cannot reuse one), ``ckptzip``
 (``CompressedCheckpointManager``: ckptzip's DCP storage), ``torch_checkpointing`` (each step
 through torch_checkpointing, nothing coded) and ``ckptzip_tc`` (``CompressedTorchCheckpointingManager``:
 torch_checkpointing with the model and optimizer coded by ckptzip).
@@ -121,7 +122,19 @@ def managers() -> dict[str, type]:
 
         coded_states = ()
 
-    return {"torchtitan": CheckpointManager, "ckptzip": CompressedCheckpointManager,
+    class Torchtitan(CheckpointManager):  # type: ignore[misc]
+        """torchtitan's manager with a new pinned stager for each save in async_with_pinned_mem:
+        torchtitan 0.2 reuses one, and torch 2.11 leaves a DefaultStager unusable after its first
+        async_save (KeyError: <class 'type'>); the old one goes once its save is written."""
+
+        def save(self, curr_step: int, last_step: bool = False) -> None:
+            if self.stager is not None and self._should_save(curr_step, last_step):
+                self._async_wait()
+                self.stager.close()
+                self.stager = None
+            super().save(curr_step, last_step)
+
+    return {"torchtitan": Torchtitan, "ckptzip": CompressedCheckpointManager,
             "torch_checkpointing": TorchCheckpointing, "ckptzip_tc": CompressedTorchCheckpointingManager}
 
 

@@ -27,9 +27,9 @@ step() {  # step NAME SECONDS COMMAND...: run it, its output to $OUT/NAME.log; p
     echo "$name FAILED (exit $?):"; tail -n 60 "$OUT/$name.log"; status=1
   fi
 }
-step gpu-tests 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/dcp/test_dcp_process.py \
+step gpu-tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/dcp/test_dcp_process.py \
   tests/engine/test_staged_portable.py tests/integrations/test_integration_torch_checkpointing.py tests/dcp/test_dcp_staging.py
-step torchtitan 420 python3 bench/torchtitan_gpu.py "$@"
+step torchtitan 330 python3 bench/torchtitan_gpu.py "$@"
 grep '^{' "$OUT/torchtitan.log" > "$OUT/torchtitan.jsonl"
 cat "$OUT/torchtitan.jsonl"
 exit $status

@@ -87,11 +87,11 @@ def _saves_in_a_process(rank: int, world: int, root: Path, device: str, stager: 
     state = _state(device, mesh)
     writer = CompressedStorageWriter(root / "unused")
     async_stager = None
-    if stager == "default":  # as torchtitan's async_with_pinned_mem passes it
-        gpu = device == "cuda"
-        async_stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=True,
-                                                    use_async_staging=True, use_non_blocking_copy=gpu))
     for k in range(3):
+        if stager == "default":  # as torchtitan's async_with_pinned_mem passes it (a new one each save:
+            gpu = device == "cuda"  # torch 2.11 leaves one unusable after its first async_save)
+            async_stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=True,
+                                                        use_async_staging=True, use_non_blocking_copy=gpu))
         before = _copy(state)
         future = dcp.async_save(state, checkpoint_id=root / f"s{k}", storage_writer=writer,
                                 async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=async_stager)
@@ -107,8 +107,8 @@ def _saves_in_a_process(rank: int, world: int, root: Path, device: str, stager: 
         if device == "cuda":
             torch.cuda.synchronize()  # the caller's CUDA context is intact
             assert torch.equal((state["model"]["w"] * 0).sum().cpu(), torch.tensor(0.0))
-    if async_stager is not None:
-        async_stager.close()
+        if async_stager is not None:
+            async_stager.close()  # its save is written
     dist.barrier()
 
 

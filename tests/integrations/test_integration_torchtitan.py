@@ -105,8 +105,9 @@ class _Run:
 
 
 def _cpu_stager(run: _Run) -> None:
-    """torchtitan's pinned-memory stager needs an accelerator; on the CPU the mode keeps the rest
-    (asynchronous staging into shared memory, the save in a checkpoint process)."""
+    """torchtitan makes a pinned-memory stager in this mode, which needs an accelerator; on the CPU
+    one without pinned memory stands in (ckptzip's managers stage without it: the checkpoint
+    process is what the mode keeps)."""
     if run.manager.async_mode == "async_with_pinned_mem" and not torch.accelerator.is_available():
         run.manager.stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=True,
                                                           use_async_staging=True, use_non_blocking_copy=False))

@@ -124,10 +124,15 @@ class CompressedCheckpointManager(CheckpointManager):
         elif async_mode == AsyncMode.ASYNC:
             result = async_save(state_dict, storage_writer=writer, process_group=self.pg)
         else:
-            result = async_save(
-                state_dict, storage_writer=writer, process_group=self.pg,
-                async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=self.stager,
-            )
+            # DCP's checkpoint process writes, staged by the writer in place of torchtitan's pinned
+            # stager: GPU tensors coded on the GPU into pinned memory, done when async_save returns
+            # (torch 2.11 leaves a DefaultStager unusable after its first async_save, and
+            # torchtitan reuses it)
+            upload = async_save(state_dict, storage_writer=writer, process_group=self.pg,
+                                async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+            staged: Future[None] = Future()
+            staged.set_result(None)
+            result = AsyncSaveResponse(staging_completion=staged, upload_completion=upload)
         if enable_garbage_collection:
             GarbageCollection.collect("GC collection invoked by checkpointer.")
         return result
