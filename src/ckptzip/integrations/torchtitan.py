@@ -32,7 +32,7 @@ import re
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse, async_save, save
@@ -132,7 +132,8 @@ class CompressedCheckpointManager(CheckpointManager):
                                 async_checkpointer_type=AsyncCheckpointerType.PROCESS)
             staged: Future[None] = Future()
             staged.set_result(None)
-            result = AsyncSaveResponse(staging_completion=staged, upload_completion=upload)
+            # a stager that stages at once (the writer) makes async_save return the upload's future
+            result = AsyncSaveResponse(staging_completion=staged, upload_completion=cast("Future[None]", upload))
         if enable_garbage_collection:
             GarbageCollection.collect("GC collection invoked by checkpointer.")
         return result
