@@ -28,6 +28,8 @@ install: torch
 	$(BIN)/python -m pip install -q --no-deps -e bench
 	# torchtitan without its requirements, which would replace the CPU torch above (its tests need none of them)
 	$(BIN)/python -c "import sys; sys.exit(sys.version_info < (3, 11))" && $(BIN)/python -m pip install -q --no-deps "torchtitan==0.3.0" || true
+	# torchtitan 0.2 (the one torch 2.11 runs) in a folder of its own, for its tests (they put it first on the path)
+	$(BIN)/python -c "import sys; sys.exit(sys.version_info < (3, 11))" && $(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/torchtitan-0.2 "torchtitan==0.2.2" "torchdata==0.11.0" || true
 
 demo: torch
 	$(BIN)/python -m pip install -q -e .

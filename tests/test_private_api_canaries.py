@@ -33,6 +33,17 @@ def test_torch_foreach_copy_takes_lists_and_non_blocking() -> None:
     assert all(torch.equal(d, s) for d, s in zip(dst, src)), what
 
 
+def test_torch_allocates_a_shared_storage_of_a_size() -> None:
+    what = (
+        "torch.UntypedStorage._new_shared(nbytes) changed: ckptzip/engine/staging.py (shared_empty) allocates "
+        "the shared memory that stagings hand to DCP's and torch_checkpointing's checkpoint processes with it"
+    )
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    assert callable(new_shared), what
+    storage = new_shared(64)
+    assert storage.nbytes() == 64 and storage.is_shared(), what
+
+
 def test_dcp_loads_a_whole_checkpoint_without_a_template() -> None:
     from torch.distributed.checkpoint import default_planner, state_dict_loader
 

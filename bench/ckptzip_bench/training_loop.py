@@ -228,10 +228,11 @@ def make_method(name: str, directory: Path) -> Method:
                       path_of=lambda d, step: d / f"step_{step}.ckz")
     if name.startswith("ckptzip-manager"):
         return _manager_method(name, directory)
-    if name in ("dcp-async", "dcp-async-pinned", "ckptzip-dcp-async"):
+    if name in ("dcp-async", "dcp-async-pinned", "ckptzip-dcp-async", "ckptzip-dcp-async-process",
+                "ckptzip-dcp-async-pinned"):
         return _dcp_method(name)
-    if name == "torch_checkpointing":
-        return _torch_checkpointing_method()
+    if name in ("torch_checkpointing", "ckptzip-torch_checkpointing"):
+        return _torch_checkpointing_method(name)
     raise ValueError(f"unknown method {name!r}")
 
 
@@ -266,7 +267,8 @@ def _dcp_method(name: str) -> Method:
     pending: list[Any] = []
     staging: list[Any] = []
     stagers: list[Any] = []
-    if name == "dcp-async-pinned":
+    process = name in ("dcp-async-pinned", "ckptzip-dcp-async-process", "ckptzip-dcp-async-pinned")
+    if process:
         _single_rank_group()
 
     def save(step: int, state: dict[str, torch.Tensor], d: Path) -> None:
@@ -277,15 +279,15 @@ def _dcp_method(name: str) -> Method:
             stager.close()
         stagers.clear()
         path = d / f"step_{step}"
-        if name == "ckptzip-dcp-async":
+        kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
+        stager = _pinned_stager(stagers) if name.endswith("-pinned") else None
+        if name.startswith("ckptzip-"):  # the writer stages (GPU tensors coded on the GPU) unless a stager is given
             from ckptzip.dcp import CompressedStorageWriter
 
-            result = async_save(state, storage_writer=CompressedStorageWriter(path))
-        elif name == "dcp-async-pinned":
-            result = async_save(state, checkpoint_id=str(path), async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-                                async_stager=_pinned_stager(stagers))
+            result = async_save(state, storage_writer=CompressedStorageWriter(path), async_checkpointer_type=kind,
+                                async_stager=stager)
         else:
-            result = async_save(state, checkpoint_id=str(path))
+            result = async_save(state, checkpoint_id=str(path), async_checkpointer_type=kind, async_stager=stager)
         upload = getattr(result, "upload_completion", result)
         staged = getattr(result, "staging_completion", None)
         pending.append(upload)
@@ -337,12 +339,20 @@ def _single_rank_group() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
-def _torch_checkpointing_method() -> Method:
+def _torch_checkpointing_method(name: str) -> Method:
+    """torch_checkpointing's manager, or ckptzip's in its place (``ckptzip-torch_checkpointing``:
+    the state coded by ckptzip in ``save``, on the GPU for GPU state)."""
     from torch_checkpointing import CheckpointManager
     from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
     # O_DIRECT fails on the GPU machine's disk with torch.save's unaligned writes
-    manager = CheckpointManager.Config(storage_config=LocalFileSystemStorageConfig(use_direct_io=False)).build()
+    config = CheckpointManager.Config(storage_config=LocalFileSystemStorageConfig(use_direct_io=False))
+    if name.startswith("ckptzip-"):
+        from ckptzip.integrations.torch_checkpointing import CompressedCheckpointManager
+
+        manager: Any = CompressedCheckpointManager(config)
+    else:
+        manager = config.build()
     pending: list[Any] = []
     lock = manager.lock()
 
@@ -367,12 +377,12 @@ def _torch_checkpointing_method() -> Method:
         finish()
         manager.close()
 
-    return Method("torch_checkpointing", save, finish, before_update, close, kind="torch_checkpointing")
+    return Method(name, save, finish, before_update, close, kind="torch_checkpointing")
 
 
 METHODS = ("torch.save", "dcp-async", "dcp-async-pinned", "torch_checkpointing", "ckptzip.save",
-           "ckptzip-dcp-async", "ckptzip-manager", "ckptzip-manager-host", "ckptzip-manager-device",
-           "ckptzip-manager-blocking")
+           "ckptzip-dcp-async", "ckptzip-dcp-async-process", "ckptzip-dcp-async-pinned", "ckptzip-torch_checkpointing",
+           "ckptzip-manager", "ckptzip-manager-host", "ckptzip-manager-device", "ckptzip-manager-blocking")
 
 
 # --------------------------------------------------------------------------- the loop

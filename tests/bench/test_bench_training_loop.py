@@ -42,6 +42,16 @@ def test_each_method_is_timed_in_the_loop_and_restores_bit_exactly_in_a_fresh_pr
     assert not (tmp_path / "ckptzip-training-loop" / "ckptzip-manager").exists()  # every method cleans up
 
 
+@pytest.mark.slow
+def test_ckptzip_through_torch_checkpointing_and_dcps_checkpoint_process_restore_bit_exactly(tmp_path: Path) -> None:
+    pytest.importorskip("torch_checkpointing")
+    methods = ("ckptzip-torch_checkpointing", "ckptzip-dcp-async-process")
+    rows = _run(tmp_path, ",".join(methods), "--verify")
+    assert {r["method"] for r in rows if "lost_per_checkpoint_s" in r} == set(methods), rows
+    verified = {r["method"]: r for r in rows if r.get("verify")}
+    assert set(verified) == set(methods) and all(r["bit_exact"] is True for r in verified.values()), verified
+
+
 def test_a_method_that_fails_is_a_result_with_where_it_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(step: int, state: dict[str, torch.Tensor], d: Path) -> None:
         raise OSError("disk gone")

@@ -397,7 +397,7 @@ def test_a_pool_pins_buffers_one_by_one_where_host_memory_cannot_be_registered(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from ckptzip.engine import staging
 
-    def refused(nbytes: int) -> staging.Slab:
+    def refused(nbytes: int, shared: bool = False) -> staging.Slab:
         raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error 801")
 
     pinned: list[bool] = []

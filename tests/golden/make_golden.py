@@ -11,7 +11,8 @@ Format 2.1: gpu_gdeflate_v2_1.ckz (GPU, "auto", the default preset since issue 2
 (casts and a duplicate, golden_state_2_1) and cpu_zstd_v2_1_delta.ckz (golden_delta_state, XOR
 deltas against cpu_zstd_v2_1_refs.ckz as its base, "step" 100). Format 2.2:
 cpu_zstd_v2_2_sparse.ckz (golden_sparse_delta_state, XOR deltas coded sparse against the same
-base). The *_v1_0 files were
+base). torch_checkpointing_v1.pt: golden_state_2_1 as ckptzip.integrations.torch_checkpointing
+writes an item (a torch.save archive of one ckptzip container, its format 1). The *_v1_0 files were
 written by ckptzip 0.1.0 in format 1.0. Never regenerate a committed golden file of an earlier
 format version: old files must keep reading. Files that exist are not overwritten.
 """
@@ -71,6 +72,12 @@ def main(out_dir: str) -> None:
             with open(out / name, "xb") as f:
                 write_checkpoint(f, later(), Policy.parse(codec), base=DeltaBase(ref, tensors))
     ckzhuff_chunks(out / "ckzhuff_chunks.npz")
+    if not (out / "torch_checkpointing_v1.pt").exists():  # an item of ckptzip.integrations.torch_checkpointing
+        from ckptzip.engine.staging import PinnedPool
+        from ckptzip.integrations.torch_checkpointing import CompressedItem
+
+        torch.save(CompressedItem.stage(golden_state_2_1(), "portable", PinnedPool(), None),
+                   out / "torch_checkpointing_v1.pt")
     for path in sorted(out.glob("*.ckz")):
         with ckptzip.open(path) as r:
             codecs = sorted({c for e in r.entries() for c in e.codecs})

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 FRAMEWORKS = ("jax", "tensorflow", "keras", "orbax", "lightning", "pytorch_lightning", "transformers", "deepspeed",
-              "megatron", "torchtitan")
+              "megatron", "torchtitan", "torch_checkpointing")
 
 
 def test_import_ckptzip_imports_no_framework() -> None:

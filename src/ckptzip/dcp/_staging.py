@@ -7,9 +7,13 @@ stored bytes are copied into pinned host memory (:func:`~ckptzip.engine.writer.s
 on the caller's stream, so training's next kernels run after the coding. Host tensors are
 copied; other values are kept as DCP's stager keeps them.
 
-The staged state dict DCP plans and saves from holds the GPU tensors themselves: DCP reads only
-their shapes and dtypes from it, and the writer writes the staged bytes of each in their place,
-identified by its storage, offset, shape, strides and dtype.
+In the staged state dict DCP plans and saves from, each staged GPU tensor is a meta tensor of
+its shape and dtype (a DTensor keeps its mesh and placements around one): DCP reads only shapes
+and dtypes from it, and it holds nothing of the GPU, so the staged dict may cross to DCP's
+checkpoint process (``AsyncCheckpointerType.PROCESS``) as well as stay in the caller. The
+writer finds each staged tensor's bytes by the placeholder's storage offset, which is its
+position in the staged table plus one: pickling keeps offsets, and DCP hands the placeholder
+(or a view of it at the same offset) back when it resolves an item.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
-from ..engine import SAVE_BATCH_BYTES, GpuLimits, PinnedPool, Policy, StagedState, gpu_coded, stage_state
+from ..engine import PinnedPool, Policy, StagedState, stage_coded
+from ..errors import UsageError
 
 _Key = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.device]
 # Pinned host memory for staged bytes, kept for the next save (pinning is what makes a first
@@ -36,9 +42,16 @@ def key_of(tensor: torch.Tensor) -> _Key:
             tuple(tensor.stride()), tensor.dtype, tensor.device)
 
 
+def staged_here(tensor: torch.Tensor) -> bool:
+    """Whether staging codes ``tensor`` now (a GPU tensor) rather than copying it for later."""
+    return tensor.is_cuda
+
+
 @dataclass
 class Staged:
-    """One ``stage`` call's result: the coded GPU tensors waiting in pinned memory, by key."""
+    """One ``stage`` call's result: the coded GPU tensors waiting in pinned memory. ``positions``:
+    a ShardedTensor's shards by :func:`key_of` (it stays in the staged dict itself, so it is
+    found by its data; a staging with any is for DCP's thread only)."""
 
     state: StagedState
     positions: dict[_Key, int] = field(default_factory=dict)
@@ -49,16 +62,51 @@ class Staged:
             if job.ready is not None:
                 job.ready.synchronize()
 
+    def position(self, tensor: torch.Tensor) -> int | None:
+        """Where a resolved item's bytes are in the staged table: a placeholder's, by its storage
+        offset (checked against the staged tensor's shape and dtype), a ShardedTensor shard's by
+        its data; None for a tensor that was not staged."""
+        if not tensor.is_meta:
+            return self.positions.get(key_of(tensor))
+        k = int(tensor.storage_offset()) - 1
+        layouts = self.state.table.layouts
+        if not 0 <= k < len(layouts) or (layouts[k].dtype, layouts[k].shape) != (tensor.dtype, tuple(tensor.shape)):
+            raise UsageError(
+                f"a {tensor.dtype} meta tensor of shape {tuple(tensor.shape)} reached the writer that matches "
+                "nothing it staged: save meta tensors with no writer, and stage each state with the writer "
+                "that saves it"
+            )
+        return k
+
+    def portable(self) -> Staged:
+        """This staging for DCP's checkpoint process (:meth:`StagedState.portable`); the
+        pinned buffers go back to the pool at once."""
+        if self.positions:
+            raise UsageError(
+                "dcp.async_save(..., async_checkpointer_type=AsyncCheckpointerType.PROCESS) with a ShardedTensor "
+                "on a GPU: ckptzip stages its shards on the GPU and finds them by their memory, which the "
+                "checkpoint process does not share; use the thread checkpointer, a DTensor, or pass "
+                "async_stager=DefaultStager(...) to stage on the host"
+            )
+        state = self.state.portable()
+        self.state.release()
+        return Staged(state)
+
 
 def _local_tensors(value: Any) -> list[torch.Tensor] | None:
     """The local data of a tensor-like value (a DTensor's local tensor, a ShardedTensor's local
     shards, a tensor), or None for other values."""
-    local = getattr(value, "_local_tensor", None)
-    if isinstance(value, torch.Tensor) and isinstance(local, torch.Tensor):  # DTensor
-        return [local]
+    if isinstance(value, DTensor):
+        return [value._local_tensor]
     if hasattr(value, "local_shards") and callable(value.local_shards):  # ShardedTensor
         return [shard.tensor for shard in value.local_shards()]
     return [value] if isinstance(value, torch.Tensor) else None
+
+
+def _placeholder(tensor: torch.Tensor, position: int) -> torch.Tensor:
+    """A contiguous meta tensor of ``tensor``'s shape and dtype at storage offset ``position + 1``."""
+    storage = torch.empty(position + 1 + tensor.numel(), dtype=tensor.dtype, device="meta")
+    return storage[position + 1 :].view(tensor.shape)
 
 
 def stage(state_dict: Any, policy: Policy, gpu_memory: int | None) -> tuple[Any, Staged | None]:
@@ -66,18 +114,29 @@ def stage(state_dict: Any, policy: Policy, gpu_memory: int | None) -> tuple[Any,
     names: list[str] = []
     tensors: list[torch.Tensor] = []
     seen: dict[_Key, int] = {}
+    sharded: dict[_Key, int] = {}
+
+    def add(t: torch.Tensor, name: str) -> int:
+        position = seen.setdefault(key_of(t), len(tensors))
+        if position == len(tensors):
+            names.append(name)
+            tensors.append(t.detach())
+        return position
 
     def walk(value: Any, path: str) -> Any:
         locals_ = _local_tensors(value)
         if locals_ is not None:
-            gpu = [t for t in locals_ if t.is_cuda]
-            if gpu and len(gpu) == len(locals_):
-                for k, t in enumerate(gpu):
-                    seen.setdefault(key_of(t), len(tensors))
-                    if len(seen) > len(tensors):
-                        names.append(path if len(gpu) == 1 else f"{path}#{k}")
-                        tensors.append(t.detach())
-                return value  # the GPU data is staged; DCP reads the metadata
+            staged = [t for t in locals_ if staged_here(t)]
+            if staged and len(staged) == len(locals_):
+                if not isinstance(value, torch.Tensor):  # a ShardedTensor: found by its shards' data
+                    for k, t in enumerate(staged):
+                        sharded[key_of(t)] = add(t, f"{path}#{k}")
+                    return value
+                holder = _placeholder(staged[0], add(staged[0], path))
+                if isinstance(value, DTensor):
+                    return DTensor.from_local(holder, value.device_mesh, value.placements, run_check=False,
+                                              shape=value.shape, stride=value.stride())
+                return holder
             if isinstance(value, torch.Tensor) and not value.is_cuda:
                 return value.detach().clone()  # host tensors: copied, as DCP's stager does
             return value
@@ -90,9 +149,6 @@ def stage(state_dict: Any, policy: Policy, gpu_memory: int | None) -> tuple[Any,
     staged_dict = walk(state_dict, "")
     if not tensors:
         return staged_dict, None
-    # what the GPUs cannot code (no nvCOMP, or over the budget) is copied to the host now and coded there later
-    coded = gpu_coded(tensors, policy, GpuLimits.of(tensors, policy, gpu_memory))
-    tensors = [t if on_gpu else t.to("cpu") for t, on_gpu in zip(tensors, coded)]
     with _POOL_LOCK:  # one staging at a time owns the shared pool's reservation
-        state = stage_state(names, tensors, policy, _POOL, SAVE_BATCH_BYTES["cuda"], gpu_memory=gpu_memory)
-    return staged_dict, Staged(state, {key: position for key, position in seen.items()})
+        state = stage_coded(names, tensors, policy, _POOL, gpu_memory)
+    return staged_dict, Staged(state, sharded)

@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import io
 import os
+import threading
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -16,7 +17,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from ..errors import CkptzipError, UnsupportedObjectError
+from ..errors import CkptzipError, UnsupportedObjectError, UsageError
 from ..engine import Policy, gpu_memory_cap, warm_up, write_staged, write_state
 from ..storage import write_error
 from ..tree import flatten
@@ -24,7 +25,7 @@ from ._directory import CheckpointDirectory
 from ._args import check_extensions, check_serialization_format
 from ._items import describe, pipeline, tensor_name
 from ._metadata import StoredItem, check_planner_data, encode_metadata, metadata_file
-from ._staging import Staged, key_of, stage
+from ._staging import Staged, stage
 
 DATA_SUFFIX = ".ckzd"
 
@@ -48,6 +49,9 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
     on their GPU in the caller and only their stored bytes are copied to pinned host memory,
     which is kept for the next save; host tensors are copied (:mod:`._staging`). The files are
     those of a synchronous save, the staged GPU tensors in ``__<rank>.ckzd``, the rest beside.
+    With DCP's checkpoint process (``AsyncCheckpointerType.PROCESS``) the writer is pickled into
+    that process and hands it its stagings, in shared memory and without CUDA objects
+    (:meth:`__getstate__`).
 
     Each rank compresses and writes only its own shards, into one data file (``__<rank>.ckzd``,
     a ``.ckz`` container of all its items); shards on a GPU are compressed on that GPU, in
@@ -105,6 +109,7 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
         gpu_memory_cap(gpu_memory)  # a bad value fails here, not in the save
         self.gpu_memory = gpu_memory
         self._staged: collections.deque[Staged | None] = collections.deque()  # stage() → write_data, in order
+        self._staged_lock = threading.Lock()
         warm_up(policy=self._policy)  # compile the GPU kernels before the first save needs them
         self.save_id = uuid.uuid4().hex
         self.rank: int | None = None
@@ -167,29 +172,55 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
     def stage(self, state_dict: Any) -> Any:
         """For ``dcp.async_save``: code the state's GPU tensors on their GPUs now and copy only
         their stored bytes to pinned host memory (host tensors are copied); returns the state
-        dict DCP then saves from, on its thread (:mod:`._staging`)."""
+        dict DCP then saves from, on its thread or in its checkpoint process (:mod:`._staging`)."""
         staged_dict, staged = stage(state_dict, self._policy, self.gpu_memory)
-        self._staged.append(staged)
+        with self._staged_lock:
+            self._staged.append(staged)
         return staged_dict
 
     def synchronize_staging(self) -> None:
         """Wait until the staged bytes are in host memory: the state may change from then on."""
-        for staged in list(self._staged):
+        with self._staged_lock:
+            pending = list(self._staged)
+        for staged in pending:
             if staged is not None:
                 staged.wait()
 
     def close(self) -> None:
         """Drop stagings no save consumed (DCP calls this when a stager is done)."""
-        while self._staged:
-            staged = self._staged.popleft()
+        with self._staged_lock:
+            dropped, self._staged = self._staged, collections.deque()
+        for staged in dropped:
             if staged is not None:
                 staged.state.release()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What DCP's checkpoint process receives (``AsyncCheckpointerType.PROCESS`` pickles the
+        writer with the staged dict): the pending stagings, handed over with their bytes in
+        shared memory and no CUDA object (:meth:`._staging.Staged.portable`); this writer keeps
+        none of them, so nothing accumulates here from save to save."""
+        with self._staged_lock:
+            handed, self._staged = self._staged, collections.deque()
+        state = {k: v for k, v in self.__dict__.items() if k != "_staged_lock"}
+        try:
+            state["_staged"] = collections.deque(None if s is None else s.portable() for s in handed)
+        except BaseException:
+            for staged in handed:  # (those already handed gave their buffers back)
+                if staged is not None:
+                    staged.state.release()
+            raise
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._staged_lock = threading.Lock()
 
     # ----------------------------------------------------------------------------- data
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         prefix = plan.storage_data.prefix
-        staged = self._staged.popleft() if self._staged else None
+        with self._staged_lock:
+            staged = self._staged.popleft() if self._staged else None
         results: list[WriteResult] = []
         if staged is not None:
             mine = [item for item in plan.items if self._staged_position(staged, item, planner) is not None]
@@ -228,7 +259,7 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
         if item.type == WriteItemType.BYTE_IO:
             return None
         data = planner.resolve_data(item)
-        return staged.positions.get(key_of(data)) if isinstance(data, torch.Tensor) else None
+        return staged.position(data) if isinstance(data, torch.Tensor) else None
 
     def _write_staged(self, name: str, items: list[WriteItem], staged: Staged, planner: SavePlanner
                       ) -> list[WriteResult]:
@@ -253,6 +284,12 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
             raw = data.getvalue()
             return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
         if isinstance(data, torch.Tensor):
+            if data.is_meta:
+                raise UsageError(
+                    f"{where} is a meta tensor (a staged tensor's placeholder without its staging, or a model "
+                    "not materialized): DCP saves only tensors with data; stage each state with the writer "
+                    "that saves it"
+                )
             try:
                 return flatten(data.detach()).tensors[0].tensor
             except CkptzipError as exc:

@@ -22,10 +22,10 @@ from .policy import PRESETS, SMALL_TENSOR_BYTES, Policy
 from .warmup import compile_kernels, warm_up
 
 # Whole states: a save, a host snapshot's two halves, a load.
-from .writer import StagedState, stage_state, write_staged, write_state
+from .writer import StagedState, stage_coded, stage_state, write_staged, write_state
 from .reader import read_tensors
 from .sources import DeltaBase, LoadPlan
-from .plan import SAVE_BATCH_BYTES, GpuLimits, gpu_coded
+from .plan import GpuLimits, gpu_coded
 from .staging import PinnedPool, Slab
 
 # The GPU memory a call may use.
@@ -52,10 +52,10 @@ from .plan import load_batches as plan_read_batches
 from .plan import save_batches as plan_write_batches
 
 __all__ = [
-    "PRESETS", "SAVE_BATCH_BYTES", "SMALL_TENSOR_BYTES", "DeltaBase", "EncodedBatch", "GpuLimits", "Limit", "LoadPlan",
+    "PRESETS", "SMALL_TENSOR_BYTES", "DeltaBase", "EncodedBatch", "GpuLimits", "Limit", "LoadPlan",
     "OverlappingRead", "PinnedPool", "Policy", "Runs", "Slab", "StagedState", "Task", "available_gpu_memory",
     "compile_kernels", "decode_batch", "encode_batch", "entropy_of_counts", "gpu_coded", "gpu_memory_beside_training",
     "gpu_memory_cap", "gpu_memory_capped", "optimizer_owned", "optimizer_stepped", "optimizer_storages", "packed",
-    "plan_read_batches", "plan_write_batches", "read_ahead", "read_tensors", "run_ahead", "stage_state",
+    "plan_read_batches", "plan_write_batches", "read_ahead", "read_tensors", "run_ahead", "stage_coded", "stage_state",
     "wait_for_reads", "warm_up", "watch_optimizer_steps", "write_staged", "write_state",
 ]

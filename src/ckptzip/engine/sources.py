@@ -35,6 +35,21 @@ class DeltaBase:
     tensors: Mapping[str, torch.Tensor]
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What an index entry records of a tensor besides its bytes: its dtype, shape, size and device
+    (kept apart from the tensor, so a table staged on a GPU can be written in another process)."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    device: str
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> Layout:
+        return cls(tensor.dtype, tuple(tensor.shape), tensor.numel() * tensor.element_size(), str(tensor.device))
+
+
 @dataclass
 class Table:
     """The tensor table of a save: what the engine encodes (``names``/``tensors``, at table
@@ -45,7 +60,7 @@ class Table:
     names: list[str]
     tensors: list[torch.Tensor]
     all_names: list[str]
-    originals: list[torch.Tensor]
+    layouts: list[Layout]  # of every position: what its entry records
     sources: dict[int, dict[str, Any]] = field(default_factory=dict)
     checksums: dict[int, int] = field(default_factory=dict)  # own checksum where the engine's is not
     bases: list[BaseRef] = field(default_factory=list)
@@ -58,10 +73,10 @@ class Table:
         return VERSION_SOURCES if self.sources else VERSION
 
     @property
-    def recorded(self) -> list[torch.Tensor]:
-        """Per encoded tensor, the tensor whose dtype, shape and device its entry records: the
-        state's own (``tensors`` may hold an XOR residue, or a host copy of it, instead)."""
-        return [self.originals[p] for p in self.positions]
+    def recorded(self) -> list[Layout]:
+        """Per encoded tensor, what its entry records: the state's tensor's layout (``tensors``
+        may hold an XOR residue, or a host copy of it, instead)."""
+        return [self.layouts[p] for p in self.positions]
 
     def complete(self, stored: Sequence[TensorEntry]) -> list[TensorEntry]:
         """The whole table, in position order, from the entries of the encoded tensors."""
@@ -75,11 +90,11 @@ class Table:
             for position, source in self.sources.items():
                 if kind not in source:
                     continue
-                t = self.originals[position]
+                t = self.layouts[position]
                 checksum = entries[source[kind]].checksum if kind == "copy" else self._checksum(position)
                 entries[position] = TensorEntry(
-                    self.all_names[position], DTYPE_NAMES[t.dtype], tuple(t.shape), t.numel() * t.element_size(),
-                    checksum, [], [], str(t.device), source)
+                    self.all_names[position], DTYPE_NAMES[t.dtype], t.shape, t.nbytes, checksum, [], [], t.device,
+                    source)
         complete = [entry for entry in entries if entry is not None]
         if len(complete) != self.count:
             raise AssertionError("a position of the table has neither an encoded entry nor a source")
@@ -130,7 +145,8 @@ def rewrite_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase
     nonzero = {i: host[("count", i)] for i in counts}
     sparse = [nonzero[i] if i in nonzero and codes_sparse(nonzero[i], tensors[i].numel()) else None for i in positions]
     return Table(len(tensors), positions, [names[i] for i in positions], [encoded[i] for i in positions],
-                 names, tensors, sources, {i: host[("checksum", i)] for i in checksums}, bases, sparse)
+                 names, [Layout.of(t) for t in tensors], sources, {i: host[("checksum", i)] for i in checksums}, bases,
+                 sparse)
 
 
 def _checksums(tensors: list[torch.Tensor], positions: list[int]) -> dict[int, torch.Tensor]:

@@ -35,11 +35,15 @@ def _pool_buffers() -> int:
     return max(2, settings.pinned_bytes() // BUFFER_BYTES)
 
 
-def _fresh_memory(nbytes: int) -> torch.Tensor:
+def _fresh_memory(nbytes: int, shared: bool = False) -> torch.Tensor:
     """``nbytes`` of host memory with every page in, zeroed: on Linux an anonymous mapping advised
     to take transparent huge pages, whose first touches run two to three times faster (33 against
-    15 GB/s on 16 threads of the H200 host, bench/RESULTS.md) and which leave fewer pages to pin."""
-    if hasattr(mmap, "MADV_HUGEPAGE"):
+    15 GB/s on 16 threads of the H200 host, bench/RESULTS.md) and which leave fewer pages to pin.
+    ``shared``: torch's shared memory instead, which ``torch.multiprocessing`` hands to another
+    process without a copy."""
+    if shared:
+        memory = shared_empty(nbytes)
+    elif hasattr(mmap, "MADV_HUGEPAGE"):
         region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         region.madvise(mmap.MADV_HUGEPAGE)
         memory = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
@@ -48,14 +52,28 @@ def _fresh_memory(nbytes: int) -> torch.Tensor:
     return memory.fill_(0)  # fault every page in, on several threads
 
 
+def shared_empty(nbytes: int) -> torch.Tensor:
+    """A 1-D uint8 tensor of ``nbytes`` in torch's shared memory (not zeroed): what
+    ``torch.multiprocessing`` hands to another process by its file descriptor, without a copy."""
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+
+
+def shared_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of a host tensor in shared memory (contiguous, same dtype and shape)."""
+    out = shared_empty(tensor.numel() * tensor.element_size()).view(tensor.dtype).view(tensor.shape)
+    return out.copy_(tensor)
+
+
 class Slab:
     """Pageable memory made pinned by registering it with CUDA: for gigabytes several times faster
     than allocating pinned memory (pages are touched by torch's thread pool, then registered at
     about 40 GB/s). Unregistered when dropped, so nothing may use its memory after that."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, shared: bool = False) -> None:
         self.nbytes = nbytes
-        self.memory = _fresh_memory(nbytes)
+        self.memory = _fresh_memory(nbytes, shared)
         self._cudart = torch.cuda.cudart()
         error = self._cudart.cudaHostRegister(self.memory.data_ptr(), nbytes, 0)
         if int(error) != 0:
@@ -71,12 +89,16 @@ class Slab:
 
 class PinnedPool:
     """Pinned host buffers, created on first use (at most ``count``) and reused. ``slab_bytes``:
-    the most one registration pins; a pool holds up to a slab more than it was asked for."""
+    the most one registration pins; a pool holds up to a slab more than it was asked for.
+    ``shared``: slabs in shared memory, so that staged bytes reach a checkpoint process without a
+    copy (:meth:`~ckptzip.engine.writer.StagedState.portable`)."""
 
-    def __init__(self, buffer_bytes: int = BUFFER_BYTES, count: int | None = None, slab_bytes: int = SLAB_BYTES) -> None:
+    def __init__(self, buffer_bytes: int = BUFFER_BYTES, count: int | None = None, slab_bytes: int = SLAB_BYTES,
+                 shared: bool = False) -> None:
         self.buffer_bytes = buffer_bytes
         self.count = count or _pool_buffers()  # sys.maxsize: a pool that grows as needed
         self.slab_bytes = slab_bytes
+        self.shared = shared
         self._free: queue.Queue[torch.Tensor] = queue.Queue()
         self._created = 0
         self._slabs: list[Slab] = []
@@ -107,7 +129,7 @@ class PinnedPool:
         """``n`` new buffers, in one slab (the caller holds the lock); pinned one by one where host
         memory cannot be registered (the driver refuses cudaHostRegister), so saves and loads still run."""
         try:
-            slab = Slab(n * self.buffer_bytes)
+            slab = Slab(n * self.buffer_bytes, self.shared)
         except RuntimeError as exc:
             _LOG.debug("ckptzip: pinning host buffers one by one: %s", exc)
             buffers = [torch.empty(self.buffer_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(n)]

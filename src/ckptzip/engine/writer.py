@@ -35,10 +35,10 @@ from .ahead import Task, run_ahead
 from .encode import EncodedBatch, Part, PendingBatch, encode_batch, start_batch, tensor_bytes
 from .estimate import sampled_plane_entropies
 from .parts import encode_part, plane_count, quarters, ranges, stream_codecs, worth_parts
-from .plan import BatchKey, GpuLimits, halving, save_batches
+from .plan import SAVE_BATCH_BYTES, BatchKey, GpuLimits, gpu_coded, halving, save_batches
 from .policy import Policy
-from .sources import DeltaBase, Table, rewrite_table
-from .staging import PinnedPool, copy_stream, pinned_pool
+from .sources import DeltaBase, Layout, Table, rewrite_table
+from .staging import PinnedPool, copy_stream, pinned_pool, shared_copy, shared_empty
 from .threads import cpu_workers
 
 WRITEBACK_BYTES = 64 << 20
@@ -183,27 +183,13 @@ def _smaller(tensors: list[torch.Tensor], key: BatchKey, policy: Policy, share: 
         yield from _encode(tensors, BatchKey("cpu", torch.device("cpu")), policy, share, ceiling, sparse)
 
 
-@dataclass(frozen=True)
-class _Meta:
-    """What the index records of a tensor besides its bytes."""
-
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    nbytes: int
-    device: str
-
-    @classmethod
-    def of(cls, tensor: torch.Tensor) -> _Meta:
-        return cls(tensor.dtype, tuple(tensor.shape), tensor.numel() * tensor.element_size(), str(tensor.device))
-
-
 @dataclass
 class _Record:
     """What the index needs of a batch once its bytes are written."""
 
     positions: list[int]  # table positions of the batch's tensors
     names: list[str]
-    tensors: list[_Meta]
+    tensors: list[Layout]
     batch: EncodedBatch
     meta: torch.Tensor  # int64: chunk digests, then tensor checksums (host)
 
@@ -246,7 +232,7 @@ class _Packing:
         return piece, buffer
 
 
-def _stage(positions: list[int], names: list[str], tensors: list[_Meta], batch: EncodedBatch,
+def _stage(positions: list[int], names: list[str], tensors: list[Layout], batch: EncodedBatch,
            pool: PinnedPool | None, encoded: torch.cuda.Event | None, packing: _Packing) -> Iterator[_Job]:
     """Move a batch's stored bytes and checksums to the host, into the pool's buffers where
     ``packing`` left off (device batches: large async copies on the copy stream, after
@@ -420,7 +406,7 @@ def _file_descriptor(f: BinaryIO) -> int | None:
         return None
 
 
-_Batch = tuple[list[int], list[str], list[_Meta], EncodedBatch, "torch.cuda.Event | None"]
+_Batch = tuple[list[int], list[str], list[Layout], EncodedBatch, "torch.cuda.Event | None"]
 
 
 class _End:
@@ -459,7 +445,7 @@ class _Stager(_InOrder[_Batch | _End]):
         self._queue.put(_End())  # after every batch, an error or not
         super().close()
 
-    def stage(self, positions: list[int], names: list[str], metas: list[_Meta], batch: EncodedBatch) -> None:
+    def stage(self, positions: list[int], names: list[str], metas: list[Layout], batch: EncodedBatch) -> None:
         """Queue a batch whose encoding was queued on the current stream."""
         encoded = None
         if batch.stored.is_cuda:
@@ -469,11 +455,11 @@ class _Stager(_InOrder[_Batch | _End]):
 
 
 def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, stager: _Stager,
-                on_progress: Callable[[int], object], recorded: list[torch.Tensor], limits: GpuLimits | None = None,
+                on_progress: Callable[[int], object], recorded: list[Layout], limits: GpuLimits | None = None,
                 only: list[int] | None = None, sparse: list[int | None] | None = None) -> None:
     """Encode every batch of the state (of tensors ``only``, where given) and hand it to
-    ``stager``, in file order. ``recorded``: per tensor, the one whose dtype, shape and device
-    its entry records (:attr:`.sources.Table.recorded`). ``sparse``: per tensor, its non-zero
+    ``stager``, in file order. ``recorded``: per tensor, the layout its entry records
+    (:attr:`.sources.Table.recorded`). ``sparse``: per tensor, its non-zero
     count where it is coded sparse (:attr:`.sources.Table.sparse`); a tensor coded in element
     ranges is not."""
     chosen = list(range(len(tensors))) if only is None else only
@@ -502,7 +488,7 @@ def _encode_all(names: list[str], tensors: list[torch.Tensor], policy: Policy, s
     for (_, idx), parts in run_ahead(tasks, workers, limits.lanes if limits else 1):
         for positions, batch in parts:
             part = [idx[p] for p in positions]
-            metas = [_Meta.of(recorded[i]) for i in part]
+            metas = [recorded[i] for i in part]
             stager.stage(part, [names[i] for i in part], metas, batch)
             on_progress(sum(m.nbytes for m in metas))
 
@@ -619,7 +605,7 @@ class StagedState:
     thread if need be."""
 
     jobs: list[_Job]
-    pool: PinnedPool
+    pool: PinnedPool | None  # None: a portable staging's bytes belong to no pool
     table: Table
     rest: list[int]  # positions in ``table.tensors`` not staged (host tensors)
 
@@ -631,6 +617,8 @@ class StagedState:
     @property
     def occupied_bytes(self) -> int:
         """Bytes of the pool's buffers the staged bytes occupy (the last one partly used)."""
+        if self.pool is None:
+            return self.nbytes
         return sum(job.release is not None for job in self.jobs) * self.pool.buffer_bytes
 
     def release(self) -> None:
@@ -638,9 +626,42 @@ class StagedState:
         for job in self.jobs:
             if job.ready is not None:
                 job.ready.synchronize()
-            if job.release is not None:
+            if job.release is not None and self.pool is not None:
                 self.pool.release(job.release)
         self.jobs = []
+
+    def portable(self) -> StagedState:
+        """This staging as another process can take it (pickled by ``torch.multiprocessing``,
+        which hands shared memory over without a copy): no CUDA tensor or event, no pool. Waits
+        until the stored bytes are on the host. Bytes already in shared memory (a shared pool's
+        buffers) are handed over as they are, so this staging must keep its buffers until the
+        other process has written them; other bytes are copied into one shared buffer, after
+        which :meth:`release` may give them back at once. The table's GPU tensors, which the
+        write no longer reads, become meta tensors of their shapes and dtypes."""
+        for job in self.jobs:
+            if job.ready is not None:
+                job.ready.synchronize()
+        # a view of private memory would be moved into shared memory whole (its pool's slab) by
+        # the pickler: every piece is either shared already or copied into one shared buffer
+        private = [job.piece for job in self.jobs if job.piece[1] and not job.piece[0].is_shared()]
+        copy = shared_empty(sum(n for _, n in private))
+        start, moved = 0, {}
+        for buffer, n in private:
+            moved[id(buffer)] = copy[start : start + n].copy_(buffer[:n])
+            start += n
+        jobs = []
+        for job in self.jobs:
+            buffer, n = job.piece
+            if not n and job.record is None and not job.first:
+                continue  # only gave a buffer back
+            record = job.record
+            if record is not None:  # its checksums, off pinned memory
+                record = dataclasses.replace(record, meta=torch.from_numpy(record.meta.numpy().copy()))
+            piece = moved.get(id(buffer), buffer if n else torch.empty(0, dtype=torch.uint8))
+            jobs.append(_Job((piece, n), job.first, record))
+        tensors = [torch.empty_like(t, device="meta") if t.is_cuda else t if t.is_shared() else shared_copy(t)
+                   for t in self.table.tensors]
+        return StagedState(jobs, None, dataclasses.replace(self.table, tensors=tensors), list(self.rest))
 
 
 def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
@@ -686,6 +707,18 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], policy: Policy, p
         staged.release()  # the buffers the batches before the failure took, back to the pool
         raise
     return staged
+
+
+def stage_coded(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
+                gpu_memory: int | None = None, *, shared: bool = False) -> StagedState:
+    """A snapshot of a state's tensors as a stager takes it, so the caller may change them once
+    this returns: those its GPUs code are coded there now (:func:`stage_state`, in batches of
+    :data:`~.plan.SAVE_BATCH_BYTES`); every other tensor (a host tensor, or one the GPU cannot
+    code: no nvCOMP, or over its budget) is copied to the host now, into shared memory where
+    ``shared``, and coded by :func:`write_staged`."""
+    on_gpu = gpu_coded(tensors, policy, GpuLimits.of(tensors, policy, gpu_memory))
+    copied = [t if coded else shared_copy(t) if shared else t.to("cpu", copy=True) for t, coded in zip(tensors, on_gpu)]
+    return stage_state(names, copied, policy, pool, SAVE_BATCH_BYTES["cuda"], gpu_memory=gpu_memory)
 
 
 def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:

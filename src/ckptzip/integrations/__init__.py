@@ -15,6 +15,9 @@
   ``dist_checkpointing`` (``pip install 'ckptzip[megatron]'``).
 - :mod:`ckptzip.integrations.torchtitan`: ``CompressedCheckpointManager``, torchtitan's checkpoint
   manager storing its DCP checkpoints with ckptzip (``pip install 'ckptzip[torchtitan]'``).
+- :mod:`ckptzip.integrations.torch_checkpointing`: ``CompressedCheckpointManager``, Meta's
+  torch_checkpointing ``CheckpointManager`` with its items coded by ckptzip
+  (``pip install 'ckptzip[torch-checkpointing]'``).
 
 docs/INTEGRATIONS.md describes each.
 """
