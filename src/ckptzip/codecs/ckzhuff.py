@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ..errors import CodecUnavailableError, CorruptChunkError
+from ..errors import CodecUnavailableError
+from ._rows import addresses, check_bounds, corrupt
 from ._threads import chunk_groups, parallel_map
 from .base import Codec
 from .registry import declare, mark_unavailable, register
@@ -57,28 +58,12 @@ def _coder() -> tuple[_Rows, _Rows] | None:
     return encode, decode
 
 
-def _addresses(tensor: torch.Tensor, offsets: np.ndarray) -> np.ndarray:
-    addresses: np.ndarray = offsets.astype(np.uint64) + np.uint64(tensor.data_ptr())
-    return addresses
-
-
-def _check_bounds(what: str, tensor: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> None:
-    if tensor.dtype != torch.uint8 or tensor.dim() != 1 or not tensor.is_contiguous() or tensor.is_cuda:
-        raise ValueError(f"{CODEC_ID} (cpu) takes 1-D contiguous torch.uint8 CPU tensors; {what} is not one")
-    if offsets.shape != lengths.shape or (offsets < 0).any() or (offsets + lengths > tensor.numel()).any():
-        raise ValueError(f"{CODEC_ID} (cpu): a {what} chunk lies outside its buffer")
-
-
-def _corrupt(index: int, what: str) -> CorruptChunkError:
-    return CorruptChunkError(f"{CODEC_ID} chunk {index} {what}", index)
-
-
 def check_raw(raw: np.ndarray) -> None:
     """``CorruptChunkError`` for the first declared decoded size a chunk cannot have."""
     bad = (raw <= 0) | (raw > MAX_CHUNK)
     if bad.any():
         index = int(np.argmax(bad))
-        raise _corrupt(index, f"declares {int(raw[index])} decoded bytes; {CODEC_ID} chunks hold 1 to {MAX_CHUNK}")
+        raise corrupt(CODEC_ID, index, f"declares {int(raw[index])} decoded bytes; {CODEC_ID} chunks hold 1 to {MAX_CHUNK}")
 
 
 def check_chunks(lengths: np.ndarray, max_chunk: int) -> None:
@@ -123,7 +108,7 @@ class CkzHuffCpuCodec(Codec):
     def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
                         ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """Non-empty chunks of at most MAX_CHUNK bytes; each output in a slot OVERHEAD bytes larger."""
-        _check_bounds("source", base, offsets, lengths)
+        check_bounds(CODEC_ID, "source", base, offsets, lengths)
         if not lengths.size:
             return torch.empty(0, dtype=torch.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64)
         check_chunks(lengths, self.max_chunk_bytes)
@@ -131,8 +116,8 @@ class CkzHuffCpuCodec(Codec):
         out_offsets = np.cumsum(slots) - slots
         out = torch.empty(int(slots.sum()), dtype=torch.uint8)
         rows = np.empty((lengths.size, 4), np.int64)  # as _ckzhuff.c takes them
-        rows[:, 0], rows[:, 1] = _addresses(base, offsets), lengths
-        rows[:, 2], rows[:, 3] = _addresses(out, out_offsets), slots
+        rows[:, 0], rows[:, 1] = addresses(base, offsets), lengths
+        rows[:, 2], rows[:, 3] = addresses(out, out_offsets), slots
         sizes = np.zeros(lengths.size, np.uint64)
 
         def run(group: np.ndarray) -> None:
@@ -145,19 +130,19 @@ class CkzHuffCpuCodec(Codec):
 
     def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
                         dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
-        _check_bounds("stored", src, src_offsets, src_lengths)
-        _check_bounds("decoded", dst, dst_offsets, raw_lengths)
+        check_bounds(CODEC_ID, "stored", src, src_offsets, src_lengths)
+        check_bounds(CODEC_ID, "decoded", dst, dst_offsets, raw_lengths)
         check_raw(raw_lengths)
         rows = np.empty((raw_lengths.size, 4), np.int64)
-        rows[:, 0], rows[:, 1] = _addresses(src, src_offsets), src_lengths
-        rows[:, 2], rows[:, 3] = _addresses(dst, dst_offsets), raw_lengths
+        rows[:, 0], rows[:, 1] = addresses(src, src_offsets), src_lengths
+        rows[:, 2], rows[:, 3] = addresses(dst, dst_offsets), raw_lengths
 
         def run(group: np.ndarray) -> None:
             sizes = np.zeros(group.size, np.uint64)
             failed = self._decode(np.ascontiguousarray(rows[group]), sizes)
             if failed is not None:
                 row, why = failed
-                raise _corrupt(int(group[row]), f"does not decode: {why}")
+                raise corrupt(CODEC_ID, int(group[row]), f"does not decode: {why}")
 
         parallel_map(run, chunk_groups(raw_lengths), int(raw_lengths.sum()))
 

@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CodecUnavailableError, CorruptChunkError
+from ..errors import CodecUnavailableError
 from . import _gdeflate_lib
+from ._rows import addresses, check_bounds, corrupt
 from ._threads import chunk_groups, parallel_map
 from .base import Codec
 from .registry import declare, mark_unavailable, register
@@ -51,22 +52,6 @@ def _decoder() -> _Decode | None:
     except ImportError:
         return None
     return decode
-
-
-def _addresses(tensor: torch.Tensor, offsets: np.ndarray) -> np.ndarray:
-    addresses: np.ndarray = offsets.astype(np.uint64) + np.uint64(tensor.data_ptr())
-    return addresses
-
-
-def _check_bounds(what: str, tensor: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> None:
-    if tensor.dtype != torch.uint8 or tensor.dim() != 1 or not tensor.is_contiguous() or tensor.is_cuda:
-        raise ValueError(f"gdeflate (cpu) takes 1-D contiguous torch.uint8 CPU tensors; {what} is not one")
-    if offsets.shape != lengths.shape or (offsets < 0).any() or (offsets + lengths > tensor.numel()).any():
-        raise ValueError(f"gdeflate (cpu): a {what} chunk lies outside its buffer")
-
-
-def _corrupt(index: int, what: str) -> CorruptChunkError:
-    return CorruptChunkError(f"gdeflate chunk {index} {what}", index)
 
 
 class GdeflateCpuCodec(Codec):
@@ -115,7 +100,7 @@ class GdeflateCpuCodec(Codec):
     def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
                         ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """Chunks of at most 64 KiB, non-empty; the outputs lie in slots of the size bound."""
-        _check_bounds("source", base, offsets, lengths)
+        check_bounds("gdeflate", "source", base, offsets, lengths)
         if not lengths.size:
             return torch.empty(0, dtype=torch.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64)
         if (lengths <= 0).any() or (lengths > self.max_chunk_bytes).any():
@@ -130,7 +115,7 @@ class GdeflateCpuCodec(Codec):
         out = torch.zeros(slot * lengths.size, dtype=torch.uint8)  # zeroed: no stale bytes between slots
         out_offsets = np.arange(lengths.size, dtype=np.int64) * slot
         sizes = np.zeros(lengths.size, dtype=np.uint64)
-        in_ptrs, out_ptrs = _addresses(base, offsets), _addresses(out, out_offsets)
+        in_ptrs, out_ptrs = addresses(base, offsets), addresses(out, out_offsets)
 
         def run(group: np.ndarray) -> None:
             sizes[group] = library.compress(in_ptrs[group], lengths[group], largest, out_ptrs[group], LEVEL)
@@ -140,25 +125,25 @@ class GdeflateCpuCodec(Codec):
 
     def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
                         dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
-        _check_bounds("stored", src, src_offsets, src_lengths)
-        _check_bounds("decoded", dst, dst_offsets, raw_lengths)
+        check_bounds("gdeflate", "stored", src, src_offsets, src_lengths)
+        check_bounds("gdeflate", "decoded", dst, dst_offsets, raw_lengths)
         self._check_raw(raw_lengths)
         if (src_lengths <= 0).any():
-            raise _corrupt(int(np.argmax(src_lengths <= 0)), "is empty; a compressed chunk has bytes")
+            raise corrupt("gdeflate", int(np.argmax(src_lengths <= 0)), "is empty; a compressed chunk has bytes")
         rows = np.empty((raw_lengths.size, 4), np.int64)  # as _gdeflate.c takes them
-        rows[:, 0], rows[:, 1] = _addresses(src, src_offsets), src_lengths
-        rows[:, 2], rows[:, 3] = _addresses(dst, dst_offsets), raw_lengths
+        rows[:, 0], rows[:, 1] = addresses(src, src_offsets), src_lengths
+        rows[:, 2], rows[:, 3] = addresses(dst, dst_offsets), raw_lengths
 
         def run(group: np.ndarray) -> None:
             sizes = np.zeros(group.size, np.uint64)
             failed = self._decode(np.ascontiguousarray(rows[group]), sizes)
             if failed is not None:
                 row, why = failed
-                raise _corrupt(int(group[row]), f"does not decode on the CPU: {why}")
+                raise corrupt("gdeflate", int(group[row]), f"does not decode on the CPU: {why}")
             short = sizes != raw_lengths[group].astype(np.uint64)
             if short.any():
                 first = int(np.argmax(short))
-                raise _corrupt(int(group[first]), f"decoded to {int(sizes[first])} bytes, "
+                raise corrupt("gdeflate", int(group[first]), f"decoded to {int(sizes[first])} bytes, "
                                                   f"expected {int(raw_lengths[group][first])}")
 
         parallel_map(run, chunk_groups(raw_lengths), int(raw_lengths.sum()))
@@ -167,7 +152,7 @@ class GdeflateCpuCodec(Codec):
         bad = (raw <= 0) | (raw > MAX_DECODE_CHUNK)
         if bad.any():
             index = int(np.argmax(bad))
-            raise _corrupt(index, f"declares {int(raw[index])} decoded bytes; gdeflate chunks hold 1 to {MAX_DECODE_CHUNK}")
+            raise corrupt("gdeflate", index, f"declares {int(raw[index])} decoded bytes; gdeflate chunks hold 1 to {MAX_DECODE_CHUNK}")
 
 
 def _load() -> None:
