@@ -37,8 +37,8 @@ def _pool_buffers() -> int:
 
 def _fresh_memory(nbytes: int, shared: bool = False) -> torch.Tensor:
     """``nbytes`` of host memory with every page in, zeroed: on Linux an anonymous mapping advised
-    to take transparent huge pages, whose first touches run two to three times faster (33 against
-    15 GB/s on 16 threads of the H200 host, bench/RESULTS.md) and which leave fewer pages to pin.
+    to take transparent huge pages, whose first touches run two to three times faster and which
+    leave fewer pages to pin (results: "Host snapshots and the manager").
     ``shared``: torch's shared memory instead, which ``torch.multiprocessing`` hands to another
     process without a copy."""
     if shared:
@@ -68,8 +68,8 @@ def shared_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 class Slab:
     """Pageable memory made pinned by registering it with CUDA: for gigabytes several times faster
-    than allocating pinned memory (pages are touched by torch's thread pool, then registered at
-    about 40 GB/s). Unregistered when dropped, so nothing may use its memory after that."""
+    than allocating pinned memory (pages are touched by torch's thread pool, then registered in
+    one call). Unregistered when dropped, so nothing may use its memory after that."""
 
     def __init__(self, nbytes: int, shared: bool = False) -> None:
         self.nbytes = nbytes
@@ -216,7 +216,7 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Contiguous 1-D uint8 GPU tensors as new host tensors. Those of :data:`STAGED_TO_HOST_BYTES`
     or more come down a pool buffer at a time on their device's copy stream, each piece copied out
     into its pageable output on a thread while the next ones come down: ``Tensor.to("cpu")`` into
-    pageable memory is staged by the driver one piece at a time, at a few GB/s."""
+    pageable memory is staged by the driver one small piece at a time, an order of magnitude slower."""
     outs = [torch.empty(t.numel(), dtype=torch.uint8) for t in tensors]
     staged = []
     for t, out in zip(tensors, outs):
