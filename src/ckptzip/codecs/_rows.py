@@ -3,10 +3,14 @@ addresses into tensors whose bounds are checked here first, since the C side tru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import ClassVar
+
 import numpy as np
 import torch
 
 from ..errors import CorruptChunkError
+from .base import Codec
 
 
 def addresses(tensor: torch.Tensor, offsets: np.ndarray) -> np.ndarray:
@@ -23,6 +27,40 @@ def check_bounds(codec: str, what: str, tensor: torch.Tensor, offsets: np.ndarra
         raise ValueError(f"{codec} (cpu): a {what} chunk lies outside its buffer")
 
 
+def check_raw(codec: str, raw: np.ndarray, bound: int) -> None:
+    """``CorruptChunkError`` for the first declared decoded size a chunk cannot have (1 to ``bound``)."""
+    bad = (raw <= 0) | (raw > bound)
+    if bad.any():
+        index = int(np.argmax(bad))
+        raise corrupt(codec, index, f"declares {int(raw[index])} decoded bytes; {codec} chunks hold 1 to {bound}")
+
+
 def corrupt(codec: str, index: int, what: str) -> CorruptChunkError:
     """The error of chunk ``index`` of a decode call: ``what`` is wrong with it."""
     return CorruptChunkError(f"{codec} chunk {index} {what}", index)
+
+
+class RowsCodec(Codec):
+    """A CPU codec whose compiled coder takes every chunk of one buffer at once: lists of chunks
+    go through one buffer (:meth:`encode_segments`, :meth:`decode_segments`)."""
+
+    backend = "cpu"
+    max_decoded_chunk: ClassVar[int]  # the most bytes a chunk of its stream decodes to
+
+    def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
+        base = torch.cat(list(chunks)) if chunks else torch.empty(0, dtype=torch.uint8)
+        out, offsets, sizes = self.encode_segments(base, np.cumsum(lengths) - lengths, lengths)
+        return [out[o : o + n] for o, n in zip(offsets.tolist(), sizes.tolist())]
+
+    def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
+        raw = np.array(raw_sizes, dtype=np.int64)
+        lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
+        if raw.size != lengths.size:
+            raise ValueError(f"codec {self.codec_id!r}: {lengths.size} chunks but {raw.size} raw sizes")
+        check_raw(self.codec_id, raw, self.max_decoded_chunk)  # before anything is allocated for them
+        src = torch.cat(list(chunks)) if chunks else torch.empty(0, dtype=torch.uint8)
+        dst_offsets = np.cumsum(raw) - raw
+        dst = torch.empty(int(raw.sum()), dtype=torch.uint8)
+        self.decode_segments(src, np.cumsum(lengths) - lengths, lengths, dst, dst_offsets, raw)
+        return [dst[o : o + n] for o, n in zip(dst_offsets.tolist(), raw.tolist())]

@@ -17,15 +17,15 @@ the fix.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from ..errors import CodecUnavailableError
-from ._rows import addresses, check_bounds, corrupt
+from ._rows import RowsCodec, addresses, check_bounds, corrupt
+from ._rows import check_raw as check_decoded_sizes
 from ._threads import chunk_groups, parallel_map
-from .base import Codec
 from .registry import declare, mark_unavailable, register
 
 CODEC_ID = "ckz-huff"
@@ -60,10 +60,7 @@ def _coder() -> tuple[_Rows, _Rows] | None:
 
 def check_raw(raw: np.ndarray) -> None:
     """``CorruptChunkError`` for the first declared decoded size a chunk cannot have."""
-    bad = (raw <= 0) | (raw > MAX_CHUNK)
-    if bad.any():
-        index = int(np.argmax(bad))
-        raise corrupt(CODEC_ID, index, f"declares {int(raw[index])} decoded bytes; {CODEC_ID} chunks hold 1 to {MAX_CHUNK}")
+    check_decoded_sizes(CODEC_ID, raw, MAX_CHUNK)
 
 
 def check_chunks(lengths: np.ndarray, max_chunk: int) -> None:
@@ -74,36 +71,17 @@ def check_chunks(lengths: np.ndarray, max_chunk: int) -> None:
         raise ValueError(f"{CODEC_ID} encodes chunks of 1 to {max_chunk} bytes; chunk {index} has {int(lengths[index])}")
 
 
-class CkzHuffCpuCodec(Codec):
+class CkzHuffCpuCodec(RowsCodec):
     """``ckz-huff`` chunks on the CPU, interchangeable with the GPU's byte for byte."""
 
     codec_id = CODEC_ID
-    backend = "cpu"
-    max_chunk_bytes = MAX_CHUNK
+    max_chunk_bytes = max_decoded_chunk = MAX_CHUNK
 
     def __init__(self) -> None:
         coder = _coder()
         if coder is None:  # built directly, not through the registry (which knows the reason)
             raise CodecUnavailableError(f"codec {CODEC_ID!r} cannot run on the CPU here: {NO_CODER}.")
         self._encode, self._decode = coder
-
-    def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
-        base = torch.cat(list(chunks)) if chunks else torch.empty(0, dtype=torch.uint8)
-        out, offsets, sizes = self.encode_segments(base, np.cumsum(lengths) - lengths, lengths)
-        return [out[o : o + n] for o, n in zip(offsets.tolist(), sizes.tolist())]
-
-    def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
-        raw = np.array(raw_sizes, dtype=np.int64)
-        lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
-        if raw.size != lengths.size:
-            raise ValueError(f"codec {CODEC_ID!r}: {lengths.size} chunks but {raw.size} raw sizes")
-        check_raw(raw)
-        src = torch.cat(list(chunks)) if chunks else torch.empty(0, dtype=torch.uint8)
-        dst_offsets = np.cumsum(raw) - raw
-        dst = torch.empty(int(raw.sum()), dtype=torch.uint8)
-        self.decode_segments(src, np.cumsum(lengths) - lengths, lengths, dst, dst_offsets, raw)
-        return [dst[o : o + n] for o, n in zip(dst_offsets.tolist(), raw.tolist())]
 
     def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
                         ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:

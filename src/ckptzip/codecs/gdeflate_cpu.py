@@ -22,7 +22,7 @@ CPU, with the reason and the fix.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,9 +30,8 @@ import torch
 
 from ..errors import CodecUnavailableError
 from . import _gdeflate_lib
-from ._rows import addresses, check_bounds, corrupt
+from ._rows import RowsCodec, addresses, check_bounds, check_raw, corrupt
 from ._threads import chunk_groups, parallel_map
-from .base import Codec
 from .registry import declare, mark_unavailable, register
 
 MAX_DECODE_CHUNK = 1 << 31  # the largest chunk nvCOMP's GPU encoder writes
@@ -54,12 +53,12 @@ def _decoder() -> _Decode | None:
     return decode
 
 
-class GdeflateCpuCodec(Codec):
+class GdeflateCpuCodec(RowsCodec):
     """nvCOMP GDeflate chunks on the CPU; interchangeable with the GPU ``gdeflate`` codec. Decodes wherever
     ckptzip's decoder was compiled; encodes where nvCOMP's CPU library loads too."""
 
     codec_id = "gdeflate"
-    backend = "cpu"
+    max_decoded_chunk = MAX_DECODE_CHUNK
     max_chunk_bytes = 1 << 16  # nvcompGdeflateCPUCompressionMaxAllowedChunkSize (decoding: MAX_DECODE_CHUNK)
     chunk_bytes = max_chunk_bytes
 
@@ -78,24 +77,6 @@ class GdeflateCpuCodec(Codec):
 
     def decoder_config(self) -> dict[str, Any]:
         return {"id": self.codec_id}  # one bitstream whatever the algorithm type
-
-    def encode(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
-        base = torch.cat(list(chunks)) if chunks else torch.empty(0, dtype=torch.uint8)
-        out, offsets, sizes = self.encode_segments(base, np.cumsum(lengths) - lengths, lengths)
-        return [out[o : o + n] for o, n in zip(offsets.tolist(), sizes.tolist())]
-
-    def decode(self, chunks: Sequence[torch.Tensor], raw_sizes: Sequence[int]) -> list[torch.Tensor]:
-        raw = np.array(raw_sizes, dtype=np.int64)
-        lengths = np.array([c.numel() for c in chunks], dtype=np.int64)
-        if raw.size != lengths.size:
-            raise ValueError(f"codec 'gdeflate': {lengths.size} chunks but {raw.size} raw sizes")
-        src = torch.cat(list(chunks)) if chunks else torch.empty(0, dtype=torch.uint8)
-        dst_offsets = np.cumsum(raw) - raw
-        self._check_raw(raw)
-        dst = torch.empty(int(raw.sum()), dtype=torch.uint8)
-        self.decode_segments(src, np.cumsum(lengths) - lengths, lengths, dst, dst_offsets, raw)
-        return [dst[o : o + n] for o, n in zip(dst_offsets.tolist(), raw.tolist())]
 
     def encode_segments(self, base: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray
                         ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
@@ -127,7 +108,7 @@ class GdeflateCpuCodec(Codec):
                         dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
         check_bounds("gdeflate", "stored", src, src_offsets, src_lengths)
         check_bounds("gdeflate", "decoded", dst, dst_offsets, raw_lengths)
-        self._check_raw(raw_lengths)
+        check_raw("gdeflate", raw_lengths, MAX_DECODE_CHUNK)
         if (src_lengths <= 0).any():
             raise corrupt("gdeflate", int(np.argmax(src_lengths <= 0)), "is empty; a compressed chunk has bytes")
         rows = np.empty((raw_lengths.size, 4), np.int64)  # as _gdeflate.c takes them
@@ -147,12 +128,6 @@ class GdeflateCpuCodec(Codec):
                                                   f"expected {int(raw_lengths[group][first])}")
 
         parallel_map(run, chunk_groups(raw_lengths), int(raw_lengths.sum()))
-
-    def _check_raw(self, raw: np.ndarray) -> None:
-        bad = (raw <= 0) | (raw > MAX_DECODE_CHUNK)
-        if bad.any():
-            index = int(np.argmax(bad))
-            raise corrupt("gdeflate", index, f"declares {int(raw[index])} decoded bytes; gdeflate chunks hold 1 to {MAX_DECODE_CHUNK}")
 
 
 def _load() -> None:
