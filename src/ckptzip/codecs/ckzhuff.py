@@ -17,13 +17,12 @@ the fix.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from ..errors import CodecUnavailableError
-from ._rows import RowsCodec, addresses, check_bounds, corrupt
+from ._rows import Rows, RowsCodec, addresses, check_bounds
 from ._rows import check_raw as check_decoded_sizes
 from ._threads import chunk_groups, parallel_map
 from .registry import declare, mark_unavailable, register
@@ -45,11 +44,10 @@ FLAWS = ("", "fewer than 4 bytes", "a size word declaring another decoded size",
 NO_CODER = ("ckptzip was installed without its ckz-huff coder (C, compiled when ckptzip is installed from "
             "source); reinstall ckptzip where a C compiler (gcc or clang) is at hand, or convert the file once on "
             "a machine that decodes it: `ckptzip convert SRC DST --codec portable`")
-_Rows = Callable[[np.ndarray, np.ndarray], tuple[int, str] | None]
 
 
 @functools.cache
-def _coder() -> tuple[_Rows, _Rows] | None:
+def _coder() -> tuple[Rows, Rows] | None:
     """The compiled ``(encode, decode)`` (see ``_ckzhuff.c``), or None where it was not built."""
     try:
         from ._ckzhuff import decode, encode
@@ -106,23 +104,6 @@ class CkzHuffCpuCodec(RowsCodec):
         parallel_map(run, chunk_groups(lengths), int(lengths.sum()))
         return out, out_offsets, sizes.astype(np.int64)
 
-    def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
-                        dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
-        check_bounds(CODEC_ID, "stored", src, src_offsets, src_lengths)
-        check_bounds(CODEC_ID, "decoded", dst, dst_offsets, raw_lengths)
-        check_raw(raw_lengths)
-        rows = np.empty((raw_lengths.size, 4), np.int64)
-        rows[:, 0], rows[:, 1] = addresses(src, src_offsets), src_lengths
-        rows[:, 2], rows[:, 3] = addresses(dst, dst_offsets), raw_lengths
-
-        def run(group: np.ndarray) -> None:
-            sizes = np.zeros(group.size, np.uint64)
-            failed = self._decode(np.ascontiguousarray(rows[group]), sizes)
-            if failed is not None:
-                row, why = failed
-                raise corrupt(CODEC_ID, int(group[row]), f"does not decode: {why}")
-
-        parallel_map(run, chunk_groups(raw_lengths), int(raw_lengths.sum()))
 
 
 def _load() -> None:

@@ -22,7 +22,6 @@ CPU, with the reason and the fix.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,7 @@ import torch
 
 from ..errors import CodecUnavailableError
 from . import _gdeflate_lib
-from ._rows import RowsCodec, addresses, check_bounds, check_raw, corrupt
+from ._rows import Rows, RowsCodec, addresses, check_bounds, corrupt
 from ._threads import chunk_groups, parallel_map
 from .registry import declare, mark_unavailable, register
 
@@ -40,11 +39,10 @@ ALGORITHM_TYPES = range(6)
 NO_DECODER = ("ckptzip was installed without its GDeflate decoder (C, compiled when ckptzip is installed from "
               "source); reinstall ckptzip where a C compiler (gcc or clang) is at hand, or convert the file once on "
               "a machine that decodes it: `ckptzip convert SRC DST --codec portable`")
-_Decode = Callable[[np.ndarray, np.ndarray], tuple[int, str] | None]
 
 
 @functools.cache
-def _decoder() -> _Decode | None:
+def _decoder() -> Rows | None:
     """The compiled decoder's ``decode(rows, sizes)`` (see ``_gdeflate.c``), or None where it was not built."""
     try:
         from ._gdeflate import decode
@@ -59,6 +57,8 @@ class GdeflateCpuCodec(RowsCodec):
 
     codec_id = "gdeflate"
     max_decoded_chunk = MAX_DECODE_CHUNK
+    refusal = "does not decode on the CPU"
+    sizes_checked = True  # a stream may end before its slot is full
     max_chunk_bytes = 1 << 16  # nvcompGdeflateCPUCompressionMaxAllowedChunkSize (decoding: MAX_DECODE_CHUNK)
     chunk_bytes = max_chunk_bytes
 
@@ -106,28 +106,9 @@ class GdeflateCpuCodec(RowsCodec):
 
     def decode_segments(self, src: torch.Tensor, src_offsets: np.ndarray, src_lengths: np.ndarray,
                         dst: torch.Tensor, dst_offsets: np.ndarray, raw_lengths: np.ndarray) -> None:
-        check_bounds("gdeflate", "stored", src, src_offsets, src_lengths)
-        check_bounds("gdeflate", "decoded", dst, dst_offsets, raw_lengths)
-        check_raw("gdeflate", raw_lengths, MAX_DECODE_CHUNK)
         if (src_lengths <= 0).any():
             raise corrupt("gdeflate", int(np.argmax(src_lengths <= 0)), "is empty; a compressed chunk has bytes")
-        rows = np.empty((raw_lengths.size, 4), np.int64)  # as _gdeflate.c takes them
-        rows[:, 0], rows[:, 1] = addresses(src, src_offsets), src_lengths
-        rows[:, 2], rows[:, 3] = addresses(dst, dst_offsets), raw_lengths
-
-        def run(group: np.ndarray) -> None:
-            sizes = np.zeros(group.size, np.uint64)
-            failed = self._decode(np.ascontiguousarray(rows[group]), sizes)
-            if failed is not None:
-                row, why = failed
-                raise corrupt("gdeflate", int(group[row]), f"does not decode on the CPU: {why}")
-            short = sizes != raw_lengths[group].astype(np.uint64)
-            if short.any():
-                first = int(np.argmax(short))
-                raise corrupt("gdeflate", int(group[first]), f"decoded to {int(sizes[first])} bytes, "
-                                                  f"expected {int(raw_lengths[group][first])}")
-
-        parallel_map(run, chunk_groups(raw_lengths), int(raw_lengths.sum()))
+        super().decode_segments(src, src_offsets, src_lengths, dst, dst_offsets, raw_lengths)
 
 
 def _load() -> None:
