@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from . import settings
 from .budget import check_budget, validate_max_bytes
-from .engine import DeltaBase, Policy, read_tensors, warm_up, write_state
+from .engine import DeltaBase, LoadOptions, Policy, read_tensors, warm_up, write_state
 from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, DeviceUnavailableError
 from .format import BaseRef, ContainerReader, TensorEntry, content_hash
 from .format.kinds import directory_kind
@@ -245,7 +245,7 @@ class CheckpointReader:
         devices = [resolve_device(self._reader.tensors[i].device, self.map_location) for i in indices]
         if self._max_bytes is None:
             check_budget(declared_needs(self._reader.tensors, indices, devices), None)
-        return read_tensors(self._reader, indices, devices, on_progress, base_tensors, self.gpu_memory)
+        return read_tensors(self._reader, indices, devices, LoadOptions(base_tensors, self.gpu_memory, on_progress))
 
     def load(self, *, progress: bool = False, base_tensors: BaseTensors = None) -> Any:
         """The whole saved object, every tensor decoded and verified (read in file order); tensors
@@ -422,6 +422,6 @@ def decompress(ct: CompressedTensor | bytes, *, device: str | torch.device | Non
     try:
         target = [resolve_device(reader.tensors[0].device, device, "device")]
         check_budget(declared_needs(reader.tensors, [0], target), None)
-        return read_tensors(reader, [0], target, lambda _: None)[0]
+        return read_tensors(reader, [0], target)[0]
     finally:
         reader.ranges.close()

@@ -281,8 +281,8 @@ def test_a_tensor_larger_than_a_slice_decodes_in_parts_into_its_output(device: s
     monkeypatch.setattr(engine_plan, "LOAD_BATCH_BYTES", {"cuda": 16 << 10, "cpu": 8 << 20})  # GPU slices: a batch
     monkeypatch.setattr(engine_memory, "_MIN_BATCH", 1 << 10)
     parts = []
-    slices = engine_reader._slices
-    monkeypatch.setattr(engine_reader, "_slices", lambda e, limit: parts.append(slices(e, limit)) or parts[-1])
+    slices = engine_reader.stored_ranges
+    monkeypatch.setattr(engine_reader, "stored_ranges", lambda e, limit: parts.append(slices(e, limit)) or parts[-1])
     g = torch.Generator().manual_seed(4)
     state = {"big": (torch.randn(50_000, generator=g) * 0.02).to(device), "small": torch.arange(10).to(device)}
     buf = io.BytesIO()
@@ -630,19 +630,24 @@ def test_a_tensor_coded_in_ranges_loads_bit_exactly_with_each_stream_back_to_bac
 
 
 def test_streams_whose_codecs_decode_alike_decode_in_one_group() -> None:
-    from ckptzip.engine.decode import _decoders
+    from ckptzip.engine.chunks import Listed
+    from ckptzip.engine.decode import _Batch, _decoders
     from ckptzip.format import StreamEntry, TensorEntry
 
-    configs = [{"id": "zstd", "level": 3}, {"id": "raw"}, {"id": "zstd", "level": 19},
-               {"id": "zstd", "level": 1, "long_matches_only": True}, {"id": "lz4"}]
-    entry = TensorEntry("t", "uint8", (5,), 5, "", [], [StreamEntry(c, 1) for c in configs])
-    coded = np.array([c["id"] != "raw" for c in configs])
-    groups = _decoders([entry], [(0, j) for j in range(len(configs))], configs, coded, "cpu")
+    def batch(configs: list[dict[str, object]]) -> _Batch:
+        entry = TensorEntry("t", "uint8", (5,), 5, "", [], [StreamEntry(c, 1) for c in configs])
+        coded = np.array([c["id"] != "raw" for c in configs])
+        return _Batch(Listed.of([entry]), np.zeros(0, np.int64), configs, coded, torch.empty(0, dtype=torch.uint8),
+                      "cpu")
+
+    configs: list[dict[str, object]] = [{"id": "zstd", "level": 3}, {"id": "raw"}, {"id": "zstd", "level": 19},
+                                        {"id": "zstd", "level": 1, "long_matches_only": True}, {"id": "lz4"}]
+    groups = _decoders(batch(configs))
     assert [g for g, _ in groups] == [0, -1, 0, 0, 1]
     assert groups[0][1] is groups[2][1] is groups[3][1]  # one codec decodes the three zstd streams
     assert groups[0][1].get_config()["id"] == "zstd" and groups[4][1].get_config() == {"id": "lz4"}
     with pytest.raises(ckptzip.UnsupportedFormatError, match=r"^tensor 't' stream 1: unknown codec id 'nosuch'"):
-        _decoders([entry], [(0, 0), (0, 1)], [configs[0], {"id": "nosuch"}], np.array([True, True]), "cpu")
+        _decoders(batch([configs[0], {"id": "nosuch"}]))
 
 
 def test_a_cpu_save_and_load_never_import_numpy_ma(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import io
 import logging
 import sys
 import threading
+from typing import Any
 from collections.abc import Iterator
 
 import pytest
@@ -631,12 +632,11 @@ def test_a_load_retry_reuses_the_outputs_of_the_attempt_that_ran_out_of_memory(
     real = engine_reader._read_stored
     outputs: list[list[int]] = []
 
-    def scarce(reader: object, entries: object, devices: object, works: object, outs: list[torch.Tensor],
-               *args: object, shrink: int = 1, **kwargs: object) -> object:
-        outputs.append([o.data_ptr() for o in outs])
+    def scarce(reader: object, targets: list[Any], *args: object, shrink: int = 1, **kwargs: object) -> object:
+        outputs.append([t.out.data_ptr() for t in targets])
         if shrink < 16:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(reader, entries, devices, works, outs, *args, shrink=shrink, **kwargs)  # type: ignore[arg-type]
+        return real(reader, targets, *args, shrink=shrink, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine_reader, "_read_stored", scarce)
     assert_same(ckptzip.load(buf.getvalue()), state)
@@ -730,8 +730,7 @@ def test_read_tensors_decodes_into_given_tensors_where_they_fit() -> None:
     names = [e.name for e in reader.tensors]
     into = {"w": torch.empty(300), "i": torch.empty(10, dtype=torch.int64), "h": torch.empty(5, dtype=torch.half)}
     indices = list(range(len(names)))
-    got = read_tensors(reader, indices, [torch.device("cpu")] * len(names), lambda _: None,
-                       into=[into[n] for n in names])
+    got = read_tensors(reader, indices, [torch.device("cpu")] * len(names), into=[into[n] for n in names])
     for name, value in zip(names, got):
         assert_same_tensor(value, state[name])
         # the right dtype and size: decoded in place; int64 for an int32 entry: a new tensor

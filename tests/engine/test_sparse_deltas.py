@@ -102,7 +102,7 @@ def test_a_sparse_tensor_larger_than_a_load_slice_decodes_whole(monkeypatch: pyt
     base, later = _pair(torch.bfloat16, 0.02, shape=(512, 300))
     blob = _save({"w": later}, {"w": base}, codec="zstd")
     entry, _ = _entry(blob)
-    assert entry.transforms[0]["id"] == "sparse" and engine_reader._slices(entry, 1 << 12) is None
+    assert entry.transforms[0]["id"] == "sparse" and engine_reader.stored_ranges(entry, 1 << 12) is None
     assert torch.equal(tensor_bits(_load(blob, {"w": base})["w"]), tensor_bits(later))
 
 

@@ -191,7 +191,7 @@ class CompressedStorageReader(CheckpointDirectory, StorageReader):
         for group in _groups(sizes, devices):
             try:
                 values = read_tensors(container, [positions[i] for i in group], [devices[i] for i in group],
-                                      lambda _: None, into=[direct[i] for i in group])
+                                      into=[direct[i] for i in group])
             except CkptzipError as exc:
                 raise type(exc)(f"data file {where}: {exc}") from exc
             for i, value in zip(group, values):

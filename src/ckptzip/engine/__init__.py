@@ -23,7 +23,7 @@ from .warmup import compile_kernels, warm_up
 
 # Whole states: a save, a host snapshot's two halves, a load.
 from .writer import StagedState, stage_coded, stage_state, write_staged, write_state
-from .reader import read_tensors
+from .reader import LoadOptions, read_tensors
 from .sources import DeltaBase, LoadPlan
 from .plan import GpuLimits, gpu_coded
 from .staging import PinnedPool, Slab
@@ -52,7 +52,7 @@ from .plan import load_batches as plan_read_batches
 from .plan import save_batches as plan_write_batches
 
 __all__ = [
-    "PRESETS", "SMALL_TENSOR_BYTES", "DeltaBase", "EncodedBatch", "GpuLimits", "Limit", "LoadPlan",
+    "PRESETS", "SMALL_TENSOR_BYTES", "DeltaBase", "EncodedBatch", "GpuLimits", "Limit", "LoadOptions", "LoadPlan",
     "OverlappingRead", "PinnedPool", "Policy", "Runs", "Slab", "StagedState", "Task", "available_gpu_memory",
     "compile_kernels", "decode_batch", "encode_batch", "entropy_of_counts", "gpu_coded", "gpu_memory_beside_training",
     "gpu_memory_cap", "gpu_memory_capped", "optimizer_owned", "optimizer_stepped", "optimizer_storages", "packed",

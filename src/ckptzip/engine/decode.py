@@ -19,7 +19,6 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ..checksum import MASK64
 from ..codecs import Codec
 from ..errors import CkptzipError, CorruptCheckpointError, CorruptChunkError
 from ..format import TensorEntry
@@ -29,6 +28,7 @@ from ..kernels.segments import segment_sums, tensor_sums
 from ..transforms import BytePlanes, Sparse
 from ..transforms.sparse import unpack_bits
 from ..uploads import to_device
+from .chunks import Listed
 from .policy import codec_for
 from .pages import populate
 from .scratch import scratch
@@ -77,74 +77,79 @@ class Runs:
         return self.region[k] + file_offsets - self.file[k]
 
 
-@dataclass
-class _Chunks:
-    """Every chunk of a batch as columns, in table order (tensor, stream, chunk)."""
+@dataclass(frozen=True)
+class Outputs:
+    """Where a decode puts its tensors: per entry, the uint8 tensor it decodes into (None: a new
+    one) and the word its checksum is numbered from (an element range of a larger tensor: its
+    first word there, so the ranges' sums add up to the tensor's)."""
 
-    tensor: np.ndarray
-    stream: np.ndarray  # global stream number within the batch
-    file_offset: np.ndarray
-    offset: np.ndarray  # in the region
-    length: np.ndarray
-    raw: np.ndarray
-    digest: np.ndarray  # uint64
-    index: np.ndarray  # chunk number within its stream
+    tensors: list[torch.Tensor | None]
+    first_words: np.ndarray
 
-
-def _columns(entries: list[TensorEntry], runs: Runs) -> tuple[_Chunks, list[tuple[int, int]]]:
-    streams = [(t, j) for t, entry in enumerate(entries) for j in range(len(entry.streams))]
-    columns = [entries[t].streams[j].columns for t, j in streams]
-    counts = np.array([c.offset.size for c in columns], dtype=np.int64)
-    stream = np.repeat(np.arange(len(streams), dtype=np.int64), counts)
-    tensor = np.array([t for t, _ in streams], dtype=np.int64)[stream] if streams else stream
-
-    def cat(name: str, dtype: type) -> np.ndarray:
-        return np.concatenate([getattr(c, name) for c in columns]) if columns else np.zeros(0, dtype)
-
-    file_offset = cat("offset", np.int64)
-    region = runs.locate(file_offset) if file_offset.size else file_offset
-    index = np.arange(stream.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    chunks = _Chunks(tensor, stream, file_offset, region, cat("length", np.int64), cat("raw_length", np.int64),
-                     cat("digest", np.uint64), index)
-    return chunks, streams
+    @classmethod
+    def new(cls, count: int) -> Outputs:
+        return cls([None] * count, np.zeros(count, dtype=np.int64))
 
 
-def _name(entries: list[TensorEntry], streams: list[tuple[int, int]], chunks: _Chunks, i: int) -> str:
-    t, j = streams[int(chunks.stream[i])]
-    return f"tensor {entries[t].name!r} stream {j} chunk {int(chunks.index[i])}"
+@dataclass(frozen=True)
+class _Batch:
+    """A batch being decoded: its listed chunks, each chunk's offset in the region, each stream's
+    codec configuration and whether it is coded, the region and the backend."""
+
+    listed: Listed
+    at: np.ndarray  # per chunk: where its stored bytes start in the region
+    codecs: list[dict[str, Any]]
+    coded: np.ndarray
+    region: torch.Tensor
+    backend: str
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.backend == "cuda"
 
 
-def verify_digests(entries: list[TensorEntry], streams: list[tuple[int, int]], chunks: _Chunks,
-                   found: np.ndarray) -> None:
-    """Raise ``CorruptCheckpointError`` naming the first chunk whose wsum64 is not the index's."""
-    bad = np.flatnonzero(found.astype(np.uint64) != chunks.digest)
-    if bad.size:
-        i = int(bad[0])
-        start = int(chunks.file_offset[i])
-        raise CorruptCheckpointError(
-            f"{_name(entries, streams, chunks, i)} (file bytes {start}..{start + int(chunks.length[i])}) is damaged: "
-            f"wsum64 {int(found[i]) & MASK64:016x}, expected {int(chunks.digest[i]):016x}"
-        )
+@dataclass(frozen=True)
+class _Gathered:
+    """The coded chunks of a batch (``rows`` of its chunk table) where a decoder reads them: on a
+    GPU copied to aligned ``slots`` of ``source``, on the host in place in the region."""
+
+    rows: np.ndarray
+    slots: np.ndarray
+    source: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    """Every coded stream of a batch decoded into one buffer, each at ``stream_at`` (-1: raw)."""
+
+    buffer: torch.Tensor
+    stream_at: np.ndarray
 
 
 def decode_batch(entries: list[TensorEntry], region: torch.Tensor, runs: Runs, backend: str,
-                 *, digests: bool, outs: list[torch.Tensor | None] | None = None,
-                 first_words: np.ndarray | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+                 *, digests: bool, into: Outputs | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Decode the tensors whose stored bytes fill ``region`` (laid out as ``runs`` say).
 
-    Returns their bytes (1-D uint8 on the region's device; into ``outs[i]`` where given) and their
-    wsum64 (int64, for the caller to verify), each numbered from ``first_words[i]`` (entries that
-    are element ranges of a larger tensor: their sums add up to the tensor's; default 0).
-    ``digests``: check each chunk's wsum64 here (files of format 2); files of format 1 carry XXH3
-    digests, which the reader checks on the host before the bytes get here.
+    Returns their bytes (1-D uint8 on the region's device; into ``into``'s tensors where given)
+    and their wsum64 (int64, for the caller to verify), numbered as ``into`` says (default: from
+    word 0). ``digests``: check each chunk's wsum64 here (files of format 2); files of format 1
+    carry XXH3 digests, which the reader checks on the host before the bytes get here.
     """
-    device = region.device
-    chunks, streams = _columns(entries, runs)
-    codecs = [entries[t].streams[j].codec for t, j in streams]
-    coded = np.array([c["id"] != "raw" for c in codecs], dtype=bool)
-    chunk_coded = coded[chunks.stream] if chunks.stream.size else np.zeros(0, bool)
-    on_gpu = backend == "cuda"
-    # Coded chunks move to aligned slots for nvCOMP (on the GPU), checksummed on the way.
+    listed = Listed.of(entries)
+    chunks = listed.chunks
+    codecs = [entries[t].streams[j].codec for t, j in listed.streams]
+    batch = _Batch(listed, runs.locate(chunks.offset) if chunks.offset.size else chunks.offset, codecs,
+                   np.array([c["id"] != "raw" for c in codecs], dtype=bool), region, backend)
+    gathered = _checked(batch, digests)
+    return _rebuild(batch, _decode_coded(batch, gathered), into or Outputs.new(len(entries)))
+
+
+def _checked(batch: _Batch, digests: bool) -> _Gathered:
+    """Checksum every chunk (``digests``: and compare with the index, before any decoder runs);
+    on a GPU, gather the coded chunks to the aligned slots nvCOMP needs on the way."""
+    chunks, region, device = batch.listed.chunks, batch.region, batch.region.device
+    chunk_coded = batch.coded[chunks.stream] if chunks.stream.size else np.zeros(0, bool)
+    on_gpu = batch.on_gpu
     c_sel = np.flatnonzero(chunk_coded)
     slot = -(-chunks.length[c_sel] // PLANE_ALIGN) * PLANE_ALIGN
     c_slot = np.cumsum(slot) - slot
@@ -153,61 +158,53 @@ def decode_batch(entries: list[TensorEntry], region: torch.Tensor, runs: Runs, b
     zeros = np.zeros(chunks.length.size, dtype=np.int64)
     r_sel = np.flatnonzero(~chunk_coded)
     if digests and r_sel.size:
-        found[to_device(r_sel, device)] = segment_sums([region], zeros[r_sel], chunks.offset[r_sel],
-                                                       chunks.length[r_sel])
+        found[to_device(r_sel, device)] = segment_sums([region], zeros[r_sel], batch.at[r_sel], chunks.length[r_sel])
     if c_sel.size and (digests or on_gpu):
         gather = dict(outs=[coded_src], out_index=zeros[c_sel], out_offsets=c_slot) if on_gpu else {}
-        sums = segment_sums([region], zeros[c_sel], chunks.offset[c_sel], chunks.length[c_sel], **gather)
+        sums = segment_sums([region], zeros[c_sel], batch.at[c_sel], chunks.length[c_sel], **gather)
         found[to_device(c_sel, device)] = sums
     if digests:
-        verify_digests(entries, streams, chunks, found.cpu().numpy())  # before any decoder runs
-    decoded, stream_at = _decode_coded(entries, chunks, streams, codecs, coded, region, coded_src, c_sel,
-                                       c_slot, on_gpu, backend)
-    words = np.zeros(len(entries), dtype=np.int64) if first_words is None else first_words
-    return _rebuild(entries, chunks, streams, coded, region, decoded, stream_at, outs or [None] * len(entries), words)
+        batch.listed.verify_digests(found.cpu().numpy())  # before any decoder runs
+    return _Gathered(c_sel, c_slot, coded_src) if on_gpu else _Gathered(c_sel, batch.at[c_sel], region)
 
 
-def _decoders(entries: list[TensorEntry], streams: list[tuple[int, int]], codecs: list[dict[str, Any]],
-              coded: np.ndarray, backend: str) -> list[tuple[int, Codec | None]]:
+def _decoders(batch: _Batch) -> list[tuple[int, Codec | None]]:
     """Per stream, its decode group and the codec that decodes it (None for raw streams): streams
     whose codecs decode alike (:meth:`~ckptzip.codecs.Codec.decoder_config`: gdeflate's algorithm
     types, zstd's levels) share one group, so one call decodes them all."""
     groups: dict[str, tuple[int, Codec]] = {}
     known: dict[str, tuple[int, Codec]] = {}  # by a stream's own configuration
     out: list[tuple[int, Codec | None]] = []
-    for s, config in enumerate(codecs):
-        if not coded[s]:
+    for s, config in enumerate(batch.codecs):
+        if not batch.coded[s]:
             out.append((-1, None))
             continue
         text = json.dumps(config, sort_keys=True)
         if text not in known:
-            t, j = streams[s]
+            t, j = batch.listed.streams[s]
             try:
-                decoder = codec_for(config, backend).decoder_config()
+                decoder = codec_for(config, batch.backend).decoder_config()
                 key = json.dumps(decoder, sort_keys=True)
                 if key not in groups:
-                    groups[key] = (len(groups), codec_for(decoder, backend))
+                    groups[key] = (len(groups), codec_for(decoder, batch.backend))
             except CkptzipError as exc:
-                raise type(exc)(f"tensor {entries[t].name!r} stream {j}: {exc}") from exc
+                raise type(exc)(f"tensor {batch.listed.entries[t].name!r} stream {j}: {exc}") from exc
             known[text] = groups[key]
         out.append(known[text])
     return out
 
 
-def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[int, int]], codecs: list[dict[str, Any]],
-                  coded: np.ndarray, region: torch.Tensor, coded_src: torch.Tensor, c_sel: np.ndarray,
-                  c_slot: np.ndarray, on_gpu: bool, backend: str) -> tuple[torch.Tensor, np.ndarray]:
-    """Decode every coded stream into one buffer, each stream contiguous at an aligned offset.
-
-    Returns the buffer and each stream's offset in it (-1 for raw streams)."""
-    device = region.device
-    sizes = np.array([entries[t].streams[j].nbytes for t, j in streams], dtype=np.int64)
+def _decode_coded(batch: _Batch, gathered: _Gathered) -> _Decoded:
+    """Decode every coded stream into one buffer, each stream contiguous at an aligned offset."""
+    listed, coded, device = batch.listed, batch.coded, batch.region.device
+    chunks, entries, c_sel = listed.chunks, listed.entries, gathered.rows
+    sizes = np.array([entries[t].streams[j].nbytes for t, j in listed.streams], dtype=np.int64)
     stream_slot = np.where(coded, -(-sizes // PLANE_ALIGN) * PLANE_ALIGN, 0)
     stream_at = np.where(coded, np.cumsum(stream_slot) - stream_slot, -1)
     size = int(stream_slot.sum())
-    decoded = torch.empty(size, dtype=torch.uint8, device=device) if on_gpu else scratch("decoded", size)
+    decoded = torch.empty(size, dtype=torch.uint8, device=device) if batch.on_gpu else scratch("decoded", size)
     if not c_sel.size:
-        return decoded, stream_at
+        return _Decoded(decoded, stream_at)
     c_stream = chunks.stream[c_sel]
     raw = chunks.raw[c_sel]
     first = np.r_[True, c_stream[1:] != c_stream[:-1]]
@@ -215,8 +212,8 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
     within = np.cumsum(raw) - raw
     within = within - np.repeat(within[starts], np.diff(np.r_[starts, raw.size]))
     dst = stream_at[c_stream] + within
-    src, src_offsets = (coded_src, c_slot) if on_gpu else (region, chunks.offset[c_sel])
-    decoders = _decoders(entries, streams, codecs, coded, backend)
+    src, src_offsets = gathered.source, gathered.slots
+    decoders = _decoders(batch)
     stream_group = np.array([g for g, _ in decoders], np.int64)
     chunk_group = stream_group[c_stream]
     for g in distinct(chunk_group)[0].tolist():
@@ -234,27 +231,28 @@ def _decode_coded(entries: list[TensorEntry], chunks: _Chunks, streams: list[tup
                                           np.zeros(1, np.int64), raw[i : i + 1])
                     decoded[int(dst[i]) : int(dst[i]) + int(raw[i])].copy_(tmp)
         except CorruptCheckpointError as exc:
-            what = (_name(entries, streams, chunks, int(c_sel[m[exc.chunk]])) if isinstance(exc, CorruptChunkError)
-                    else f"tensors {sorted({entries[t].name for t, _ in streams})}")
+            what = (listed.name(int(c_sel[m[exc.chunk]])) if isinstance(exc, CorruptChunkError)
+                    else f"tensors {sorted({entries[t].name for t, _ in listed.streams})}")
             raise CorruptCheckpointError(f"{what}: {exc}") from exc
-    return decoded, stream_at
+    return _Decoded(decoded, stream_at)
 
 
-def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[int, int]], coded: np.ndarray,
-             region: torch.Tensor, decoded: torch.Tensor, stream_at: np.ndarray, given: list[torch.Tensor | None],
-             first_words: np.ndarray) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Merge planes (or copy single streams) into one tensor each (new, or given); their wsum64,
-    numbered from ``first_words`` (sparse tensors decode whole: theirs are 0)."""
-    device = region.device
+def _rebuild(batch: _Batch, decoded: _Decoded, into: Outputs) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Merge planes (or copy single streams) into one tensor each (new, or ``into``'s); their
+    wsum64, numbered from ``into``'s first words (sparse tensors decode whole: theirs are 0)."""
+    listed, coded, region = batch.listed, batch.coded, batch.region
+    entries, streams, chunks = listed.entries, listed.streams, listed.chunks
+    device, first_words = region.device, into.first_words
     outs = [torch.empty(e.nbytes, dtype=torch.uint8, device=device) if g is None else g
-            for e, g in zip(entries, given)]
+            for e, g in zip(entries, into.tensors)]
     populate(outs)  # host outputs: their pages in one call each, on this thread, before the writes below
     checksums = torch.zeros(len(entries), dtype=torch.int64, device=device)
     first_offset = np.zeros(len(streams), dtype=np.int64)  # region offset of each stream's first chunk
     with_chunks, first = distinct(chunks.stream)
-    first_offset[with_chunks] = chunks.offset[first]
+    first_offset[with_chunks] = batch.at[first]
     source_base = np.where(coded, 1, 0)  # 0: the region (raw streams in place), 1: the decoded buffer
-    source_offset = np.where(coded, stream_at, first_offset)
+    source_offset = np.where(coded, decoded.stream_at, first_offset)
+    sources = [region, decoded.buffer]
     by_tensor: dict[int, list[int]] = {}
     for s, (t, _) in enumerate(streams):
         by_tensor.setdefault(t, []).append(s)
@@ -270,19 +268,19 @@ def _rebuild(entries: list[TensorEntry], chunks: _Chunks, streams: list[tuple[in
             singles.append(t)
     for k, idx in merges.items():
         plane_streams = np.array([by_tensor[t] for t in idx], dtype=np.int64)
-        sums = merge_planes([outs[t] for t in idx], k, [region, decoded], source_base[plane_streams],
+        sums = merge_planes([outs[t] for t in idx], k, sources, source_base[plane_streams],
                             source_offset[plane_streams], first_words[idx])
         checksums[to_device(np.array(idx), device)] = sums
     if singles:
         s_of = np.array([by_tensor[t][0] for t in singles], dtype=np.int64)
         sizes = np.array([entries[t].nbytes for t in singles], dtype=np.int64)
-        sums = segment_sums([region, decoded], source_base[s_of], source_offset[s_of], sizes, outs=outs,
+        sums = segment_sums(sources, source_base[s_of], source_offset[s_of], sizes, outs=outs,
                             out_index=np.array(singles), out_offsets=np.zeros(len(singles), np.int64),
                             first_words=first_words[singles])
         checksums[to_device(np.array(singles), device)] = sums  # of the bytes copied: each whole output
     if sparse:
         assert not first_words[sparse].any(), "a sparse tensor decodes whole"
-        views = [[_view([region, decoded][source_base[s]], int(source_offset[s]), entries[t].streams[j].nbytes)
+        views = [[_view(sources[source_base[s]], int(source_offset[s]), entries[t].streams[j].nbytes)
                   for j, s in enumerate(by_tensor[t])] for t in sparse]
         checksums[to_device(np.array(sparse), device)] = _scatter_sparse([entries[t] for t in sparse], views,
                                                                          [outs[t] for t in sparse])

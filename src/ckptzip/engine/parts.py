@@ -6,10 +6,14 @@ file as the format's tiling requires, and the GPU holds about three times one ra
 not the tensor's. Each stream's codec is chosen once, from a sample of the tensor, and kept for
 every range (a stream has one codec). The writer's sink joins the ranges' chunks into the one
 table entry a whole-tensor batch would have produced (:class:`~.encode.Part`).
+
+A load decodes a stored tensor larger than a batch in element ranges too, cut where every stream
+has a chunk boundary (:func:`stored_ranges`), each straight into its part of the output.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -17,6 +21,7 @@ import numpy as np
 import torch
 
 from .. import blocks
+from ..format import StreamEntry, TensorEntry
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
 from .encode import EncodedBatch, Part, Recipe, StreamRecord, tensor_bytes
@@ -100,3 +105,31 @@ def encode_part(tensor: torch.Tensor, streams: int, stream: int, first: int, end
 def worth_parts(tensor: torch.Tensor) -> bool:
     """Whether a tensor is big enough that coding it in ranges (not on the host) is the choice."""
     return tensor.numel() * tensor.element_size() >= max(SMALL_TENSOR_BYTES, RANGE_ALIGN)
+
+
+def stored_ranges(entry: TensorEntry, limit: int) -> list[tuple[TensorEntry, int]] | None:
+    """A tensor larger than ``limit`` (its byte planes, or its one stream) as element ranges cut
+    where every stream has a chunk boundary, so each range decodes on its own into its part of
+    the output: (an entry for the range, its byte offset in the tensor) each. None when no cut is needed or possible (sparse
+    tensors, whose streams are not element ranges: they decode whole)."""
+    k = len(entry.streams)
+    planes = isinstance(entry.transform, BytePlanes)
+    if entry.nbytes <= limit or not ((planes and k > 1) or (entry.transform is None and k == 1)):
+        return None
+    ends = [np.cumsum(s.columns.raw_length) for s in entry.streams]
+    common = functools.reduce(np.intersect1d, ends)
+    common = common[common * k % 8 == 0]  # parts start at whole words: their checksums add up (.decode.decode_batch)
+    cuts = [0]
+    for boundary in common.tolist():
+        if boundary - cuts[-1] >= limit // k or boundary == ends[0][-1]:
+            cuts.append(boundary)
+    if len(cuts) <= 2:
+        return None
+    out = []
+    for a, b in itertools.pairwise(cuts):
+        streams = [StreamEntry(s.codec, b - a, [c for c, end in zip(s.chunks, e.tolist()) if a < end <= b])
+                   for s, e in zip(entry.streams, ends)]
+        part = TensorEntry(entry.name, "uint8", ((b - a) * k,), (b - a) * k, entry.checksum, entry.transforms,
+                           streams, entry.device)
+        out.append((part, a * k))
+    return out

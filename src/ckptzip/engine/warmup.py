@@ -51,7 +51,7 @@ def compile_kernels(device: torch.device, policy: Policy) -> None:
         buffer = io.BytesIO()
         write_state(buffer, names, tensors, [{"tensor": i} for i in range(len(tensors))], policy)
         reader = ContainerReader(buffer.getvalue())
-        read_tensors(reader, list(range(len(tensors))), [device] * len(tensors), lambda _: None)
+        read_tensors(reader, list(range(len(tensors))), [device] * len(tensors))
         torch.cuda.current_stream(device).synchronize()
 
 
