@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from . import settings
 from .budget import check_budget, validate_max_bytes
-from .engine import DeltaBase, LoadOptions, Policy, read_tensors, warm_up, write_state
+from .engine import DeltaBase, LoadOptions, Policy, SaveOptions, read_tensors, warm_up, write_state
 from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, DeviceUnavailableError
 from .format import BaseRef, ContainerReader, TensorEntry, content_hash
 from .format.kinds import directory_kind
@@ -40,8 +40,8 @@ def write_checkpoint(f: BinaryIO, obj: Any, policy: Policy, *, progress: bool = 
     tensors = [item.tensor for item in flat.tensors]
     total = sum(t.numel() * t.element_size() for t in tensors)
     with _progress(total, progress, "compress") as bar:
-        return write_state(f, [item.name for item in flat.tensors], tensors, flat.tree, policy, base, gpu_memory,
-                           on_progress=bar.update)
+        return write_state(f, [item.name for item in flat.tensors], tensors, flat.tree,
+                           SaveOptions(policy, base, gpu_memory, on_progress=bar.update))
 
 
 def save(obj: Any, f: PathOrFile, *, codec: CodecArg = "auto", progress: bool = False,
@@ -410,7 +410,7 @@ def compress(tensor: torch.Tensor, *, codec: CodecArg = "auto") -> CompressedTen
         raise TypeError(f"compress() takes a torch.Tensor, got {type(tensor).__name__}")
     policy = Policy.parse(codec)
     buf = io.BytesIO()
-    write_state(buf, ["tensor"], [flatten(tensor).tensors[0].tensor], {"tensor": 0}, policy)
+    write_state(buf, ["tensor"], [flatten(tensor).tensors[0].tensor], {"tensor": 0}, SaveOptions(policy))
     return CompressedTensor(buf.getvalue())
 
 

@@ -30,9 +30,11 @@ from ckptzip.codecs.nvcomp import NvcompLz4Codec, NvcompZstdCodec
 from ckptzip.engine import memory as engine_memory
 from ckptzip.engine import plan as engine_plan
 from ckptzip.engine import reader as engine_reader
-from ckptzip.engine import writer as engine_writer
+from ckptzip.engine import pipeline as engine_pipeline
 from ckptzip.engine.decode import Runs, decode_batch
-from ckptzip.engine.encode import PLANE, Streams, _Batch, _trial, encode_batch, start_batch
+from ckptzip.engine.choice import trial
+from ckptzip.engine.encode import encode_batch, start_batch
+from ckptzip.engine.streams import PLANE, Batch, Streams
 from ckptzip.engine.policy import Policy
 from ckptzip.errors import UsageError
 from ckptzip.kernels import distinct
@@ -98,7 +100,7 @@ def test_a_batch_decodes_to_what_was_encoded(device: str) -> None:
     if device == "cuda" and backend == "cpu":
         pytest.skip("nvCOMP is not installed")
     batch = encode_batch(tensors, Policy.parse("auto"), backend)
-    assert batch.stored.numel() == int(batch.lengths.sum())
+    assert batch.stored.numel() == int(batch.chunks.length.sum())
     data = io.BytesIO()
     ckptzip.save({str(i): t for i, t in enumerate(tensors)}, data)
     with ckptzip.open(io.BytesIO(data.getvalue()), map_location=device) as reader:
@@ -454,8 +456,8 @@ def test_the_cpu_planner_keeps_the_candidate_that_codes_a_sample_smallest(monkey
                   {"id": "zstd", "level": 3}]
     coded = _counting_zstd(monkeypatch)
     streams = Streams(np.arange(3), np.zeros(3, np.int64), offsets, sizes, np.full(3, PLANE, np.int8), np.zeros(3))
-    batch = _Batch([base], streams, [None] * 3, torch.zeros(3, dtype=torch.int64))
-    picks, whole = _trial(np.arange(3), batch, candidates, 1 << 15, Policy.parse("auto"), "cpu")
+    batch = Batch([base], streams, [None] * 3, torch.zeros(3, dtype=torch.int64))
+    picks, whole = trial(np.arange(3), batch, candidates, 1 << 15, Policy.parse("auto"), "cpu")
     assert picks == [candidates[2], candidates[0], {"id": "raw"}]
     assert whole == {}  # samples of part of a stream are not what the stream stores
     # level 3 (the slowest) coded only the sample where level 1 beat the long-matches-only coding
@@ -579,13 +581,13 @@ def test_a_range_that_runs_out_of_memory_is_coded_in_quarters_and_the_file_is_th
     real = engine_parts.encode_part
     tried: list[tuple[int, int]] = []
 
-    def scarce(tensor: torch.Tensor, streams: int, stream: int, first: int, end: int, *rest: object) -> object:
-        tried.append((stream, end - first))
-        if stream == 1 and end - first > engine_parts.RANGE_ALIGN:
+    def scarce(ranged: engine_parts.Ranged, part: engine_parts.Range, last: bool) -> object:
+        tried.append((part.stream, part.end - part.first))
+        if part.stream == 1 and part.end - part.first > engine_parts.RANGE_ALIGN:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 KiB\nmore")
-        return real(tensor, streams, stream, first, end, *rest)  # type: ignore[arg-type]
+        return real(ranged, part, last)
 
-    monkeypatch.setattr(engine_writer, "encode_part", scarce)
+    monkeypatch.setattr(engine_pipeline, "encode_part", scarce)
     buf = io.BytesIO()
     with caplog.at_level(logging.INFO, logger="ckptzip"):
         ckptzip.save(state, buf)

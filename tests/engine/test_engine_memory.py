@@ -19,7 +19,11 @@ from ckptzip.engine import encode as engine_encode
 from ckptzip.engine import memory
 from ckptzip.engine import plan as engine_plan
 from ckptzip.engine import reader as engine_reader
+from ckptzip.engine import pipeline as engine_pipeline
+from ckptzip.engine import staged as engine_staged
+from ckptzip.engine import stager as engine_stager
 from ckptzip.engine import writer as engine_writer
+from ckptzip.engine.policy import Policy
 from helpers import assert_same, assert_same_tensor
 
 MIB = 1 << 20
@@ -97,17 +101,17 @@ def test_a_snapshot_whose_coding_fails_gives_its_staging_buffers_back(monkeypatc
 
     taken = [torch.zeros(64, dtype=torch.uint8) for _ in range(2)]
 
-    def failing(encode: object, stager: engine_writer._Stager, sink: object) -> None:
+    def failing(encode: object, stager: engine_stager.Stager, sink: object) -> None:
         for buffer in taken:  # two batches staged, then the third runs out of memory
-            stager._deliver(engine_writer._Job((buffer[:10], 10), first=True, release=buffer))
+            stager._deliver(engine_stager.Job((buffer[:10], 10), first=True, release=buffer))
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
 
-    monkeypatch.setattr(engine_writer, "_run_pipeline", failing)
+    monkeypatch.setattr(engine_staged, "run_pipeline", failing)
     pool = Pool()
     with pytest.raises(ckptzip.GpuMemoryError, match=r"^snapshot ran out of GPU memory \(CUDA out of memory\. "
                                                       r"Tried to allocate 2\.00 MiB\)"):
-        engine_writer.stage_state(["w"], [torch.ones(4)], engine_writer.Policy.parse("auto"), pool,  # type: ignore[arg-type]
-                                  1 << 20)
+        engine_staged.stage_state(["w"], [torch.ones(4)], engine_writer.SaveOptions(Policy.parse("auto"), gpu_batch_bytes=1 << 20),
+                                  pool)  # type: ignore[arg-type]
     assert [b.data_ptr() for b in pool.released] == [b.data_ptr() for b in taken]
 
 
@@ -122,12 +126,13 @@ def test_staged_batches_fill_the_pools_buffers_back_to_back() -> None:
             self.taken.append(torch.zeros(self.buffer_bytes, dtype=torch.uint8))
             return self.taken[-1]
 
-    pool, packing = Pool(), engine_writer._Packing()
+    pool = Pool()
+    packing = engine_stager.Packing(pool)  # type: ignore[arg-type]
     pieces = []
-    for batch in (30, 90, 180, 0, 5):  # a batch's bytes, taken as _stage does
+    for batch in (30, 90, 180, 0, 5):  # a batch's bytes, taken as stage() does
         start = 0
         while True:
-            piece, release = packing.take(batch - start, pool)  # type: ignore[arg-type]
+            piece, release = packing.take(batch - start)
             pieces.append((piece, release))
             start += piece.numel()
             if start == batch:
@@ -149,13 +154,13 @@ def test_a_host_snapshots_batches_share_their_staging_buffers_and_give_them_all_
     state = _state(n=6, elements=(3 << 20) // 4 + 1000)  # 3 MiB and a bit, each: batches end mid-buffer
     flat = flatten(state)
     pool = PinnedPool(1 << 20, sys.maxsize)
-    staged = engine_writer.stage_state([t.name for t in flat.tensors], [t.tensor for t in flat.tensors],
-                                       engine_writer.Policy.parse("auto"), pool, 4 << 20)
+    staged = engine_staged.stage_state([t.name for t in flat.tensors], [t.tensor for t in flat.tensors],
+                                       engine_writer.SaveOptions(Policy.parse("auto"), gpu_batch_bytes=4 << 20), pool)
     buffers = {id(job.release) for job in staged.jobs if job.release is not None}
     assert len(buffers) == -(-staged.nbytes // (1 << 20))  # packed: no partly used buffer a batch
     assert staged.occupied_bytes == len(buffers) << 20
     buf = io.BytesIO()
-    engine_writer.write_staged(buf, staged, flat.tree, engine_writer.Policy.parse("auto"))
+    engine_staged.write_staged(buf, staged, flat.tree, Policy.parse("auto"))
     assert pool._free.qsize() == pool._created  # every buffer back in the pool
     assert_same(ckptzip.load(buf.getvalue()), state)
 
@@ -174,8 +179,8 @@ def test_batches_are_sized_from_the_budget(monkeypatch: pytest.MonkeyPatch) -> N
 def test_batches_overlap_in_blocks_and_where_the_budget_holds_enough_of_them(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(engine_plan, "_keys", lambda tensors, policy, limits=None: [engine_plan.BatchKey("cuda", cuda)])
-    monkeypatch.setattr(engine_writer.Policy, "gpu_scratch_bytes", lambda self: 0)
-    policy = engine_writer.Policy.parse("auto")
+    monkeypatch.setattr(Policy, "gpu_scratch_bytes", lambda self: 0)
+    policy = Policy.parse("auto")
     free = [0]
     monkeypatch.setattr(memory, "available", lambda device: free[0])
 
@@ -201,13 +206,13 @@ def test_gpus_whose_batches_are_small_code_them_in_the_codecs_small_batch_chunks
         engine_plan.BatchKey("cuda", d) for d in cuda])
     free = {0: 64 << 30, 1: 2 << 30}
     monkeypatch.setattr(memory, "available", lambda device: free[device.index])
-    monkeypatch.setattr(engine_writer.Policy, "gpu_scratch_bytes", lambda self: 0)  # gdeflate asks none
-    policy = engine_writer.Policy.parse("auto")
+    monkeypatch.setattr(Policy, "gpu_scratch_bytes", lambda self: 0)  # gdeflate asks none
+    policy = Policy.parse("auto")
     limits = engine_plan.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
     assert list(limits.block) == [cuda[1]]  # 2 GiB: batches of a twelfth, in blocks
     assert limits.policy_on(cuda[0], policy) is policy  # 2 GiB batches
     small = limits.policy_on(cuda[1], policy)
-    assert small == engine_writer.Policy("auto", small_batches=True)
+    assert small == Policy("auto", small_batches=True)
     capped = engine_plan.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None, 256 * MIB)
     assert not capped.block and capped.policy_on(cuda[0], policy) == small  # host snapshots' 256 MiB batches
     free[1] = 10 << 30  # blocks of about 850 MiB: launches of many chunks
@@ -219,7 +224,7 @@ def test_gpus_whose_batches_are_small_code_them_in_the_codecs_small_batch_chunks
                            "max_chunk_bytes": 1 << 62, "backend": "cpu"})()
     assert [policy.chunk_bytes_for(c) for c in (gdeflate, raw)] == [256 << 10, 16 << 20]  # type: ignore[arg-type]
     assert [small.chunk_bytes_for(c) for c in (gdeflate, raw)] == [128 << 10, 16 << 20]  # type: ignore[arg-type]
-    chosen = engine_writer.Policy("auto", chunk_bytes=1 << 20, small_batches=True)
+    chosen = Policy("auto", chunk_bytes=1 << 20, small_batches=True)
     assert chosen.chunk_bytes_for(gdeflate) == 1 << 20  # type: ignore[arg-type]  # a chunk size set is kept
 
 
@@ -231,14 +236,14 @@ def test_batches_of_blocks_are_packed_first_fit(monkeypatch: pytest.MonkeyPatch)
     tensors = [torch.empty(n * MIB, dtype=torch.uint8) for n in sizes]
     limits = engine_plan.GpuLimits({gpu: 330 * MIB}, {gpu: 330 * MIB}, {gpu: 2310 * MIB},
                                      block={gpu: 332 * MIB})
-    plan = engine_plan.save_batches(tensors, engine_writer.Policy.parse("auto"), limits)
+    plan = engine_plan.save_batches(tensors, Policy.parse("auto"), limits)
     batches = [idx for _, idx in plan]
     assert sorted(i for idx in batches for i in idx) == list(range(len(sizes)))
     assert all(sum(sizes[i] for i in idx) <= 330 for idx in batches)
     assert len(batches) == 9  # in table order, one batch at a time: 12
     unlimited = engine_plan.GpuLimits({gpu: 330 * MIB}, {gpu: 330 * MIB}, {gpu: 64 << 30})
     # not in blocks: batches cut once they reach the size, in table order
-    assert len(engine_plan.save_batches(tensors, engine_writer.Policy.parse("auto"), unlimited)) == 8
+    assert len(engine_plan.save_batches(tensors, Policy.parse("auto"), unlimited)) == 8
 
 
 def test_two_gpu_batches_are_coded_at_once_only_where_every_budget_holds_them_at_full_size() -> None:
@@ -255,13 +260,13 @@ def test_two_gpu_batches_are_coded_at_once_only_where_every_budget_holds_them_at
 @needs_cuda
 def test_two_lanes_write_the_file_one_lane_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     threads: set[str] = set()
-    real, of = engine_writer.start_batch, engine_plan.GpuLimits.of
+    real, of = engine_pipeline.start_batch, engine_plan.GpuLimits.of
 
     def spy(*args: object, **kwargs: object) -> object:
         threads.add(threading.current_thread().name.split("_")[0])
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine_writer, "start_batch", spy)
+    monkeypatch.setattr(engine_pipeline, "start_batch", spy)
     monkeypatch.setattr(engine_plan.GpuLimits, "of",  # 32 MiB batches: many of them
                         classmethod(lambda cls, tensors, policy, gpu_memory, batch_cap=None: of(tensors, policy, gpu_memory,
                                                                                                32 * MIB)))
@@ -425,7 +430,7 @@ def test_a_small_cap_codes_large_tensors_in_ranges_on_the_gpu_and_stays_bit_exac
 @gpu
 @needs_cuda
 def test_a_batch_that_runs_out_of_memory_is_encoded_in_halves(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = engine_writer.start_batch
+    real = engine_pipeline.start_batch
     sizes: list[int] = []
 
     def flaky(tensors: list[torch.Tensor], policy: object, backend: str, sparse: object = None,
@@ -435,7 +440,7 @@ def test_a_batch_that_runs_out_of_memory_is_encoded_in_halves(monkeypatch: pytes
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
         return real(tensors, policy, backend, sparse, entropies)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine_writer, "start_batch", flaky)
+    monkeypatch.setattr(engine_pipeline, "start_batch", flaky)
     state = _state(n=6)
     buf = io.BytesIO()
     ckptzip.save(state, buf)
@@ -448,21 +453,21 @@ def test_a_batch_that_runs_out_of_memory_is_encoded_in_halves(monkeypatch: pytes
 def test_a_filled_gpus_batches_read_their_entropies_ahead_and_finish_after_the_next_starts(
         monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[str] = []
-    start, finish = engine_writer.start_batch, engine_writer.PendingBatch.finish
+    start, finish = engine_pipeline.start_batch, engine_pipeline.PendingBatch.finish
 
     def started(*args: object, **kwargs: object) -> object:
         events.append("start")
         return start(*args, **kwargs)  # type: ignore[arg-type]
 
-    def finished(self: engine_writer.PendingBatch) -> object:
+    def finished(self: engine_pipeline.PendingBatch) -> object:
         events.append("finish")
         return finish(self)
 
     def no_wait(hist: torch.Tensor) -> object:
         raise AssertionError("a batch waited for its split's byte counts")
 
-    monkeypatch.setattr(engine_writer, "start_batch", started)
-    monkeypatch.setattr(engine_writer.PendingBatch, "finish", finished)
+    monkeypatch.setattr(engine_pipeline, "start_batch", started)
+    monkeypatch.setattr(engine_pipeline.PendingBatch, "finish", finished)
     monkeypatch.setattr(engine_encode, "_plane_entropies", no_wait)
     state = _state(n=8)  # 16 MiB tensors
     buf = io.BytesIO()
@@ -485,7 +490,7 @@ def test_a_gpu_without_room_to_sample_its_entropies_ahead_codes_its_batches_one_
         waited.append(hist.shape[0])
         return wait(hist)
 
-    monkeypatch.setattr(engine_writer, "sampled_plane_entropies", scarce)
+    monkeypatch.setattr(engine_pipeline, "sampled_plane_entropies", scarce)
     monkeypatch.setattr(engine_encode, "_plane_entropies", counted)
     state = _state(n=8)
     buf = io.BytesIO()
@@ -498,16 +503,16 @@ def test_a_gpu_without_room_to_sample_its_entropies_ahead_codes_its_batches_one_
 @needs_cuda
 def test_a_started_batch_whose_finish_runs_out_of_memory_is_coded_smaller(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    finish = engine_writer.PendingBatch.finish
+    finish = engine_pipeline.PendingBatch.finish
     failed: list[int] = []
 
-    def scarce(self: engine_writer.PendingBatch) -> object:
+    def scarce(self: engine_pipeline.PendingBatch) -> object:
         if not failed:
             failed.append(len(self.batch.transforms))
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 MiB")
         return finish(self)
 
-    monkeypatch.setattr(engine_writer.PendingBatch, "finish", scarce)
+    monkeypatch.setattr(engine_pipeline.PendingBatch, "finish", scarce)
     state = _state(n=8)
     buf = io.BytesIO()
     with caplog.at_level(logging.INFO, logger="ckptzip"):
@@ -521,7 +526,7 @@ def test_a_started_batch_whose_finish_runs_out_of_memory_is_coded_smaller(
 @needs_cuda
 def test_a_lone_tensor_that_runs_out_of_memory_is_coded_in_ranges_and_later_batches_are_split_first(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    real = engine_writer.start_batch
+    real = engine_pipeline.start_batch
     tried: list[int] = []
 
     def scarce(tensors: list[torch.Tensor], policy: object, backend: str, sparse: object = None,
@@ -532,7 +537,7 @@ def test_a_lone_tensor_that_runs_out_of_memory_is_coded_in_ranges_and_later_batc
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 192.00 MiB")
         return real(tensors, policy, backend, sparse, entropies)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine_writer, "start_batch", scarce)
+    monkeypatch.setattr(engine_pipeline, "start_batch", scarce)
     monkeypatch.setattr(engine_plan, "OVERLAP_WORKING_SETS", 7)  # batches of 130 MiB (a seventh): two tensors
     state = _state(n=4, elements=1 << 24)  # four 64 MiB fp32 tensors, each too large here
     buf = io.BytesIO()
@@ -654,7 +659,7 @@ def test_a_save_that_runs_out_of_gpu_memory_outside_its_batches_raises_gpu_memor
     def scarce(*args: object, **kwargs: object) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB")
 
-    monkeypatch.setattr(engine_writer, "_encode_all", scarce)
+    monkeypatch.setattr(engine_writer, "encode_all", scarce)
     with pytest.raises(ckptzip.GpuMemoryError, match=r"save ran out of GPU memory \(CUDA out of memory. Tried to "
                                                       r"allocate 64.00 MiB\); no GPU budget can be had now"):
         ckptzip.save({"w": torch.zeros(10)}, path)

@@ -345,7 +345,8 @@ def test_a_staged_save_rewrites_its_table_as_a_save_does(delta: bool) -> None:
     from ckptzip.engine.policy import Policy
     from ckptzip.engine.sources import DeltaBase
     from ckptzip.engine.staging import PinnedPool
-    from ckptzip.engine.writer import stage_state, write_staged
+    from ckptzip.engine.staged import stage_state, write_staged
+    from ckptzip.engine.writer import SaveOptions
     from ckptzip.format import BaseRef
     from ckptzip.tree import flatten
 
@@ -358,8 +359,8 @@ def test_a_staged_save_rewrites_its_table_as_a_save_does(delta: bool) -> None:
     direct = io.BytesIO()
     write_checkpoint(direct, state, policy, base=base)
     flat = flatten(state)
-    staged = stage_state([i.name for i in flat.tensors], [i.tensor for i in flat.tensors], policy, PinnedPool(),
-                         1 << 20, base)
+    staged = stage_state([i.name for i in flat.tensors], [i.tensor for i in flat.tensors],
+                         SaveOptions(policy, base, gpu_batch_bytes=1 << 20), PinnedPool())
     via_stage = io.BytesIO()
     write_staged(via_stage, staged, flat.tree, policy)
     assert via_stage.getvalue() == direct.getvalue()
@@ -376,7 +377,8 @@ def test_a_staged_table_is_rewritten_from_the_sources_not_from_copies_still_in_f
     reference."""
     from ckptzip.engine.policy import Policy
     from ckptzip.engine.staging import PinnedPool
-    from ckptzip.engine.writer import stage_state, write_staged
+    from ckptzip.engine.staged import HostCopies, stage_state, write_staged
+    from ckptzip.engine.writer import SaveOptions
     from ckptzip.tree import flatten
 
     state = _mixed_state()
@@ -384,7 +386,8 @@ def test_a_staged_table_is_rewritten_from_the_sources_not_from_copies_still_in_f
     names, sources = [i.name for i in flat.tensors], [i.tensor for i in flat.tensors]
     in_flight = {names.index(name): torch.zeros_like(state[name]) for name in ("dup", "other")}
     policy = Policy.parse("auto")
-    staged = stage_state(names, sources, policy, PinnedPool(), 1 << 20, host_copies=in_flight)
+    staged = stage_state(names, sources, SaveOptions(policy, gpu_batch_bytes=1 << 20), PinnedPool(),
+                         copies=HostCopies(in_flight, lambda: None))
     for position, copy in in_flight.items():  # the copies complete before the snapshot is written
         copy.copy_(sources[position])
     f = io.BytesIO()

@@ -17,7 +17,8 @@ from helpers import assert_same
 import ckptzip
 from ckptzip.engine.policy import Policy
 from ckptzip.engine.staging import PinnedPool, shared_copy, shared_empty
-from ckptzip.engine.writer import StagedState, stage_state, write_staged
+from ckptzip.engine.staged import StagedState, stage_state, write_staged
+from ckptzip.engine.writer import SaveOptions
 from ckptzip.tree import flatten
 
 POLICY = Policy.parse("auto")
@@ -32,7 +33,8 @@ def _state(device: str) -> dict[str, Any]:
 
 def _stage(state: dict[str, Any], pool: PinnedPool) -> tuple[StagedState, Any]:
     flat = flatten(state)
-    staged = stage_state([t.name for t in flat.tensors], [t.tensor for t in flat.tensors], POLICY, pool, 1 << 20)
+    staged = stage_state([t.name for t in flat.tensors], [t.tensor for t in flat.tensors],
+                         SaveOptions(POLICY, gpu_batch_bytes=1 << 20), pool)
     return staged, flat.tree
 
 

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ..errors import CkptzipError, UnsupportedObjectError, UsageError
-from ..engine import Policy, gpu_memory_cap, warm_up, write_staged, write_state
+from ..engine import Policy, SaveOptions, gpu_memory_cap, warm_up, write_staged, write_state
 from ..storage import write_error
 from ..tree import flatten
 from ._directory import CheckpointDirectory
@@ -246,7 +246,7 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
         names = [tensor_name(item.index) for item in items]
         with self._dir.atomic_write(name, sync=self.sync_files) as stream:
             entries = write_state(stream, names, tensors, [{"tensor": k} for k in range(len(items))],
-                                  self._policy, gpu_memory=self.gpu_memory)
+                                  SaveOptions(self._policy, gpu_memory=self.gpu_memory))
         return [
             WriteResult(index=item.index, size_in_bytes=entry.compressed_nbytes,
                         storage_data=StoredItem(name, 0, entry.compressed_nbytes, pipeline(entry), entry.checksum, k))

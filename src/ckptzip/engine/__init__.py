@@ -22,7 +22,8 @@ from .policy import PRESETS, SMALL_TENSOR_BYTES, Policy
 from .warmup import compile_kernels, warm_up
 
 # Whole states: a save, a host snapshot's two halves, a load.
-from .writer import StagedState, stage_coded, stage_state, write_staged, write_state
+from .writer import SaveOptions, write_state
+from .staged import HostCopies, StagedState, stage_coded, stage_state, write_staged
 from .reader import LoadOptions, read_tensors
 from .sources import DeltaBase, LoadPlan
 from .plan import GpuLimits, gpu_coded
@@ -52,8 +53,8 @@ from .plan import load_batches as plan_read_batches
 from .plan import save_batches as plan_write_batches
 
 __all__ = [
-    "PRESETS", "SMALL_TENSOR_BYTES", "DeltaBase", "EncodedBatch", "GpuLimits", "Limit", "LoadOptions", "LoadPlan",
-    "OverlappingRead", "PinnedPool", "Policy", "Runs", "Slab", "StagedState", "Task", "available_gpu_memory",
+    "PRESETS", "SMALL_TENSOR_BYTES", "DeltaBase", "EncodedBatch", "GpuLimits", "HostCopies", "Limit", "LoadOptions", "LoadPlan",
+    "OverlappingRead", "PinnedPool", "Policy", "Runs", "SaveOptions", "Slab", "StagedState", "Task", "available_gpu_memory",
     "compile_kernels", "decode_batch", "encode_batch", "entropy_of_counts", "gpu_coded", "gpu_memory_beside_training",
     "gpu_memory_cap", "gpu_memory_capped", "optimizer_owned", "optimizer_stepped", "optimizer_storages", "packed",
     "plan_read_batches", "plan_write_batches", "read_ahead", "read_tensors", "run_ahead", "stage_coded", "stage_state",

@@ -1,9 +1,12 @@
 """Ordered work-ahead: tasks run a few ahead on a thread pool (or inline), results consumed in
-order; and iteration one item ahead on a background thread."""
+order; iteration one item ahead on a background thread; and a thread that handles items in the
+order they are put (:class:`InOrder`)."""
 
 from __future__ import annotations
 
 import collections
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
@@ -84,3 +87,45 @@ def read_ahead(items: Iterable[T]) -> Iterator[T]:
                 return
             upcoming = pool.submit(next, iterator, _DONE)
             yield item
+
+
+class InOrder(Generic[T]):
+    """A thread that handles items in the order they are put. Its first error is raised in the
+    putting thread (by ``put``, ``check`` or ``close``); items after it are only finished."""
+
+    def __init__(self, name: str, maxsize: int) -> None:
+        self._queue: queue.Queue[T | None] = queue.Queue(maxsize=maxsize)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                if self._error is None:
+                    self._handle(item)
+            except BaseException as exc:  # surfaced to the putting thread
+                self._error = exc
+            finally:
+                self._finish(item)
+
+    def _handle(self, item: T) -> None:
+        raise NotImplementedError
+
+    def _finish(self, item: T) -> None:
+        """After each item, handled or not."""
+
+    def put(self, item: T) -> None:
+        self.check()
+        self._queue.put(item)
+
+    def check(self) -> None:
+        """Raise the thread's error, if it had one."""
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Wait for every item; raise the first error."""
+        self._queue.put(None)
+        self._thread.join()
+        self.check()

@@ -43,7 +43,7 @@ class Chunks:
         stream = np.repeat(np.arange(size.size), counts)
         index = np.arange(stream.size) - np.repeat(np.cumsum(counts) - counts, counts)
         raw = np.minimum(chunk_bytes[stream], size[stream] - index * chunk_bytes[stream])
-        return cls(stream, index, raw, raw.copy(), base[stream].copy(), offset[stream] + index * chunk_bytes[stream])
+        return cls(stream, index, raw, raw.copy(), base[stream], offset[stream] + index * chunk_bytes[stream])
 
     @classmethod
     def gathered(cls, raw: np.ndarray, length: np.ndarray) -> Chunks:

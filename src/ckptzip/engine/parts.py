@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from .. import blocks
 from ..format import StreamEntry, TensorEntry
 from ..kernels.segments import segment_sums
 from ..transforms import BytePlanes
+from .chunks import Chunks
 from .encode import EncodedBatch, Part, Recipe, StreamRecord, tensor_bytes
 from .estimate import RANDOM_ENTROPY_BITS, entropy_of_count_array, middle, plane_counts
 from .policy import RAW, SMALL_TENSOR_BYTES, Policy, codec_for
@@ -35,35 +37,55 @@ RANGE_ALIGN = 16 << 20
 _SAMPLE_BYTES = 1 << 22
 
 
-def plane_count(tensor: torch.Tensor, policy: Policy) -> int:
-    """The streams a tensor is stored as: its byte planes, or 1 (the bytes as they are)."""
-    nbytes = tensor.numel() * tensor.element_size()
-    split = policy.splits(np.array([tensor.element_size()]), np.array([nbytes]))[0]
-    return tensor.element_size() if split else 1
+@dataclass(frozen=True)
+class Range:
+    """Elements ``[first, end)`` of stream ``stream`` of a tensor coded in parts."""
+
+    stream: int
+    first: int
+    end: int
 
 
-def ranges(tensor: torch.Tensor, streams: int, range_bytes: int) -> list[tuple[int, int, int]]:
-    """``(stream, first element, end element)`` of each part, in file order."""
-    elements = tensor.numel() * tensor.element_size() // streams  # bytes of one stream
-    step = max(RANGE_ALIGN, range_bytes // RANGE_ALIGN * RANGE_ALIGN)
-    cuts = [*range(0, elements, step), elements]
-    return [(j, a, b) for j in range(streams) for a, b in itertools.pairwise(cuts)]
+@dataclass(frozen=True)
+class Ranged:
+    """A tensor coded in element ranges: how many streams it is stored as (its byte planes, or 1:
+    its bytes as they are), each stream's codec, and the policy and backend that code them."""
+
+    tensor: torch.Tensor
+    streams: int
+    codecs: list[dict[str, Any]]
+    policy: Policy
+    backend: str
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor, policy: Policy, backend: str) -> Ranged:
+        nbytes = tensor.numel() * tensor.element_size()
+        split = policy.splits(np.array([tensor.element_size()]), np.array([nbytes]))[0]
+        streams = tensor.element_size() if split else 1
+        return cls(tensor, streams, _stream_codecs(tensor, streams, policy, backend), policy, backend)
+
+    def ranges(self, range_bytes: int) -> list[Range]:
+        """Each part of about ``range_bytes``, in file order."""
+        elements = self.tensor.numel() * self.tensor.element_size() // self.streams  # bytes of one stream
+        step = max(RANGE_ALIGN, range_bytes // RANGE_ALIGN * RANGE_ALIGN)
+        cuts = [*range(0, elements, step), elements]
+        return [Range(j, a, b) for j in range(self.streams) for a, b in itertools.pairwise(cuts)]
 
 
-def quarters(part: tuple[int, int, int]) -> list[tuple[int, int, int]]:
+def quarters(part: Range) -> list[Range]:
     """A part cut in about four (at multiples of RANGE_ALIGN): what is tried after it ran out of
     GPU memory; none when it is one RANGE_ALIGN or less."""
-    j, first, end = part
-    if end - first <= RANGE_ALIGN:
+    if part.end - part.first <= RANGE_ALIGN:
         return []
-    step = max(RANGE_ALIGN, (end - first) // 4 // RANGE_ALIGN * RANGE_ALIGN)
-    return [(j, a, b) for a, b in itertools.pairwise([*range(first, end, step), end])]
+    step = max(RANGE_ALIGN, (part.end - part.first) // 4 // RANGE_ALIGN * RANGE_ALIGN)
+    cuts = [*range(part.first, part.end, step), part.end]
+    return [Range(part.stream, a, b) for a, b in itertools.pairwise(cuts)]
 
 
-def stream_codecs(data: torch.Tensor, tensor: torch.Tensor, streams: int, policy: Policy, backend: str
-                  ) -> list[dict[str, Any]]:
+def _stream_codecs(tensor: torch.Tensor, streams: int, policy: Policy, backend: str) -> list[dict[str, Any]]:
     """Each stream's codec, chosen from a sample of the tensor as a whole-tensor batch chooses
     (structured planes coded, near-random float planes stored raw)."""
+    data = tensor_bytes(tensor)
     nbytes = data.numel()
     if streams == 1:
         return [policy.whole_codec(backend, nbytes).get_config()]
@@ -75,31 +97,30 @@ def stream_codecs(data: torch.Tensor, tensor: torch.Tensor, streams: int, policy
     return [plane if e < RANDOM_ENTROPY_BITS else RAW for e in entropy.tolist()]
 
 
-def encode_part(tensor: torch.Tensor, streams: int, stream: int, first: int, end: int, config: dict[str, Any],
-                policy: Policy, backend: str, last: bool) -> EncodedBatch:
-    """Code elements ``[first, end)`` of one stream of ``tensor`` (a batch of one tensor whose one
-    stream is this range); the last part also carries the whole tensor's checksum."""
-    data = tensor_bytes(tensor)
-    size = end - first
-    piece = data[first:end]
+def encode_part(ranged: Ranged, part: Range, last: bool) -> EncodedBatch:
+    """Code ``part`` of a tensor (a batch of one tensor whose one stream is this range); the
+    ``last`` part also carries the whole tensor's checksum."""
+    data, streams, backend = tensor_bytes(ranged.tensor), ranged.streams, ranged.backend
+    config = ranged.codecs[part.stream]
+    size = part.end - part.first
+    piece = data[part.first : part.end]
     if streams > 1:  # the range of one plane, gathered
-        piece = blocks.empty(size, data.device).copy_(data.view(-1, streams)[first:end, stream])
-    cb = policy.chunk_bytes_for(codec_for(config, backend))
+        piece = blocks.empty(size, data.device).copy_(data.view(-1, streams)[part.first : part.end, part.stream])
+    cb = ranged.policy.chunk_bytes_for(codec_for(config, backend))
     raw_offsets = np.arange(0, size, cb, dtype=np.int64)
     raw_lengths = np.minimum(cb, size - raw_offsets)
     if config["id"] == "raw":
         base, offsets, lengths = piece, raw_offsets, raw_lengths
     else:
         base, offsets, lengths = codec_for(config, backend).encode_segments(piece, raw_offsets, raw_lengths)
-    out_offsets = np.cumsum(lengths) - lengths
+    chunks = Chunks.gathered(raw_lengths, lengths.astype(np.int64))
     stored = blocks.empty(int(lengths.sum()), data.device)
     zeros = np.zeros(lengths.size, dtype=np.int64)
-    digests = segment_sums([base], zeros, offsets, lengths, outs=[stored], out_index=zeros, out_offsets=out_offsets)
+    digests = segment_sums([base], zeros, offsets, lengths, outs=[stored], out_index=zeros, out_offsets=chunks.offset)
     checksum = (segment_sums([data], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([data.numel()]))
                 if last else torch.zeros(1, dtype=torch.int64, device=data.device))
     recipe = Recipe(BytePlanes(streams) if streams > 1 else None, (StreamRecord(config, size, int(lengths.size)),))
-    return EncodedBatch(stored, out_offsets, lengths.astype(np.int64), raw_lengths, digests, checksum, [recipe],
-                        Part(stream, streams, last))
+    return EncodedBatch(stored, chunks, digests, checksum, [recipe], Part(part.stream, streams, last))
 
 
 def worth_parts(tensor: torch.Tensor) -> bool:

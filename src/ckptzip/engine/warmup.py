@@ -20,7 +20,7 @@ import torch
 from ..format import ContainerReader
 from .policy import Policy
 from .reader import read_tensors
-from .writer import write_state
+from .writer import SaveOptions, write_state
 
 _STARTED: dict[tuple[torch.device, str], threading.Thread] = {}
 _LOCK = threading.Lock()
@@ -49,7 +49,7 @@ def compile_kernels(device: torch.device, policy: Policy) -> None:
         tensors = _sample(device)
         names = [f"t{i}" for i in range(len(tensors))]
         buffer = io.BytesIO()
-        write_state(buffer, names, tensors, [{"tensor": i} for i in range(len(tensors))], policy)
+        write_state(buffer, names, tensors, [{"tensor": i} for i in range(len(tensors))], SaveOptions(policy))
         reader = ContainerReader(buffer.getvalue())
         read_tensors(reader, list(range(len(tensors))), [device] * len(tensors))
         torch.cuda.current_stream(device).synchronize()

@@ -23,7 +23,7 @@ import torch
 
 from .. import api
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, MissingBaseError
-from ..engine import DeltaBase, Policy, gpu_memory_cap, wait_for_reads, warm_up, write_state
+from ..engine import DeltaBase, Policy, SaveOptions, gpu_memory_cap, wait_for_reads, warm_up, write_state
 from ..format import BaseRef, content_hash
 from ..series import STEP_LIKE, STEP_PATTERN, Files, Series, name_of, report_ignored, step_of
 from ..storage import WriterLock, open_storage
@@ -262,8 +262,8 @@ class CheckpointManager:
         if self._executor is None:
             flat = flatten(state)
             names, tensors = [item.name for item in flat.tensors], [item.tensor for item in flat.tensors]
-            self._write(step, lambda f, base: Written(write_state(f, names, tensors, flat.tree, self._policy, base,
-                                                                  self._gpu_memory),
+            self._write(step, lambda f, base: Written(write_state(f, names, tensors, flat.tree,
+                                                                  SaveOptions(self._policy, base, self._gpu_memory)),
                                                       dict(zip(names, tensors))))
             self._after_commit(step)
             future: concurrent.futures.Future[None] = concurrent.futures.Future()

@@ -32,8 +32,10 @@ import torch
 from ..engine import (
     DeltaBase,
     GpuLimits,
+    HostCopies,
     PinnedPool,
     Policy,
+    SaveOptions,
     Slab,
     StagedState,
     gpu_coded,
@@ -369,11 +371,11 @@ class SnapshotPool:
         def read() -> _Read:
             copying: list[Callable[[], Copied]] = []  # empty until the copies are started
             try:
-                staged = stage_state(names, read_from, self._policy, self._staging, HOST_SNAPSHOT_BATCH_BYTES, base,
-                                     self._gpu_memory, self._expected_staging(),
-                                     {i: host[i] for i in cuda if not coded[i]},
-                                     lambda: copying.extend(self._copy([read_from[i] for i in pinned],
-                                                                       [host[i] for i in pinned], "read-copy")))
+                options = SaveOptions(self._policy, base, self._gpu_memory, HOST_SNAPSHOT_BATCH_BYTES)
+                staged = stage_state(names, read_from, options, self._staging, self._expected_staging(),
+                                     HostCopies({i: host[i] for i in cuda if not coded[i]},
+                                                lambda: copying.extend(self._copy([read_from[i] for i in pinned],
+                                                                                  [host[i] for i in pinned], "read-copy"))))
             finally:
                 copied = self._ordered([finish() for finish in copying])
             return _Read(staged, copied)
@@ -435,8 +437,8 @@ class SnapshotPool:
             kept = dict(zip(snapshot.names, snapshot.tensors)) if snapshot.copied else None
             if staged is not None:  # its table was rewritten (against the base) when the state was read
                 return Written(write_staged(f, staged, snapshot.tree, self._policy), kept)
-            return Written(write_state(f, snapshot.names, snapshot.tensors, snapshot.tree, self._policy, base,
-                                       self._gpu_memory), kept)
+            return Written(write_state(f, snapshot.names, snapshot.tensors, snapshot.tree,
+                                       SaveOptions(self._policy, base, self._gpu_memory)), kept)
 
         try:
             ready = snapshot.ready

@@ -1,0 +1,170 @@
+"""A host snapshot's two halves (:func:`stage_state`, :func:`write_staged`): a state's CUDA tensors
+coded on their GPUs now and their stored bytes staged in pinned host memory, the container
+written later, on another thread or in another process (:meth:`StagedState.portable`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import torch
+
+from ..format import ContainerWriter, TensorEntry
+from .pipeline import encode_all
+from .plan import SAVE_BATCH_BYTES, GpuLimits, gpu_coded
+from .policy import Policy
+from .sources import Table, rewrite_table
+from .stager import Job, Stager
+from .staging import PinnedPool, shared_copy, shared_empty
+from .writer import SaveOptions, Sink, finish, out_of_memory_named, run_pipeline
+
+
+@dataclass
+class StagedState:
+    """A state's table (:func:`~.sources.rewrite_table`) whose CUDA tensors are encoded on their
+    devices, their stored bytes waiting in host memory (pinned buffers of ``pool``) for
+    :func:`write_staged`, which writes them with the rest of the table, later and on another
+    thread if need be."""
+
+    jobs: list[Job]
+    pool: PinnedPool | None  # None: a portable staging's bytes belong to no pool
+    table: Table
+    rest: list[int]  # positions in ``table.tensors`` not staged (host tensors)
+
+    @property
+    def nbytes(self) -> int:
+        """Stored bytes staged in the pool's buffers."""
+        return sum(job.piece[1] for job in self.jobs)
+
+    @property
+    def occupied_bytes(self) -> int:
+        """Bytes of the pool's buffers the staged bytes occupy (the last one partly used)."""
+        if self.pool is None:
+            return self.nbytes
+        return sum(job.release is not None for job in self.jobs) * self.pool.buffer_bytes
+
+    def release(self) -> None:
+        """Return the buffers to the pool (a write does this as it goes)."""
+        for job in self.jobs:
+            if job.ready is not None:
+                job.ready.synchronize()
+            if job.release is not None and self.pool is not None:
+                self.pool.release(job.release)
+        self.jobs = []
+
+    def portable(self) -> StagedState:
+        """This staging as another process can take it (pickled by ``torch.multiprocessing``,
+        which hands shared memory over without a copy): no CUDA tensor or event, no pool. Waits
+        until the stored bytes are on the host. Bytes already in shared memory (a shared pool's
+        buffers) are handed over as they are, so this staging must keep its buffers until the
+        other process has written them; other bytes are copied into one shared buffer, after
+        which :meth:`release` may give them back at once. The table's GPU tensors, which the
+        write no longer reads, become meta tensors of their shapes and dtypes."""
+        for job in self.jobs:
+            if job.ready is not None:
+                job.ready.synchronize()
+        # a view of private memory would be moved into shared memory whole (its pool's slab) by
+        # the pickler: every piece is either shared already or copied into one shared buffer
+        private = [job.piece for job in self.jobs if job.piece[1] and not job.piece[0].is_shared()]
+        copy = shared_empty(sum(n for _, n in private))
+        start, moved = 0, {}
+        for buffer, n in private:
+            moved[id(buffer)] = copy[start : start + n].copy_(buffer[:n])
+            start += n
+        jobs = []
+        for job in self.jobs:
+            buffer, n = job.piece
+            if not n and job.record is None and not job.first:
+                continue  # only gave a buffer back
+            record = job.record
+            if record is not None:  # its checksums, off pinned memory
+                record = dataclasses.replace(record, meta=torch.from_numpy(record.meta.numpy().copy()))
+            piece = moved.get(id(buffer), buffer if n else torch.empty(0, dtype=torch.uint8))
+            jobs.append(Job((piece, n), job.first, record))
+        tensors = [torch.empty_like(t, device="meta") if t.is_cuda else t if t.is_shared() else shared_copy(t)
+                   for t in self.table.tensors]
+        return StagedState(jobs, None, dataclasses.replace(self.table, tensors=tensors), list(self.rest))
+
+
+@dataclass(frozen=True)
+class HostCopies:
+    """CUDA tensors of a state (by position) being copied to the host, the copies not yet made:
+    ``start()`` starts them (where a host snapshot starts them: queued earlier, the table's
+    rewrite's small reads would wait behind them)."""
+
+    tensors: dict[int, torch.Tensor]
+    start: Callable[[], object]
+
+
+def stage_state(names: list[str], tensors: list[torch.Tensor], options: SaveOptions, pool: PinnedPool,
+                expected: int | None = None, copies: HostCopies | None = None) -> StagedState:
+    """Rewrite the state's table as :func:`~.writer.write_state` does, encode its CUDA tensors in
+    batches of about the options' ``gpu_batch_bytes`` (so the GPU needs little memory beyond the
+    state and the XOR residues) and start copying their stored bytes into ``pool``'s buffers,
+    which must not run out (a growing pool, first made to hold ``expected`` bytes, by default the
+    raw size). Returns once the work is queued: the caller's current streams wait for it, so its
+    later kernels may change the tensors without a host sync. The host tensors of ``tensors`` are
+    encoded by :func:`write_staged`: they must not change until then. ``copies``: the table is
+    rewritten from the CUDA tensors, then the copies are started, before anything is encoded;
+    the tensors the table keeps as they are are encoded from their copies by
+    :func:`write_staged`, once the copies are complete."""
+    limits = options.limits(tensors)
+    table = rewrite_table(names, tensors, options.base)
+    in_flight = {} if copies is None else copies.tensors
+    for k, position in enumerate(table.positions):
+        copy = in_flight.get(position)
+        if copy is not None and table.tensors[k] is tensors[position]:  # not a residue: the copy is its bytes
+            table.tensors[k] = copy  # its entry still records the CUDA tensor's device (Table.recorded)
+    if copies is not None:
+        copies.start()
+    # every CUDA tensor is coded now (those the budget sends to the host, copied there now): the
+    # caller may change them once this returns
+    cuda = [i for i, t in enumerate(table.tensors) if t.is_cuda]
+    # stored bytes are at most about the raw size: slabs for them are quicker than many buffers
+    pool.reserve(sum(table.tensors[i].numel() * table.tensors[i].element_size() for i in cuda)
+                 if expected is None else expected)
+    jobs: list[Job] = []
+    chosen = set(cuda)
+    staged = StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen])
+    try:
+        with out_of_memory_named("snapshot", limits):
+            run_pipeline(lambda stager: encode_all(table, options.policy, stager, limits, cuda, options.on_progress),
+                         Stager(pool, jobs.append), None)
+    except BaseException:
+        staged.release()  # the buffers the batches before the failure took, back to the pool
+        raise
+    return staged
+
+
+def stage_coded(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
+                gpu_memory: int | None = None, *, shared: bool = False) -> StagedState:
+    """A snapshot of a state's tensors as a stager takes it, so the caller may change them once
+    this returns: those its GPUs code are coded there now (:func:`stage_state`, in batches of
+    :data:`~.plan.SAVE_BATCH_BYTES`); every other tensor (a host tensor, or one the GPU cannot
+    code: no nvCOMP, or over its budget) is copied to the host now, into shared memory where
+    ``shared``, and coded by :func:`write_staged`."""
+    on_gpu = gpu_coded(tensors, policy, GpuLimits.of(tensors, policy, gpu_memory))
+    copied = [t if coded else shared_copy(t) if shared else t.to("cpu", copy=True) for t, coded in zip(tensors, on_gpu)]
+    return stage_state(names, copied, SaveOptions(policy, gpu_memory=gpu_memory, gpu_batch_bytes=SAVE_BATCH_BYTES["cuda"]),
+                       pool)
+
+
+def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:
+    """Write a container: the staged tensors' stored bytes (their buffers go back to the pool as
+    they are written), then the table's host tensors, encoded now."""
+    table = staged.table
+    writer = ContainerWriter(f, table.version)
+    sink = Sink(writer, staged.pool, f, len(table.tensors))
+    jobs, staged.jobs = staged.jobs, []
+
+    def encode(stager: Stager) -> None:
+        for job in jobs:
+            sink.put(job)
+        if staged.rest:
+            encode_all(table, policy, stager, only=staged.rest)
+
+    run_pipeline(encode, Stager(None, sink.put), sink)
+    return finish(writer, sink, tree, table)
