@@ -3,7 +3,7 @@
 DCP's default stager copies every tensor of the state into host memory in the caller before the
 writer sees it, so a GPU state is copied raw (and coded on the CPU later). ckptzip stages as its
 manager's host snapshots do: the GPU tensors are coded on their GPU in batches and only their
-stored bytes are copied into pinned host memory (:func:`~ckptzip.engine.writer.stage_state`),
+stored bytes are copied into pinned host memory (:func:`~ckptzip.engine.staged.stage_state`),
 on the caller's stream, so training's next kernels run after the coding. Host tensors are
 copied; other values are kept as DCP's stager keeps them.
 

@@ -3,9 +3,11 @@ convert, the bench), with a GPU backend (Triton kernels + nvCOMP) and a CPU back
 zstandard on a thread pool).
 
 - :mod:`.policy` — the ``codec=`` argument parsed once into a :class:`~.policy.Policy`.
-- :mod:`.encode` / :mod:`.decode` — a batch of tensors ⇄ stored chunks, mirror images.
+- :mod:`.encode` / :mod:`.decode` — a batch of tensors ⇄ stored chunks, mirror images; a
+  batch's chunks travel as one table (:mod:`.chunks`).
 - :mod:`.writer` / :mod:`.reader` — whole states ⇄ a container, batches overlapped with copies
-  and file I/O; a host snapshot's two halves (``stage_state``, ``write_staged``).
+  and file I/O (a save's :mod:`.pipeline` and :mod:`.stager`, a load's :mod:`.upload`);
+  :mod:`.staged` — a host snapshot's two halves (``stage_state``, ``write_staged``).
 - :mod:`.staging` — pinned host buffers and copy streams; :mod:`.ahead` — ordered work-ahead.
 - :mod:`.memory` — the GPU memory a call may use; :mod:`.guard` — reads of a state that overlap
   training, and the optimizer steps that wait for them.

@@ -91,7 +91,7 @@ class PinnedPool:
     """Pinned host buffers, created on first use (at most ``count``) and reused. ``slab_bytes``:
     the most one registration pins; a pool holds up to a slab more than it was asked for.
     ``shared``: slabs in shared memory, so that staged bytes reach a checkpoint process without a
-    copy (:meth:`~ckptzip.engine.writer.StagedState.portable`)."""
+    copy (:meth:`~ckptzip.engine.staged.StagedState.portable`)."""
 
     def __init__(self, buffer_bytes: int = BUFFER_BYTES, count: int | None = None, slab_bytes: int = SLAB_BYTES,
                  shared: bool = False) -> None:

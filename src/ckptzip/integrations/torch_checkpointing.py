@@ -58,7 +58,7 @@ _Shell = tuple[Any, Any, torch.Size, tuple[int, ...]]  # a DTensor's mesh, place
 class CompressedItem(dict):  # type: ignore[type-arg]
     """One checkpoint item staged by ckptzip. As a mapping it is the item as saved (the live
     values: torch_checkpointing reads its sharding metadata from them); what is written is the
-    snapshot: a :class:`~ckptzip.engine.writer.StagedState` whose GPU tensors are coded already.
+    snapshot: a :class:`~ckptzip.engine.staged.StagedState` whose GPU tensors are coded already.
 
     It crosses to torch_checkpointing's writer process as its snapshot in shared memory (a
     reduction registered with ``multiprocessing``'s pickler), and ``torch.save`` writes it as one
