@@ -91,9 +91,10 @@ class StagedState:
 
 @dataclass(frozen=True)
 class HostCopies:
-    """CUDA tensors of a state (by position) being copied to the host, the copies not yet made:
-    ``start()`` starts them (where a host snapshot starts them: queued earlier, the table's
-    rewrite's small reads would wait behind them)."""
+    """Host copies of some of a state's CUDA tensors (``tensors``: the copy, by the tensor's
+    position), not yet made: :func:`stage_state` calls ``start()`` to queue them once the table
+    is rewritten (queued earlier, the rewrite's small reads would wait behind them), and the
+    tensors the table keeps as they are are coded from their copies by :func:`write_staged`."""
 
     tensors: dict[int, torch.Tensor]
     start: Callable[[], object]
@@ -107,10 +108,8 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], options: SaveOpti
     which must not run out (a growing pool, first made to hold ``expected`` bytes, by default the
     raw size). Returns once the work is queued: the caller's current streams wait for it, so its
     later kernels may change the tensors without a host sync. The host tensors of ``tensors`` are
-    encoded by :func:`write_staged`: they must not change until then. ``copies``: the table is
-    rewritten from the CUDA tensors, then the copies are started, before anything is encoded;
-    the tensors the table keeps as they are are encoded from their copies by
-    :func:`write_staged`, once the copies are complete."""
+    encoded by :func:`write_staged`: they must not change until then. ``copies``: host copies
+    in flight (:class:`HostCopies`); the table is rewritten from the CUDA tensors."""
     limits = options.limits(tensors)
     table = rewrite_table(names, tensors, options.base)
     in_flight = {} if copies is None else copies.tensors
