@@ -9,7 +9,6 @@ already in memory. Every tensor checksum is verified before anything is returned
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import gc
 import itertools
@@ -138,7 +137,7 @@ class LoadOptions:
     on_progress: Callable[[int], object] = _nothing
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: made per tensor, where a frozen one costs several times more
 class _Target:
     """A stored entry a load decodes: where it is returned (``device``), where it is decoded
     (``work``), and the uint8 tensor it is decoded into (None: a new one, made before the first
@@ -220,7 +219,8 @@ def _read_retrying(reader: ContainerReader, targets: list[_Target], options: Loa
     quarter and a sixteenth the size, then ``GpuMemoryError``."""
     # outputs first, on this thread (host memory a previous load freed is reused from this thread's
     # heap instead of being paged in afresh by worker threads), and once: a retry reuses them
-    targets = [t if t.out is not None else dataclasses.replace(t, out=_output(t.entry, t.work)) for t in targets]
+    targets = [t if t.out is not None else _Target(t.entry, t.device, t.work, _output(t.entry, t.work))
+               for t in targets]
     failures: list[str] = []
     for shrink in RETRY_SHRINK:
         try:
@@ -254,7 +254,7 @@ def _output(entry: TensorEntry, device: torch.device) -> torch.Tensor:
             "room (map_location), or with a smaller max_bytes to refuse such files before allocating") from exc
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: made per tensor, as _Target
 class _Item:
     """What a load decodes as one: a target's entry, or an element range of it (an entry of its
     own, :func:`~.parts.stored_ranges`, at byte ``at`` of the target's output; None: the whole entry)."""
