@@ -29,11 +29,12 @@ class Coding:
 
 
 def choose_codecs(batch: Batch, entropies: np.ndarray, floating: np.ndarray, policy: Policy, backend: str
-                   ) -> Coding:
+                  ) -> Coding:
     """The codec each stream of ``batch`` is tried with (``entropies``: each tensor's plane
-    entropies), and the streams a trial already coded whole (:func:`trial`). ``SPARSE`` streams (a sparse residue's bitmap and its values' planes)
-    are coded as structured planes are, but a bitmap so sparse that it is nearly all zero bytes
-    as near-constant planes are (:data:`~.policy.SPARSE_LZ_MAX_DENSITY`)."""
+    entropies), and the streams a trial already coded whole (:func:`trial`). ``SPARSE`` streams
+    (a sparse residue's bitmap and its values' planes) are coded as structured planes are, but a
+    bitmap so sparse that it is nearly all zero bytes as near-constant planes are
+    (:data:`~.policy.SPARSE_LZ_MAX_DENSITY`)."""
     streams = batch.streams
     plane_codec = policy.plane_codec(backend).get_config()
     coding = Coding([], {})
