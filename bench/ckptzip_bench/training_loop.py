@@ -207,6 +207,7 @@ class Method:
     kind: str = ""  # how a fresh process restores its files (restore())
     path_of: Callable[[Path, int], Path] = lambda d, step: d / f"step_{step}"
     notes: dict[str, Any] = field(default_factory=dict)
+    prepare: Callable[[dict[str, torch.Tensor]], object] = lambda state: None  # once, before the loop
 
 
 def _fsync_save(state: dict[str, torch.Tensor], path: Path) -> None:
@@ -241,6 +242,7 @@ MANAGER_VARIANTS: dict[str, dict[str, Any]] = {
     "ckptzip-manager-host": {"snapshot": "host"},
     "ckptzip-manager-device": {"snapshot": "device"},
     "ckptzip-manager-blocking": {"overlap": False},
+    "ckptzip-manager-thread": {"host_coding": "thread"},
 }
 
 
@@ -249,7 +251,7 @@ def _manager_method(name: str, directory: Path) -> Method:
 
     manager = ckptzip.CheckpointManager(directory, keep_last=2, **MANAGER_VARIANTS[name])
     method = Method(name, lambda step, state, d: manager.save(step, state), finish=manager.wait, close=manager.close,
-                    kind="ckz", path_of=lambda d, step: d / f"step_{step:08d}.ckz")
+                    kind="ckz", path_of=lambda d, step: d / f"step_{step:08d}.ckz", prepare=manager.prepare)
 
     def save(step: int, state: dict[str, torch.Tensor], d: Path) -> None:
         manager.save(step, state)
@@ -382,7 +384,8 @@ def _torch_checkpointing_method(name: str) -> Method:
 
 METHODS = ("torch.save", "dcp-async", "dcp-async-pinned", "torch_checkpointing", "ckptzip.save",
            "ckptzip-dcp-async", "ckptzip-dcp-async-process", "ckptzip-dcp-async-pinned", "ckptzip-torch_checkpointing",
-           "ckptzip-manager", "ckptzip-manager-host", "ckptzip-manager-device", "ckptzip-manager-blocking")
+           "ckptzip-manager", "ckptzip-manager-host", "ckptzip-manager-device", "ckptzip-manager-blocking",
+           "ckptzip-manager-thread")
 
 
 # --------------------------------------------------------------------------- the loop
@@ -421,6 +424,7 @@ def run_method(trainer: Trainer, name: str, every: int, checkpoints: int, base: 
     row: dict[str, Any] = {"method": name, "every": every, "checkpoints": checkpoints}
     with _fresh(root / name.replace(".", "_")) as directory:
         method = make_method(name, directory)
+        method.prepare(trainer.state())  # as a training script does once its model and optimizer exist
         rss = HostRss()
         blocked: list[float] = []
         intervals: list[float] = []

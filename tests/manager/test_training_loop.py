@@ -116,10 +116,10 @@ def test_auto_never_takes_the_training_cache_for_a_device_copy(tmp_path: Path, f
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("snapshot", ["auto", "host"])
+@pytest.mark.parametrize(("snapshot", "host_coding"), [("auto", "process"), ("host", "process"), ("host", "thread")])
 def test_a_save_read_while_training_goes_on_restores_the_state_as_it_was_saved(
-        tmp_path: Path, fresh_gpu: None, snapshot: str) -> None:
-    with CheckpointManager(tmp_path, snapshot=snapshot) as manager:  # type: ignore[arg-type]
+        tmp_path: Path, fresh_gpu: None, snapshot: str, host_coding: str) -> None:
+    with CheckpointManager(tmp_path, snapshot=snapshot, host_coding=host_coding) as manager:  # type: ignore[arg-type]
         loop = Loop(rows=1 << 13)
         for step in range(1, 4):
             loop.step()
@@ -129,8 +129,12 @@ def test_a_save_read_while_training_goes_on_restores_the_state_as_it_was_saved(
                 assert manager.last_snapshot_overlapped, manager.last_snapshot_reason
             loop.step()  # its optimizer step waits for the read
             loop.step()
-        manager.wait()
-        assert_same(manager.restore(3, map_location="cpu"), expected)
+            manager.wait()
+            assert_same(manager.restore(step, map_location="cpu"), expected)
+            coder = manager._snapshots._coder
+            # a host snapshot read while training goes on copies every tensor raw: a child codes them
+            assert (coder is not None and coder._child is not None) == (host_coding == "process" and
+                                                                         manager.last_snapshot == "host")
 
 
 @gpu

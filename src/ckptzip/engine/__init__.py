@@ -29,7 +29,7 @@ from .staged import HostCopies, StagedState, stage_coded, stage_state, write_sta
 from .reader import LoadOptions, read_tensors
 from .sources import DeltaBase, LoadPlan
 from .plan import GpuLimits, gpu_coded
-from .staging import PinnedPool, Slab
+from .staging import PinnedPool, Slab, shared_empty
 
 # The GPU memory a call may use.
 from .memory import available as available_gpu_memory
@@ -59,6 +59,6 @@ __all__ = [
     "OverlappingRead", "PinnedPool", "Policy", "Runs", "SaveOptions", "Slab", "StagedState", "Task", "available_gpu_memory",
     "compile_kernels", "decode_batch", "encode_batch", "entropy_of_counts", "gpu_coded", "gpu_memory_beside_training",
     "gpu_memory_cap", "gpu_memory_capped", "optimizer_owned", "optimizer_stepped", "optimizer_storages", "packed",
-    "plan_read_batches", "plan_write_batches", "read_ahead", "read_tensors", "run_ahead", "stage_coded", "stage_state",
-    "wait_for_reads", "warm_up", "watch_optimizer_steps", "write_staged", "write_state",
+    "plan_read_batches", "plan_write_batches", "read_ahead", "read_tensors", "run_ahead", "shared_empty", "stage_coded",
+    "stage_state", "wait_for_reads", "warm_up", "watch_optimizer_steps", "write_staged", "write_state",
 ]

@@ -46,6 +46,13 @@ class StagedState:
             return self.nbytes
         return sum(job.release is not None for job in self.jobs) * self.pool.buffer_bytes
 
+    @property
+    def shared(self) -> bool:
+        """Whether every byte it holds on the host lies in shared memory already, so that
+        :meth:`portable` copies nothing."""
+        return (all(job.piece[0].is_shared() for job in self.jobs if job.piece[1])
+                and all(t.is_shared() for t in self.table.tensors if t.device.type == "cpu" and t.numel()))
+
     def release(self) -> None:
         """Return the buffers to the pool (a write does this as it goes)."""
         for job in self.jobs:

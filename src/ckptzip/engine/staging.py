@@ -22,12 +22,16 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from .. import settings
+from ..errors import CheckpointWriteError
 
 BUFFER_BYTES = 64 << 20
 SLAB_BYTES = 1 << 30
 # GPU tensors at least this large come to the host through the pool (smaller ones: Tensor.to)
 STAGED_TO_HOST_BYTES = 1 << 20
 _COPY_OUT_THREADS = max(1, min(8, os.cpu_count() or 1))
+# Shared memory is left this much room by ckptzip's allocations in it (other processes share it).
+SHARED_MEMORY_MARGIN = 256 << 20
+_SHARED_MEMORY = "/dev/shm"
 _LOG = logging.getLogger("ckptzip")
 
 
@@ -52,11 +56,28 @@ def _fresh_memory(nbytes: int, shared: bool = False) -> torch.Tensor:
     return memory.fill_(0)  # fault every page in, on several threads
 
 
+def shared_room() -> int | None:
+    """Bytes that shared memory (the ``/dev/shm`` file system, where torch puts it on Linux) can
+    still take, or None where that cannot be known."""
+    try:
+        stat = os.statvfs(_SHARED_MEMORY)
+    except (OSError, AttributeError):
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
 def shared_empty(nbytes: int) -> torch.Tensor:
     """A 1-D uint8 tensor of ``nbytes`` in torch's shared memory (not zeroed): what
-    ``torch.multiprocessing`` hands to another process by its file descriptor, without a copy."""
+    ``torch.multiprocessing`` hands to another process by its file descriptor, without a copy.
+    :class:`~ckptzip.errors.CheckpointWriteError` where shared memory has no room for it (a
+    container's small ``/dev/shm``): touching pages beyond its size would kill the process."""
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
+    room = shared_room()
+    if room is not None and nbytes + SHARED_MEMORY_MARGIN > room:
+        raise CheckpointWriteError(f"shared memory ({_SHARED_MEMORY}) has {room / 2**30:.2f} GiB free; "
+                                   f"{nbytes / 2**30:.2f} GiB and a margin of {SHARED_MEMORY_MARGIN / 2**30:.2f} GiB "
+                                   "were needed")
     return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
 
 
@@ -130,7 +151,7 @@ class PinnedPool:
         memory cannot be registered (the driver refuses cudaHostRegister), so saves and loads still run."""
         try:
             slab = Slab(n * self.buffer_bytes, self.shared)
-        except RuntimeError as exc:
+        except (RuntimeError, CheckpointWriteError) as exc:  # unregistrable memory, or no room in shared memory
             _LOG.debug("ckptzip: pinning host buffers one by one: %s", exc)
             buffers = [torch.empty(self.buffer_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
         else:

@@ -93,6 +93,11 @@ class CheckpointManager:
             Every other tensor is copied before ``save`` returns. Writers of optimizer-owned
             tensors other than ``step`` (``p.data`` updates, say) must run inside :meth:`guard`;
             ``overlap=False`` reads everything before ``save`` returns.
+        host_coding: where a host snapshot's tensors that are not coded on the GPU are coded:
+            ``"process"``, in a process of its own at a lower priority (started by the first such
+            save or :meth:`prepare`, fed through shared memory; the training's interpreter lock is
+            not taken), and then a read that overlaps training copies every tensor raw instead of
+            coding it on the GPU; ``"thread"``: in this process. docs/MANAGER.md.
         storage_options: passed to the fsspec filesystem (credentials, ``endpoint_url``, ...).
         incremental: ``None`` (every checkpoint whole) or K in [1, 1000]: a save may store each tensor as
             an XOR delta against the same tensor of the previous save, where that is estimated to
@@ -132,6 +137,7 @@ class CheckpointManager:
         gpu_memory: int | None = None,
         memory_tier: MemoryTier | None = None,
         overlap: bool = True,
+        host_coding: Literal["process", "thread"] = "process",
     ) -> None:
         if incremental is not None and (type(incremental) is not int or not 1 <= incremental <= MAX_INCREMENTAL):
             raise ValueError(f"incremental must be None (every checkpoint whole) or an int in [1, {MAX_INCREMENTAL}] "
@@ -144,6 +150,8 @@ class CheckpointManager:
             raise ValueError(f"snapshot must be 'auto', 'device' or 'host', got {snapshot!r}")
         if type(overlap) is not bool:
             raise ValueError(f"overlap must be True or False, got {overlap!r}")
+        if host_coding not in ("process", "thread"):
+            raise ValueError(f"host_coding must be 'process' or 'thread', got {host_coding!r}")
         self._policy = Policy.parse(codec)
         self._gpu_memory = gpu_memory
         gpu_memory_cap(gpu_memory)  # a bad value fails here, not at the first save
@@ -161,7 +169,8 @@ class CheckpointManager:
         self._leftovers: list[str] = []  # found when the lock was taken; discarded after the first commit
         self._newest_committed = max(map(step_of, self._committed_steps()), default=None)
         self._pending: collections.deque[tuple[int, concurrent.futures.Future[None]]] = collections.deque()
-        self._snapshots = SnapshotPool(snapshot, self._policy, gpu_memory, overlap and async_save)
+        self._snapshots = SnapshotPool(snapshot, self._policy, gpu_memory, overlap and async_save,
+                                       host_coding == "process" and async_save)
         warm_up(policy=self._policy)  # compile the GPU kernels before the first save needs them
         self._executor = (
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptzip-save")

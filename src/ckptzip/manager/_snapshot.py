@@ -44,14 +44,16 @@ from ..engine import (
     optimizer_owned,
     optimizer_stepped,
     optimizer_storages,
+    shared_empty,
     stage_state,
     watch_optimizer_steps,
     write_staged,
     write_state,
 )
-from ..errors import GpuMemoryError
+from ..errors import CheckpointWriteError, GpuMemoryError
 from ..format import TensorEntry
 from ..tree import flatten
+from ._coding import CodingProcess
 from ._copies import Copied, Trickle, copy_batched, queued
 from ._reading import Reading
 
@@ -73,6 +75,9 @@ HOST_SNAPSHOT_BATCH_BYTES = 256 << 20
 # a larger share waits less for the GPU's coding but codes more on the host while training runs
 # (results: "Host snapshots and the manager", "Training loop").
 HOST_RAW_SHARE = 0.25
+# ... and a read overlapping training whose host coding runs in a process of its own copies this
+# share: copies take the copy engines, not the training's cores or interpreter lock.
+OVERLAP_RAW_SHARE = 1.0
 # Host snapshots' pinned staging is kept at this much above the buffers the last snapshot occupied
 # (a pool smaller than that grows again, buffer by buffer, while a save blocks): batches fill the
 # buffers back to back, so the next snapshot of the same state occupies as many.
@@ -142,7 +147,7 @@ class SnapshotPool:
     """
 
     def __init__(self, where: SnapshotMode, policy: Policy, gpu_memory: int | None = None,
-                 overlap: bool = True) -> None:
+                 overlap: bool = True, coding_process: bool = False) -> None:
         self._where = where
         self._policy = policy
         self._gpu_memory = gpu_memory
@@ -152,7 +157,10 @@ class SnapshotPool:
         self.last_overlapped = False
         self._free: dict[_BufferKey, list[torch.Tensor]] = {}
         self._slabs: dict[int, Slab] = {}  # registered host memory of the pinned buffers, by address
-        self._staging = PinnedPool(STAGING_BUFFER_BYTES, count=sys.maxsize, slab_bytes=STAGING_SLAB_BYTES)
+        # where a process codes, host memory it reads is shared memory (handed over without a copy)
+        self._coder = CodingProcess() if coding_process else None
+        self._staging = PinnedPool(STAGING_BUFFER_BYTES, count=sys.maxsize, slab_bytes=STAGING_SLAB_BYTES,
+                                   shared=coding_process)
         self._staged_bytes: int | None = None  # staging buffers the last host snapshot occupied
         self._reserving: threading.Thread | None = None  # reserve_host's, until a snapshot waited for it
         self._lock = threading.Lock()
@@ -177,16 +185,26 @@ class SnapshotPool:
             free.clear()
         device, pinned = key
         if not pinned:
+            if device.type == "cpu" and self._coder is not None:
+                with contextlib.suppress(CheckpointWriteError):  # no room in shared memory: the write copies it
+                    return shared_empty(nbytes)
             return torch.empty(nbytes, dtype=torch.uint8, device=device)
         # registered pageable memory: torch's pinned allocator would round tens of GB up to a power of two
         try:
-            slab = Slab(nbytes)
+            slab = self._slab(nbytes)
         except RuntimeError as exc:  # the driver refuses to register it: pageable memory, slower copies
             _LOG.warning("ckptzip: snapshot buffers in pageable host memory (copies to them are slower): %s", exc)
             return torch.empty(nbytes, dtype=torch.uint8)
         with self._lock:
             self._slabs[slab.memory.data_ptr()] = slab
         return slab.memory
+
+    def _slab(self, nbytes: int) -> Slab:
+        """Registered host memory: shared where a process codes, unless shared memory has no room."""
+        if self._coder is not None:
+            with contextlib.suppress(CheckpointWriteError):
+                return Slab(nbytes, shared=True)
+        return Slab(nbytes)
 
     def _pooled(self, device: torch.device) -> int:
         """Bytes of the device buffers the pool holds for ``device``."""
@@ -256,15 +274,17 @@ class SnapshotPool:
         if not choice.host:
             return None
         try:
-            coded = self._host_plan(sources, choice.caps)
+            coded = self._host_plan(sources, choice.caps, self._overlap)  # a read overlapping training, as a rule
         except GpuMemoryError:  # no room to plan with now: reserve for coding it all, the save will say why
             coded = [t.is_cuda for t in sources]
         nbytes = self._expected_staging() or sum(t.nbytes for t, c in zip(sources, coded) if c)
         copies = sum(_aligned(t.nbytes) for t, c in zip(sources, coded) if t.is_cuda and not c)
-        if not nbytes and not copies:
+        if not nbytes and not copies and self._coder is None:
             return None
 
         def reserve() -> None:
+            if self._coder is not None:
+                self._coder.start()
             self._staging.reserve(nbytes)
             if copies:
                 key = (torch.device("cpu"), True)
@@ -277,7 +297,8 @@ class SnapshotPool:
         self._reserving = thread
         return thread
 
-    def _host_plan(self, sources: list[torch.Tensor], caps: dict[torch.device, int] | None) -> list[bool]:
+    def _host_plan(self, sources: list[torch.Tensor], caps: dict[torch.device, int] | None, overlapped: bool
+                   ) -> list[bool]:
         """For a host snapshot of ``sources``: which tensors its GPUs code (within ``caps``, where
         its read overlaps training). The CUDA tensors they do not (a share copied raw instead,
         :func:`raw_share`, and those the engine would code on the host) are copied to pinned host
@@ -286,7 +307,7 @@ class SnapshotPool:
             limits = GpuLimits.of(sources, self._policy, self._gpu_memory, HOST_SNAPSHOT_BATCH_BYTES)
         coded = gpu_coded(sources, self._policy, limits)
         raw = raw_share([t.nbytes for t in sources], [i for i, t in enumerate(sources) if t.is_cuda and coded[i]],
-                        HOST_RAW_SHARE)
+                        OVERLAP_RAW_SHARE if overlapped and self._coder is not None else HOST_RAW_SHARE)
         return [c and i not in raw for i, c in enumerate(coded)]
 
     # ------------------------------------------------------------------------- taking
@@ -349,7 +370,7 @@ class SnapshotPool:
 
     def _host_snapshot(self, tree: Any, names: list[str], sources: list[torch.Tensor], base: DeltaBase | None,
                        keep: bool, choice: _Choice) -> Snapshot:
-        coded = self._host_plan(sources, choice.caps)
+        coded = self._host_plan(sources, choice.caps, bool(choice.later))
         if self._reserving is not None:  # its buffers, not a second set beside them
             self._reserving.join()
             self._reserving = None
@@ -435,6 +456,8 @@ class SnapshotPool:
 
         def write(f: BinaryIO, base: DeltaBase | None) -> Written:
             kept = dict(zip(snapshot.names, snapshot.tensors)) if snapshot.copied else None
+            if staged is not None and staged.rest and staged.shared and self._coder is not None:
+                return Written(self._coder.write(f, staged, snapshot.tree, self._policy), kept)  # coded in the child
             if staged is not None:  # its table was rewritten (against the base) when the state was read
                 return Written(write_staged(f, staged, snapshot.tree, self._policy), kept)
             return Written(write_state(f, snapshot.names, snapshot.tensors, snapshot.tree,
@@ -468,11 +491,13 @@ class SnapshotPool:
                     self._free.setdefault(key, []).append(buf)
 
     def clear(self) -> None:
-        """Free the pooled buffers."""
+        """Free the pooled buffers; stop the coding process."""
         with self._lock:
             self._free.clear()
             self._slabs.clear()
         self._staging.clear()
+        if self._coder is not None:
+            self._coder.close()
 
 
 def _aligned(nbytes: int) -> int:

@@ -1,0 +1,255 @@
+"""A process of its own that codes a host snapshot's host tensors and hands the file's bytes back.
+
+Coding on the host in the training's process takes the interpreter lock (GIL) between codec
+calls, thousands of times a checkpoint, and the training loop's thread waits for it before each
+operator it launches: the training slows for as long as the coding runs. So where a host snapshot
+leaves tensors to code on the host, the write runs in a child interpreter (:class:`CodingProcess`,
+started with ``python -m`` of this module, never re-running the caller's script) at a lower
+scheduling priority: it receives the staged state in shared memory (no copy:
+:meth:`~ckptzip.engine.StagedState.portable`), codes and assembles the container there, and passes
+its bytes back through a ring of shared buffers; the parent writes them to the checkpoint's file
+(its storage, atomic commit and early writeback stay where they were). The child never touches a
+GPU.
+
+A child that fails, exits or goes silent for :data:`SILENCE_SECONDS` fails that checkpoint only
+(the previous ones are intact) and is replaced at the next write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from typing import Any, BinaryIO
+
+import torch
+import torch.multiprocessing  # registers the reductions that hand shared tensors over
+
+from ..engine import Policy, StagedState, shared_empty, write_staged
+from ..errors import CheckpointWriteError
+from ..format import TensorEntry
+
+# Buffers of the ring the child's bytes come back through: a few, so the child codes on while the
+# parent writes one out.
+RING_SLOTS = 4
+RING_SLOT_BYTES = 16 << 20
+# A child that sends nothing for this long (no bytes, no result) is taken for stuck and killed.
+SILENCE_SECONDS = 600.0
+# Scheduling priority of the child (os.nice increment): it yields the cores to the training's
+# threads and data loaders whenever they want them.
+NICENESS = 10
+_AUTHKEY_VARIABLE = "CKPTZIP_CODING_AUTHKEY"
+
+
+class CodingProcess:
+    """The child that writes host snapshots for one manager; started on first use (or
+    :meth:`start`), replaced after a failure, stopped by :meth:`close`. One write at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._conn: multiprocessing.connection.Connection | None = None
+        self._ring: torch.Tensor | None = None
+        self._slot_bytes = RING_SLOT_BYTES
+
+    def start(self) -> None:
+        """Start the child now (it imports torch and ckptzip: seconds), if it is not running."""
+        with self._lock:
+            self._ensure()
+
+    def _ensure(self) -> multiprocessing.connection.Connection:
+        if self._conn is not None and self._child is not None and self._child.poll() is None:
+            return self._conn
+        self._stop()
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        env[_AUTHKEY_VARIABLE] = bytes(multiprocessing.current_process().authkey).hex()
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # where this ckptzip came from
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the child codes on the host only
+        try:
+            self._child = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
+                                           pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        self._conn = multiprocessing.connection.Connection(ours.detach())
+        self._slot_bytes = RING_SLOT_BYTES
+        self._ring = shared_empty(RING_SLOTS * self._slot_bytes)
+        self._conn.send(("ring", self._ring, self._slot_bytes))
+        return self._conn
+
+    def write(self, f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:
+        """Write ``staged`` (its bytes on the host, its buffers kept until this returns) to ``f``
+        as :func:`~ckptzip.engine.write_staged` does, the coding in the child."""
+        with self._lock:
+            try:
+                return self._write(f, staged, tree, policy)
+            except BaseException as exc:
+                code = self._child.poll() if self._child is not None else None
+                self._stop()  # mid-write, its bytes and acknowledgements out of step with ours: a new one next time
+                if isinstance(exc, (EOFError, ConnectionError)):
+                    raise CheckpointWriteError(f"ckptzip's coding process exited (status {code}) while writing this "
+                                               "checkpoint; it was not written, the previous ones are intact; the "
+                                               "next save starts a new process") from exc
+                raise
+
+    def _write(self, f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:
+        conn = self._ensure()
+        assert self._ring is not None
+        ring = self._ring.numpy().data
+        storages, payload = _dumps((staged.portable(), tree, policy))
+        conn.send(("write", storages, payload))
+        while True:
+            if not conn.poll(SILENCE_SECONDS):
+                raise CheckpointWriteError(f"ckptzip's coding process sent nothing for {SILENCE_SECONDS:.0f} s and "
+                                           "was stopped; this checkpoint was not written, the previous ones are intact")
+            message = conn.recv()
+            if message[0] == "data":
+                _, slot, n = message
+                f.write(ring[slot * self._slot_bytes : slot * self._slot_bytes + n])
+                conn.send(("free", slot))
+            elif message[0] == "done":
+                entries: list[TensorEntry] = message[1]
+                return entries
+            else:
+                raise CheckpointWriteError("ckptzip's coding process failed to write this checkpoint (the previous "
+                                           f"ones are intact): {message[1]}")
+
+    def _stop(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.send(("exit",))
+            self._conn.close()
+            self._conn = None
+        if self._child is not None:
+            try:
+                self._child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._child.kill()
+                self._child.wait()
+            self._child = None
+        self._ring = None
+
+    def close(self) -> None:
+        """Stop the child (after the write in progress, if any)."""
+        with self._lock:
+            self._stop()
+
+
+class _Relay(io.RawIOBase):
+    """The child's file: bytes go into the ring's free slots, each full one handed to the parent."""
+
+    def __init__(self, conn: multiprocessing.connection.Connection, ring: torch.Tensor, slot_bytes: int) -> None:
+        self._conn = conn
+        self._ring = ring.numpy()
+        self._slot_bytes = slot_bytes
+        self._slots = ring.numel() // slot_bytes
+        self._busy: set[int] = set()
+        self._slot = 0
+        self._fill = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < view.nbytes:
+            n = min(view.nbytes - done, self._slot_bytes - self._fill)
+            start = self._slot * self._slot_bytes + self._fill
+            self._ring[start : start + n] = view[done : done + n]
+            self._fill += n
+            done += n
+            if self._fill == self._slot_bytes:
+                self._hand_over()
+        return done
+
+    def _hand_over(self) -> None:
+        if not self._fill:
+            return
+        self._conn.send(("data", self._slot, self._fill))
+        self._busy.add(self._slot)
+        self._fill = 0
+        while len(self._busy) == self._slots:  # every slot with the parent: wait for one back
+            self._take_back()
+        self._slot = next(s for s in range(self._slots) if s not in self._busy)
+
+    def _take_back(self) -> None:
+        kind, slot = self._conn.recv()
+        assert kind == "free"
+        self._busy.discard(slot)
+
+    def finish(self) -> None:
+        """Hand the partly filled slot over, and wait until the parent has written every slot."""
+        self._hand_over()
+        while self._busy:
+            self._take_back()
+
+
+def _dumps(obj: Any) -> tuple[list[torch.UntypedStorage], bytes]:
+    """``obj`` pickled with its tensors in shared memory left out, and the storages they lie in,
+    each once (a tensor handed over by itself would hand over its storage's descriptor again)."""
+    storages: dict[int, tuple[int, torch.UntypedStorage]] = {}
+
+    class _Pickler(pickle.Pickler):
+        def persistent_id(self, o: Any) -> Any:
+            if not isinstance(o, torch.Tensor) or o.device.type != "cpu" or not o.is_shared():
+                return None
+            storage = o.untyped_storage()
+            index = storages.setdefault(storage.data_ptr(), (len(storages), storage))[0]
+            return (index, o.storage_offset(), tuple(o.shape), o.stride(), o.dtype)
+
+    out = io.BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return [storage for _, storage in sorted(storages.values(), key=lambda x: x[0])], out.getvalue()
+
+
+def _loads(storages: list[torch.UntypedStorage], payload: bytes) -> Any:
+    """What :func:`_dumps` took apart."""
+
+    class _Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid: Any) -> torch.Tensor:
+            index, offset, shape, stride, dtype = pid
+            return torch.empty(0, dtype=dtype).set_(storages[index], offset, shape, stride)
+
+    return _Unpickler(io.BytesIO(payload)).load()
+
+
+def _child(fd: int) -> None:
+    os.nice(NICENESS)
+    multiprocessing.current_process().authkey = bytes.fromhex(os.environ.pop(_AUTHKEY_VARIABLE))
+    conn = multiprocessing.connection.Connection(fd)
+    ring: torch.Tensor | None = None
+    slot_bytes = 0
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message[0] == "exit":
+            return
+        if message[0] == "ring":
+            _, ring, slot_bytes = message
+            continue
+        assert ring is not None
+        try:
+            staged, tree, policy = _loads(message[1], message[2])
+            relay = _Relay(conn, ring, slot_bytes)
+            entries = write_staged(relay, staged, tree, policy)  # type: ignore[arg-type]
+            relay.finish()
+            reply: tuple[Any, ...] = ("done", entries)
+        except Exception as exc:  # reported to the parent, which fails this checkpoint only
+            reply = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
+        staged = message = None  # its shared memory unmapped before the parent reuses it
+        conn.send(reply)
+
+
+if __name__ == "__main__":
+    _child(int(sys.argv[1]))

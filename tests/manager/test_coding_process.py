@@ -1,0 +1,174 @@
+"""The manager's coding process (manager/_coding.py): a host snapshot's host tensors coded in a
+child interpreter, fed through shared memory, its bytes back through a ring of shared buffers:
+the same container, byte for byte, as the write in this process; a child that fails or dies
+fails that checkpoint only, and the next write starts a new one."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from typing import Any
+
+import pytest
+import torch
+from helpers import assert_same
+
+import ckptzip
+from ckptzip.engine import staging
+from ckptzip.engine.policy import Policy
+from ckptzip.engine.staged import StagedState, stage_state, write_staged
+from ckptzip.engine.staging import PinnedPool, shared_copy, shared_empty
+from ckptzip.engine.writer import SaveOptions
+from ckptzip.errors import CheckpointWriteError
+from ckptzip.manager import _coding
+from ckptzip.manager._coding import CodingProcess, _dumps, _loads
+from ckptzip.tree import flatten
+
+POLICY = Policy.parse("auto")
+
+
+def _state() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(5)
+    master = torch.randn(300, 257, generator=g)
+    return {"master": master, "w": master.bfloat16(), "dup": master, "ints": torch.arange(1000),
+            "empty": torch.empty(0, 3), "step": 11, "nested": {"m": torch.randn(4096, generator=g) * 1e-3}}
+
+
+def _staged(state: dict[str, Any]) -> tuple[StagedState, Any]:
+    """A host snapshot's staging with every tensor left to host coding, in shared memory."""
+    flat = flatten(state)
+    tensors = [shared_copy(item.tensor) for item in flat.tensors]
+    staged = stage_state([item.name for item in flat.tensors], tensors, SaveOptions(POLICY), PinnedPool(shared=True))
+    return staged, flat.tree
+
+
+def _in_place(state: dict[str, Any]) -> bytes:
+    staged, tree = _staged(state)
+    f = io.BytesIO()
+    write_staged(f, staged, tree, POLICY)
+    return f.getvalue()
+
+
+@pytest.fixture
+def small_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two slots of 4 KiB: every write waits for slots to come back."""
+    monkeypatch.setattr(_coding, "RING_SLOTS", 2)
+    monkeypatch.setattr(_coding, "RING_SLOT_BYTES", 4096)
+
+
+def test_the_child_writes_the_bytes_the_write_in_place_writes(small_ring: None) -> None:
+    state = _state()
+    process = CodingProcess()
+    try:
+        for _ in range(2):  # the same child, twice
+            staged, tree = _staged(state)
+            assert staged.rest and staged.shared
+            f = io.BytesIO()
+            entries = process.write(f, staged, tree, POLICY)
+            assert f.getvalue() == _in_place(state)
+            assert [e.name for e in entries] == [e.name for e in ckptzip.open(io.BytesIO(f.getvalue())).entries()]
+            assert_same(ckptzip.load(f.getvalue()), state)
+    finally:
+        process.close()
+
+
+def test_tensors_in_shared_memory_cross_as_their_storages_once() -> None:
+    base = shared_empty(1 << 12)
+    views = {"a": base[:64].view(torch.float32), "b": base[64:192].view(torch.int16).view(8, 8),
+             "t": base[256:512].view(torch.float32).view(8, 8).t(), "private": torch.arange(3)}
+    storages, payload = _dumps(views)
+    assert len(storages) == 1
+    got = _loads(storages, payload)
+    for key, value in views.items():
+        assert got[key].dtype == value.dtype and got[key].stride() == value.stride()
+        assert torch.equal(got[key].view(torch.uint8) if got[key].is_contiguous() else got[key],
+                           value.view(torch.uint8) if value.is_contiguous() else value)
+    got["a"][0] = 7.0  # the same memory, not a copy
+    assert views["a"][0] == 7.0
+
+
+def test_an_error_in_the_child_fails_that_checkpoint_and_the_next_write_works() -> None:
+    state = _state()
+    process = CodingProcess()
+    try:
+        staged, _ = _staged(state)
+        with pytest.raises(CheckpointWriteError, match=r"coding process failed to write this checkpoint .*TypeError"):
+            process.write(io.BytesIO(), staged, {"not json": object()}, POLICY)
+        staged, tree = _staged(state)
+        f = io.BytesIO()
+        process.write(f, staged, tree, POLICY)
+        assert f.getvalue() == _in_place(state)
+    finally:
+        process.close()
+
+
+class _KillsTheChild(io.BytesIO):
+    def __init__(self, process: CodingProcess) -> None:
+        super().__init__()
+        self.process = process
+
+    def write(self, data: Any) -> int:
+        child = self.process._child
+        assert child is not None
+        child.kill()
+        child.wait()
+        return super().write(data)
+
+
+def test_a_child_that_dies_mid_write_fails_that_checkpoint_and_a_new_one_takes_over(small_ring: None) -> None:
+    state = _state()
+    process = CodingProcess()
+    try:
+        staged, tree = _staged(state)
+        with pytest.raises(CheckpointWriteError, match=r"coding process exited \(status -9\) while writing"):
+            process.write(_KillsTheChild(process), staged, tree, POLICY)
+        staged, tree = _staged(state)
+        f = io.BytesIO()
+        process.write(f, staged, tree, POLICY)
+        assert f.getvalue() == _in_place(state)
+    finally:
+        process.close()
+
+
+def test_a_child_gone_between_writes_is_replaced() -> None:
+    state = _state()
+    process = CodingProcess()
+    try:
+        process.start()
+        assert process._child is not None
+        process._child.kill()
+        process._child.wait()
+        staged, tree = _staged(state)
+        f = io.BytesIO()
+        process.write(f, staged, tree, POLICY)
+        assert f.getvalue() == _in_place(state)
+    finally:
+        process.close()
+    assert process._child is None
+
+
+def test_the_child_runs_at_a_lower_priority_and_sees_no_gpu() -> None:
+    process = CodingProcess()
+    try:
+        process.start()
+        assert process._child is not None
+        pid = process._child.pid
+        expected = min(19, os.getpriority(os.PRIO_PROCESS, 0) + _coding.NICENESS)
+        deadline = time.monotonic() + 30
+        while os.getpriority(os.PRIO_PROCESS, pid) != expected and time.monotonic() < deadline:
+            time.sleep(0.05)  # it lowers its own priority as it starts
+        assert os.getpriority(os.PRIO_PROCESS, pid) == expected
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            assert b"\0CUDA_VISIBLE_DEVICES=\0" in b"\0" + f.read()
+    finally:
+        process.close()
+
+
+def test_shared_memory_without_room_is_refused_not_touched(monkeypatch: pytest.MonkeyPatch) -> None:
+    # touching shared memory beyond a small /dev/shm kills the process with SIGBUS: refuse first
+    monkeypatch.setattr(staging, "shared_room", lambda: 1 << 30)
+    with pytest.raises(CheckpointWriteError, match=r"shared memory \(/dev/shm\) has 1\.00 GiB free; 0\.88 GiB and a "
+                                                   r"margin of 0\.25 GiB were needed"):
+        shared_empty(900 << 20)
+    assert shared_empty(1 << 20).is_shared()
