@@ -10,8 +10,12 @@
 # (bench/gpu-wheels.sh) and .whl-tt/ (bench/torchtitan-wheels.sh) carried:
 #   bash bench/torchtitan_gpu.sh          (logs and JSON lines in $OUT; extra arguments go to (b))
 set -uo pipefail
+# a wheel in both folders (gpu-wheels.sh may have fetched torch_checkpointing too) is installed once:
+# pip refuses the same distribution from two files
+wheels=(.whl/*.whl)
+for w in .whl-tt/*.whl; do [ -e ".whl/$(basename "$w")" ] || wheels+=("$w"); done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .site \
-  .whl/*.whl .whl-tt/*.whl || exit 1
+  "${wheels[@]}" || exit 1
 export PYTHONPATH=$PWD/.site:$PWD/src:$PWD/tests:$PWD/bench PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -W ignore -c "import torch, torchtitan, torch_checkpointing; from nvidia import nvcomp

@@ -46,7 +46,6 @@ SILENCE_SECONDS = 600.0
 # Scheduling priority of the child (os.nice increment): it yields the cores to the training's
 # threads and data loaders whenever they want them.
 NICENESS = 10
-_AUTHKEY_VARIABLE = "CKPTZIP_CODING_AUTHKEY"
 
 
 class CodingProcess:
@@ -71,14 +70,17 @@ class CodingProcess:
         self._stop()
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
-        env[_AUTHKEY_VARIABLE] = bytes(multiprocessing.current_process().authkey).hex()
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # where this ckptzip came from
         env["CUDA_VISIBLE_DEVICES"] = ""  # the child codes on the host only
         try:
             self._child = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
-                                           pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+                                           pass_fds=[theirs.fileno()], env=env, stdin=subprocess.PIPE)
         finally:
             theirs.close()
+        assert self._child.stdin is not None
+        # the key torch's shared tensors are fetched with (multiprocessing's resource sharer)
+        self._child.stdin.write(bytes(multiprocessing.current_process().authkey).hex().encode() + b"\n")
+        self._child.stdin.close()
         self._conn = multiprocessing.connection.Connection(ours.detach())
         self._slot_bytes = RING_SLOT_BYTES
         self._ring = shared_empty(RING_SLOTS * self._slot_bytes)
@@ -224,7 +226,7 @@ def _loads(storages: list[torch.UntypedStorage], payload: bytes) -> Any:
 
 def _child(fd: int) -> None:
     os.nice(NICENESS)
-    multiprocessing.current_process().authkey = bytes.fromhex(os.environ.pop(_AUTHKEY_VARIABLE))
+    multiprocessing.current_process().authkey = bytes.fromhex(sys.stdin.readline().strip())
     conn = multiprocessing.connection.Connection(fd)
     ring: torch.Tensor | None = None
     slot_bytes = 0

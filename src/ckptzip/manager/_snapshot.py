@@ -283,14 +283,17 @@ class SnapshotPool:
             return None
 
         def reserve() -> None:
-            if self._coder is not None:
-                self._coder.start()
             self._staging.reserve(nbytes)
             if copies:
                 key = (torch.device("cpu"), True)
                 buf = self._acquire(key, copies)
                 with self._lock:
                     self._free.setdefault(key, []).append(buf)
+            if self._coder is not None:
+                try:
+                    self._coder.start()
+                except OSError as exc:  # the write that needs it tries again, and says why it failed
+                    _LOG.warning("ckptzip: the coding process did not start: %s", exc)
 
         thread = threading.Thread(target=reserve, name="ckptzip-reserve", daemon=True)
         thread.start()
