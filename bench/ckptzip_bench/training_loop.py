@@ -12,7 +12,8 @@ turn, in one process, each after the same warm steps. Per method and interval:
   in the same process before and after the methods; the first checkpoint apart, the median of
   the others, and the wait for the last write at the end;
 - how long ``save`` blocked; GPU memory (torch's peak reserved and allocated) and the process's
-  host RSS (its children's too: torch_checkpointing writes from a process of its own);
+  host RSS (with the children the method starts: torch_checkpointing and ckptzip's manager code
+  or write in processes of their own);
 - with ``--verify``, once per method: a checkpoint taken while training goes on, its bytes on disk,
   and its restore into a fresh process (time onto the GPU, every tensor compared by digest with
   the state when it was saved).
@@ -139,18 +140,20 @@ def sync(device: torch.device) -> None:
 
 
 class HostRss:
-    """The peak resident memory of this process and its children, sampled every 50 ms."""
+    """The peak resident memory of this process and of the children it starts from now on,
+    sampled every 50 ms (the background processes an earlier method left running, DCP's
+    checkpoint process or torch_checkpointing's writer, are not this method's)."""
 
     def __init__(self) -> None:
         self.peak = 0
+        self._earlier = set(_children(os.getpid()))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def now() -> int:
+    def now(self) -> int:
         total = 0
-        for pid in [os.getpid(), *_children(os.getpid())]:
+        for pid in [os.getpid(), *(c for c in _children(os.getpid()) if c not in self._earlier)]:
             with contextlib.suppress(OSError, StopIteration, ValueError), open(f"/proc/{pid}/status") as f:
                 total += next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
         return total
