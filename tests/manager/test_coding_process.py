@@ -172,3 +172,15 @@ def test_shared_memory_without_room_is_refused_not_touched(monkeypatch: pytest.M
                                                    r"margin of 0\.25 GiB were needed"):
         shared_empty(900 << 20)
     assert shared_empty(1 << 20).is_shared()
+
+
+def test_shared_memory_is_taken_all_or_none_when_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ranks of one host allocating at once could each pass the room check: the pages are reserved
+    # at once, so an overdraft is an error here, never a SIGBUS at the first touch
+    def no_room(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(staging.os, "posix_fallocate", no_room)
+    with pytest.raises(CheckpointWriteError, match=r"shared memory \(/dev/shm\) could not take 0\.00 GiB: No space "
+                                                   r"left on device"):
+        shared_empty(1 << 20)

@@ -78,7 +78,25 @@ def shared_empty(nbytes: int) -> torch.Tensor:
         raise CheckpointWriteError(f"shared memory ({_SHARED_MEMORY}) has {room / 2**30:.2f} GiB free; "
                                    f"{nbytes / 2**30:.2f} GiB and a margin of {SHARED_MEMORY_MARGIN / 2**30:.2f} GiB "
                                    "were needed")
-    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    _reserve(storage, nbytes)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def _reserve(storage: torch.UntypedStorage, nbytes: int) -> None:
+    """Take the pages of a new shared storage from the file system now, all or none, so that
+    processes that allocated at once (ranks of one host) cannot overdraw it between the room
+    check and the first touch. Storages not backed by a descriptor (torch's ``file_system``
+    sharing strategy) keep only the room check."""
+    try:
+        fd, _ = storage._share_fd_cpu_()
+    except RuntimeError:
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        raise CheckpointWriteError(f"shared memory ({_SHARED_MEMORY}) could not take {nbytes / 2**30:.2f} GiB: "
+                                   f"{exc.strerror}") from exc
 
 
 def shared_copy(tensor: torch.Tensor) -> torch.Tensor:
