@@ -88,47 +88,91 @@ def test_tensors_in_shared_memory_cross_as_their_storages_once() -> None:
     assert views["a"][0] == 7.0
 
 
-def test_an_error_in_the_child_fails_that_checkpoint_and_the_next_write_works() -> None:
+def test_an_error_in_the_child_leaves_the_file_as_it_was_for_this_process_to_write() -> None:
     state = _state()
     process = CodingProcess()
     try:
         staged, _ = _staged(state)
-        with pytest.raises(CheckpointWriteError, match=r"coding process failed to write this checkpoint .*TypeError"):
-            process.write(io.BytesIO(), staged, {"not json": object()}, POLICY)
+        f = io.BytesIO(b"head")
+        f.seek(4)
+        assert process.write(f, staged, {"not json": object()}, POLICY) is None  # its index cannot be written
+        assert f.getvalue() == b"head" and process.failures == 1 and process.usable
         staged, tree = _staged(state)
         f = io.BytesIO()
-        process.write(f, staged, tree, POLICY)
-        assert f.getvalue() == _in_place(state)
+        assert process.write(f, staged, tree, POLICY) is not None
+        assert f.getvalue() == _in_place(state) and process.failures == 0
     finally:
         process.close()
 
 
 class _KillsTheChild(io.BytesIO):
-    def __init__(self, process: CodingProcess) -> None:
+    def __init__(self, process: CodingProcess, seekable: bool) -> None:
         super().__init__()
         self.process = process
+        self._seekable = seekable
+
+    def seekable(self) -> bool:
+        return self._seekable
 
     def write(self, data: Any) -> int:
         child = self.process._child
-        assert child is not None
-        child.kill()
-        child.wait()
+        if child is not None:
+            child.kill()
+            child.wait()
         return super().write(data)
 
 
-def test_a_child_that_dies_mid_write_fails_that_checkpoint_and_a_new_one_takes_over(small_ring: None) -> None:
+def test_a_child_that_dies_mid_write_leaves_a_rewound_file_to_this_process(small_ring: None) -> None:
     state = _state()
     process = CodingProcess()
     try:
         staged, tree = _staged(state)
-        with pytest.raises(CheckpointWriteError, match=r"coding process exited \(status -9\) while writing"):
-            process.write(_KillsTheChild(process), staged, tree, POLICY)
+        f = _KillsTheChild(process, seekable=True)
+        assert process.write(f, staged, tree, POLICY) is None
+        assert f.getvalue() == b""
         staged, tree = _staged(state)
         f = io.BytesIO()
-        process.write(f, staged, tree, POLICY)
+        assert process.write(f, staged, tree, POLICY) is not None  # a new child
         assert f.getvalue() == _in_place(state)
     finally:
         process.close()
+
+
+def test_a_child_that_dies_mid_write_to_a_stream_fails_that_checkpoint(small_ring: None) -> None:
+    process = CodingProcess()
+    try:
+        staged, tree = _staged(_state())
+        with pytest.raises(CheckpointWriteError, match=r"coding process failed while writing this checkpoint \(it "
+                                                       r"exited with status -9\); it was not written, the previous "
+                                                       r"ones are intact"):
+            process.write(_KillsTheChild(process, seekable=False), staged, tree, POLICY)
+    finally:
+        process.close()
+
+
+def test_a_child_that_cannot_start_leaves_the_writes_to_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_coding.sys, "executable", "/nonexistent/python")
+    process = CodingProcess()
+    process.start()  # says why, raises nothing
+    staged, tree = _staged(_state())
+    for failures in range(1, _coding.MAX_FAILURES + 1):
+        f = io.BytesIO()
+        assert process.write(f, staged, tree, POLICY) is None and f.getvalue() == b""
+        assert process.failures == failures
+    assert not process.usable
+
+
+def test_ranks_of_one_host_share_the_cores_between_their_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CKPTZIP_THREADS", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setattr(_coding, "cpu_threads", lambda: 64)
+    env = _coding._child_environment()
+    assert env["CKPTZIP_THREADS"] == "16" and env["CUDA_VISIBLE_DEVICES"] == ""
+    monkeypatch.setenv("CKPTZIP_THREADS", "3")
+    assert _coding._child_environment()["CKPTZIP_THREADS"] == "3"
+    monkeypatch.delenv("CKPTZIP_THREADS")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert "CKPTZIP_THREADS" not in _coding._child_environment()
 
 
 def test_a_child_gone_between_writes_is_replaced() -> None:

@@ -11,14 +11,15 @@ its bytes back through a ring of shared buffers; the parent writes them to the c
 (its storage, atomic commit and early writeback stay where they were). The child never touches a
 GPU.
 
-A child that fails, exits or goes silent for :data:`SILENCE_SECONDS` fails that checkpoint only
-(the previous ones are intact) and is replaced at the next write.
+A write the child cannot do (it did not start, failed, exited or went silent for
+:data:`SILENCE_SECONDS`) is done in this process instead; the child is replaced at the next write.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -33,6 +34,8 @@ from typing import Any, BinaryIO
 import torch
 import torch.multiprocessing  # registers the reductions that hand shared tensors over
 
+from .. import settings
+from ..codecs import cpu_threads
 from ..engine import Policy, StagedState, shared_empty, write_staged
 from ..errors import CheckpointWriteError
 from ..format import TensorEntry
@@ -43,14 +46,25 @@ RING_SLOTS = 4
 RING_SLOT_BYTES = 16 << 20
 # A child that sends nothing for this long (no bytes, no result) is taken for stuck and killed.
 SILENCE_SECONDS = 600.0
+# Failures of the child in a row after which a manager codes in its own process for good.
+MAX_FAILURES = 3
 # Scheduling priority of the child (os.nice increment): it yields the cores to the training's
 # threads and data loaders whenever they want them.
 NICENESS = 10
+_LOG = logging.getLogger("ckptzip")
+
+
+class _ChildFailed(Exception):
+    """The child could not write a snapshot: it did not start, died, fell silent or failed."""
 
 
 class CodingProcess:
     """The child that writes host snapshots for one manager; started on first use (or
-    :meth:`start`), replaced after a failure, stopped by :meth:`close`. One write at a time."""
+    :meth:`start`), replaced after a failure, stopped by :meth:`close`. One write at a time.
+
+    A write the child cannot do is done in this process instead (:meth:`write` returns None),
+    so a child that cannot run (an interpreter that cannot import ckptzip, a killed process)
+    costs no checkpoint; after :data:`MAX_FAILURES` failures in a row it is not used again."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -58,71 +72,101 @@ class CodingProcess:
         self._conn: multiprocessing.connection.Connection | None = None
         self._ring: torch.Tensor | None = None
         self._slot_bytes = RING_SLOT_BYTES
+        self.failures = 0  # in a row
+
+    @property
+    def usable(self) -> bool:
+        return self.failures < MAX_FAILURES
 
     def start(self) -> None:
         """Start the child now (it imports torch and ckptzip: seconds), if it is not running."""
         with self._lock:
-            self._ensure()
+            try:
+                self._ensure()
+            except _ChildFailed as exc:
+                self._stop()
+                _LOG.warning("ckptzip: the coding process did not start: %s", exc)
 
     def _ensure(self) -> multiprocessing.connection.Connection:
         if self._conn is not None and self._child is not None and self._child.poll() is None:
             return self._conn
         self._stop()
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # where this ckptzip came from
-        env["CUDA_VISIBLE_DEVICES"] = ""  # the child codes on the host only
         try:
-            self._child = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
-                                           pass_fds=[theirs.fileno()], env=env, stdin=subprocess.PIPE)
-        finally:
-            theirs.close()
-        assert self._child.stdin is not None
-        # the key torch's shared tensors are fetched with (multiprocessing's resource sharer)
-        self._child.stdin.write(bytes(multiprocessing.current_process().authkey).hex().encode() + b"\n")
-        self._child.stdin.close()
-        self._conn = multiprocessing.connection.Connection(ours.detach())
-        self._slot_bytes = RING_SLOT_BYTES
-        self._ring = shared_empty(RING_SLOTS * self._slot_bytes)
-        self._conn.send(("ring", self._ring, self._slot_bytes))
+            ours, theirs = socket.socketpair()
+            try:
+                # a new session: a Ctrl-C meant for the training (which may save once more) does not reach it
+                self._child = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
+                                               pass_fds=[theirs.fileno()], env=_child_environment(),
+                                               stdin=subprocess.PIPE, start_new_session=True)
+            finally:
+                theirs.close()
+            assert self._child.stdin is not None
+            # the key torch's shared tensors are fetched with (multiprocessing's resource sharer)
+            self._child.stdin.write(bytes(multiprocessing.current_process().authkey).hex().encode() + b"\n")
+            self._child.stdin.close()
+            self._conn = multiprocessing.connection.Connection(ours.detach())
+            self._slot_bytes = RING_SLOT_BYTES
+            self._ring = shared_empty(RING_SLOTS * self._slot_bytes)
+            self._conn.send(("ring", self._ring, self._slot_bytes))
+        except OSError as exc:  # CheckpointWriteError (no shared memory) included
+            raise _ChildFailed(f"it could not be started: {exc}") from exc
         return self._conn
 
-    def write(self, f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:
+    def write(self, f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry] | None:
         """Write ``staged`` (its bytes on the host, its buffers kept until this returns) to ``f``
-        as :func:`~ckptzip.engine.write_staged` does, the coding in the child."""
+        as :func:`~ckptzip.engine.write_staged` does, the coding in the child; None where the
+        child could not, and ``f`` holds nothing of it (the caller writes it in this process).
+        :class:`~ckptzip.errors.CheckpointWriteError` where the child failed after some of its
+        bytes reached a file that cannot be rewound; the file's own errors as they are."""
         with self._lock:
+            start = f.tell() if f.seekable() else None
+            written = [0]
             try:
-                return self._write(f, staged, tree, policy)
-            except BaseException as exc:
-                code = self._child.poll() if self._child is not None else None
-                self._stop()  # mid-write, its bytes and acknowledgements out of step with ours: a new one next time
-                if isinstance(exc, (EOFError, ConnectionError)):
-                    raise CheckpointWriteError(f"ckptzip's coding process exited (status {code}) while writing this "
-                                               "checkpoint; it was not written, the previous ones are intact; the "
-                                               "next save starts a new process") from exc
+                entries = self._write(f, staged, tree, policy, written)
+            except _ChildFailed as exc:
+                self._stop()
+                self.failures += 1
+                if written[0] and start is None:
+                    raise CheckpointWriteError(f"ckptzip's coding process failed while writing this checkpoint "
+                                               f"({exc}); it was not written, the previous ones are intact") from exc
+                if written[0] and start is not None:
+                    f.seek(start)
+                    f.truncate()
+                _LOG.warning("ckptzip: the coding process failed (%s); this checkpoint is coded in this process%s",
+                             exc, "" if self.usable else ", and so are the next ones")
+                return None
+            except BaseException:
+                self._stop()  # mid-write: its bytes and acknowledgements out of step with ours
                 raise
+            self.failures = 0
+            return entries
 
-    def _write(self, f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:
+    def _write(self, f: BinaryIO, staged: StagedState, tree: Any, policy: Policy, written: list[int]
+               ) -> list[TensorEntry]:
         conn = self._ensure()
         assert self._ring is not None
         ring = self._ring.numpy().data
         storages, payload = _dumps((staged.portable(), tree, policy))
-        conn.send(("write", storages, payload))
-        while True:
-            if not conn.poll(SILENCE_SECONDS):
-                raise CheckpointWriteError(f"ckptzip's coding process sent nothing for {SILENCE_SECONDS:.0f} s and "
-                                           "was stopped; this checkpoint was not written, the previous ones are intact")
-            message = conn.recv()
-            if message[0] == "data":
+        try:
+            conn.send(("write", storages, payload))
+            while True:
+                if not conn.poll(SILENCE_SECONDS):
+                    raise _ChildFailed(f"it sent nothing for {SILENCE_SECONDS:.0f} s")
+                message = conn.recv()
+                if message[0] == "done":
+                    entries: list[TensorEntry] = message[1]
+                    return entries
+                if message[0] != "data":
+                    raise _ChildFailed(message[1])
                 _, slot, n = message
                 f.write(ring[slot * self._slot_bytes : slot * self._slot_bytes + n])
+                written[0] += n
                 conn.send(("free", slot))
-            elif message[0] == "done":
-                entries: list[TensorEntry] = message[1]
-                return entries
-            else:
-                raise CheckpointWriteError("ckptzip's coding process failed to write this checkpoint (the previous "
-                                           f"ones are intact): {message[1]}")
+        except (EOFError, OSError) as exc:  # the connection, not the file: f.write's errors are the file's own
+            if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
+                raise
+            code = self._child.poll() if self._child is not None else None
+            raise _ChildFailed(f"it exited with status {code}") from exc
 
     def _stop(self) -> None:
         if self._conn is not None:
@@ -143,6 +187,19 @@ class CodingProcess:
         """Stop the child (after the write in progress, if any)."""
         with self._lock:
             self._stop()
+
+
+def _child_environment() -> dict[str, str]:
+    """The child's environment: this process's, where it imported ckptzip from, no GPU, and (one
+    training process of several on this host, as torchrun starts them, unless ``CKPTZIP_THREADS``
+    says otherwise) its share of the cores, so the ranks' children do not oversubscribe them."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if settings.threads() is None and local.isdigit() and int(local) > 1:
+        env[settings.THREADS] = str(max(1, cpu_threads() // int(local)))
+    return env
 
 
 class _Relay(io.RawIOBase):

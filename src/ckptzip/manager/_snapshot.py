@@ -290,10 +290,7 @@ class SnapshotPool:
                 with self._lock:
                     self._free.setdefault(key, []).append(buf)
             if self._coder is not None:
-                try:
-                    self._coder.start()
-                except OSError as exc:  # the write that needs it tries again, and says why it failed
-                    _LOG.warning("ckptzip: the coding process did not start: %s", exc)
+                self._coder.start()
 
         thread = threading.Thread(target=reserve, name="ckptzip-reserve", daemon=True)
         thread.start()
@@ -459,8 +456,10 @@ class SnapshotPool:
 
         def write(f: BinaryIO, base: DeltaBase | None) -> Written:
             kept = dict(zip(snapshot.names, snapshot.tensors)) if snapshot.copied else None
-            if staged is not None and staged.rest and staged.shared and self._coder is not None:
-                return Written(self._coder.write(f, staged, snapshot.tree, self._policy), kept)  # coded in the child
+            if staged is not None and staged.rest and staged.shared and self._coder is not None and self._coder.usable:
+                entries = self._coder.write(f, staged, snapshot.tree, self._policy)  # coded in the child
+                if entries is not None:
+                    return Written(entries, kept)
             if staged is not None:  # its table was rewritten (against the base) when the state was read
                 return Written(write_staged(f, staged, snapshot.tree, self._policy), kept)
             return Written(write_state(f, snapshot.names, snapshot.tensors, snapshot.tree,
