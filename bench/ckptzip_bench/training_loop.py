@@ -21,7 +21,7 @@ turn, in one process, each after the same warm steps. Per method and interval:
 Every method's GPU work must leave training its memory: an out-of-memory error anywhere is a
 result (``oom``), not a crash of the benchmark.
 
-    ckptzip bench training-loop --config auto --every 10,30 --checkpoints 3 --dir /tmp/ckpt --verify
+    ckptzip bench training-loop --config auto --every 10,30 --checkpoints 3 --runs 3 --dir /tmp/ckpt --verify
     python -m ckptzip_bench.training_loop ...   (the same, from bench/ of a checkout)
 """
 
@@ -576,6 +576,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
     p.add_argument("--every", default="10,30", help="checkpoint intervals in steps, comma-separated")
     p.add_argument("--checkpoints", type=int, default=3, help="checkpoints per method and interval")
+    p.add_argument("--runs", type=int, default=1,
+                   help="runs of every method and interval, interleaved (run 1 of each, then run 2, ...)")
     p.add_argument("--warm-steps", type=int, default=3)
     p.add_argument("--base-steps", type=int, default=8, help="steps timed without checkpoints, before and after")
     p.add_argument("--dir", default=None, help="where checkpoints are written (default: the system temp dir)")
@@ -618,14 +620,16 @@ def run(args: argparse.Namespace) -> int:
     info["step_s"] = round(statistics.median(before), 4)
     report(**info)
     rows = []
-    for every in (int(x) for x in args.every.split(",") if x):
-        for name in methods:
-            try:
-                row = run_method(trainer, name, every, args.checkpoints, statistics.median(before), root)
-            except Exception as exc:  # one method's failure is a result too
-                row = {"method": name, "every": every, "error": _failure(exc)}
-            report(**row)
-            rows.append(row)
+    for run_number in range(1, args.runs + 1):
+        for every in (int(x) for x in args.every.split(",") if x):
+            for name in methods:
+                try:
+                    row = run_method(trainer, name, every, args.checkpoints, statistics.median(before), root)
+                except Exception as exc:  # one method's failure is a result too
+                    row = {"method": name, "every": every, "error": _failure(exc)}
+                row["run"] = run_number
+                report(**row)
+                rows.append(row)
     after = step_times(trainer, args.base_steps)
     report(step_s_before=round(statistics.median(before), 4), step_s_after=round(statistics.median(after), 4))
     if args.verify:
@@ -644,6 +648,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(RESULTS, indent=1))
     print(table(rows))
+    if args.runs > 1:
+        print(medians(rows))
     return 0
 
 
@@ -666,6 +672,21 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['method']} | {r['every']} | {r['lost_per_checkpoint_s']} | {r['lost_first_s']} | "
                      f"{r['lost_median_s']} | {r['end_wait_s']} | {r['blocked_median_s']} | "
                      f"{r.get('gpu_peak_reserved_gb', '–')} | {r['host_rss_gb']} |")
+    return "\n".join(lines)
+
+
+def medians(rows: list[dict[str, Any]]) -> str:
+    """Per method and interval: the median over its runs of the lost time per checkpoint, each
+    run's figure, and the runs that ran out of memory or failed."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["every"]), []).append(r)
+    lines = ["| method | every | lost/ckpt s, median | each run | out of memory / failed |", "|" + "---|" * 5]
+    for (method, every), runs in groups.items():
+        lost = [r["lost_per_checkpoint_s"] for r in runs if "lost_per_checkpoint_s" in r]
+        bad = sum("lost_per_checkpoint_s" not in r for r in runs)
+        median = round(statistics.median(lost), 3) if lost else "–"
+        lines.append(f"| {method} | {every} | {median} | {', '.join(map(str, lost))} | {bad} of {len(runs)} |")
     return "\n".join(lines)
 
 

@@ -69,6 +69,16 @@ def test_a_method_that_fails_is_a_result_with_where_it_failed(tmp_path: Path, mo
     assert len(failed) == 1 and str(failed[0]["error"]).startswith("OSError: disk gone at test_bench_training_loop.py:")
 
 
+def test_runs_interleave_methods_and_the_medians_say_each_run(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _run(tmp_path, "torch.save,ckptzip.save", "--runs", "2")
+    timed = [(r["method"], r["run"]) for r in rows if "lost_per_checkpoint_s" in r]
+    assert timed == [("torch.save", 1), ("ckptzip.save", 1), ("torch.save", 2), ("ckptzip.save", 2)]
+    out = capsys.readouterr().out
+    assert "| method | every | lost/ckpt s, median | each run | out of memory / failed |" in out
+    assert out.count("| 0 of 2 |") == 2
+
+
 def test_an_unknown_method_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     training_loop.configure(parser)
