@@ -15,7 +15,9 @@ import torch
 
 from ckptzip.codecs import get_codec, has_codec
 from ckptzip.errors import CorruptChunkError
-from ckptzip.kernels import INTERPRET
+from ckptzip.codecs.ckzhuff import MAX_LEN
+from ckptzip.kernels import INTERPRET, run_gpu
+from ckptzip.kernels import ckzhuff as gpu_huff
 from ckptzip.kernels.ckzhuff import CkzHuffCudaCodec
 
 pytestmark = [
@@ -25,6 +27,8 @@ pytestmark = [
 ]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZES = [1, 513, 3000] if INTERPRET else [1, 16, 513, 3000, 65_537, 262_144, 1 << 22]
+# The decoder's first levels: the shipped two-level one, and the single level (all 12 bits; the bench's JIT variant)
+FIRSTS = [gpu_huff.FIRST, MAX_LEN]
 KINDS = ["fp32 sign+exponent", "bf16 gradients", "two symbols", "skewed", "random", "constant", "sparse bitmap"]
 
 
@@ -112,3 +116,63 @@ def test_damaged_chunks_decode_to_their_size_or_fail_without_writing_outside() -
             assert exc.chunk == 0
         back = slot.cpu()
         assert bool((back[:32] == 0xA5).all()) and bool((back[32 + 1500 :] == 0xA5).all())
+
+
+def _different_codes(count: int, n: int) -> list[np.ndarray]:
+    """Chunks whose codes differ from one to the next: other symbols and skews, codes of 1 to 12 bits."""
+    rng = np.random.default_rng(7)
+    return [((rng.geometric(0.03 + 0.9 * i / count, n) + 37 * i) % 256).astype(np.uint8) for i in range(count)]
+
+
+def _decode_tables(coded: list[torch.Tensor], raw: list[int], first: int, guard: int) -> tuple[torch.Tensor, list[int]]:
+    """table_kernel's tables of these chunks (``guard`` entries more, -7 unless written) and their statuses."""
+    lengths = np.array([c.numel() for c in coded])
+    src, offsets = gpu_huff._pack([c.to(DEVICE) for c in coded], lengths)
+    table = gpu_huff._rows(src, offsets, lengths, src, offsets, np.array(raw))
+    scratch = torch.empty(len(coded) * gpu_huff.DEC_ROW, dtype=torch.int32, device=DEVICE)
+    tables = torch.full((len(coded) * gpu_huff.TABLE + guard,), -7, dtype=torch.int16, device=DEVICE)
+    status = torch.zeros(len(coded), dtype=torch.int32, device=DEVICE)
+    run_gpu(gpu_huff.MODULE, "table_kernel", len(coded), src.device, (table, scratch, tables, status), {"FIRST": first},
+            gpu_huff.PLAN_WARPS)
+    return tables.cpu(), status.cpu().tolist()
+
+
+@pytest.mark.parametrize("first", FIRSTS)
+def test_each_chunks_decode_tables_are_its_own_and_stay_in_its_entries(first: int) -> None:
+    """With FIRST == 12 the table kernel once wrote a first level of 4096 entries into 256, over the
+    next chunk's table of all codes (on a GPU, in whatever order the programs ran: a chunk whose
+    lanes then did not fill their words) and past the last chunk's (the interpreter runs the
+    programs in order, so only that write shows there)."""
+    datas = _different_codes(3, 1024)
+    coded = _cpu().encode([torch.from_numpy(d) for d in datas])
+    together, status = _decode_tables(coded, [d.size for d in datas], first, gpu_huff.TABLE)
+    assert status == [0, 0, 0]
+    assert bool((together[3 * gpu_huff.TABLE :] == -7).all())
+    for i, chunk in enumerate(coded):
+        alone, _ = _decode_tables([chunk], [datas[i].size], first, 0)
+        assert torch.equal(together[i * gpu_huff.TABLE : (i + 1) * gpu_huff.TABLE], alone)
+
+
+@pytest.mark.parametrize("first", FIRSTS)
+def test_either_decoder_reads_chunks_of_different_codes(first: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_huff, "FIRST", first)
+    datas = _different_codes(4 if INTERPRET else 64, 1500 if INTERPRET else 65_536)
+    coded = _cpu().encode([torch.from_numpy(d) for d in datas])
+    for data, back in zip(datas, _gpu().decode([c.to(DEVICE) for c in coded], [d.size for d in datas])):
+        assert np.array_equal(back.cpu().numpy(), data)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("first", FIRSTS)
+def test_a_large_plane_of_many_chunks_round_trips_through_either_decoder(first: int,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """As bench/coder_gpu.py codes a plane: one call over many chunks in place, each with its own code."""
+    monkeypatch.setattr(gpu_huff, "FIRST", first)
+    chunk = gpu_huff.CkzHuffCudaCodec.chunk_bytes
+    plane = torch.from_numpy(np.concatenate(_different_codes(256, chunk))).cuda()
+    offsets = np.arange(256, dtype=np.int64) * chunk
+    lengths = np.full(256, chunk, dtype=np.int64)
+    out, out_offsets, sizes = _gpu().encode_segments(plane, offsets, lengths)
+    back = torch.zeros_like(plane)
+    _gpu().decode_segments(out, out_offsets, sizes, back, offsets, lengths)
+    assert torch.equal(back, plane)

@@ -275,6 +275,9 @@ def pack_kernel(table, scratch, COPY: tl.constexpr):
 @triton.jit
 def table_kernel(table, scratch, tables, status, FIRST: tl.constexpr):
     # table row per chunk: stored address, stored bytes, output address, decoded bytes (the index's)
+    # A chunk's tables hold TABLE entries: the 4096 of all codes, then a first level of 2**FIRST
+    # (FIRST <= 8) or none (FIRST == 12); a larger first level would write over the next chunk's.
+    tl.static_assert(FIRST <= 8 or FIRST == MAX_LEN, "FIRST: 8 bits or fewer, or 12 (a single level)")
     pid = tl.program_id(0).to(tl.int64)  # rows of thousands of entries: past 2**31 in large calls
     src = tl.load(table + pid * 4).to(tl.pointer_type(tl.uint8))
     length = tl.load(table + pid * 4 + 1)
@@ -329,10 +332,11 @@ def table_kernel(table, scratch, tables, status, FIRST: tl.constexpr):
                 at = tl.sum(tl.where(inside, first[None, :] + ((v[:, None] - start[None, :]) >> shift[None, :]), 0), axis=1)
                 entry = tl.load(row + D_SORTED + at)
                 tl.store(tables + pid * TABLE + v, entry.to(tl.int16))
-                # the first level: codes of up to FIRST bits by their first FIRST bits, longer ones 0
-                prefix = v >> (MAX_LEN - FIRST)
-                tl.store(tables + pid * TABLE + 4096 + prefix, tl.where((entry >> 8) <= FIRST, entry, 0).to(tl.int16),
-                         mask=prefix << (MAX_LEN - FIRST) == v)
+                if FIRST < MAX_LEN:  # the single-level decoder (FIRST == 12) reads only the table of all codes
+                    # the first level: codes of up to FIRST bits by their first FIRST bits, longer ones 0
+                    prefix = v >> (MAX_LEN - FIRST)
+                    tl.store(tables + pid * TABLE + 4096 + prefix,
+                             tl.where((entry >> 8) <= FIRST, entry, 0).to(tl.int16), mask=prefix << (MAX_LEN - FIRST) == v)
             tl.store(row + D_FIRST + lane, tl.cumsum(words, axis=0) - words)
             tl.store(row + D_HEAD, head)
     tl.store(row + D_FORM, form)

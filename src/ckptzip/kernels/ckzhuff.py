@@ -35,7 +35,8 @@ PLAN_WARPS = 8  # the planning and table programs: vectors of 256 symbols
 LANE_WARPS = 1  # the lanes' programs: a thread a lane
 ENC_ROW, DEC_ROW, TABLE = 1024, 768, 4096 + 256  # int32 scratch per chunk; int16 decode table entries
 # Bits of the decoder's first-level table (codes of up to FIRST bits; longer ones by all 12): a
-# warp's 32 lookups then share a few of its lines.
+# warp's 32 lookups then share a few of its lines. At most 8 (a chunk's TABLE has room for 256
+# first-level entries), or 12: one level only (bench/coder_gpu.py's variant, compiled by Triton).
 FIRST = 8
 SLOT_ALIGN = 16  # coded chunks' slots start at multiples of this
 
