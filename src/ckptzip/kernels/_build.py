@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -79,7 +80,9 @@ def compile_one(module: str, kernel: str, types: dict[str, str], constants: dict
 
 
 def build(archs: tuple[int, ...] = ARCHS) -> dict[str, Any]:
-    """Compile every variant for ``archs`` into a fresh ``cubins/``; the manifest written."""
+    """Compile every variant for ``archs`` into a fresh ``cubins/``; the manifest written. Without
+    line information: it would carry the absolute path of the checkout that built them."""
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     import triton
 
     folder = _aot.FOLDER
