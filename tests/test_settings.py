@@ -5,6 +5,7 @@ table (docs/ENVIRONMENT.md)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,13 @@ def test_every_variable_is_in_the_table_of_docs_environment() -> None:
     text = (ROOT / "docs" / "ENVIRONMENT.md").read_text()
     rows = re.findall(r"^\| `(CKPTZIP_\w+)` \|", text, re.MULTILINE)
     assert rows == list(settings.VARIABLES)
+    named = set(re.findall(r"`(CKPTZIP_\w+)`", text))
+    assert set(settings.INTERNAL) <= named - set(rows)  # said to be ckptzip's own, outside the table
+
+
+def test_the_coding_process_authkey_is_handed_over_and_taken_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = settings.coding_environment(b"\x00\xffkey")
+    assert env[settings.CODING_AUTHKEY] == "00ff6b6579"
+    monkeypatch.setenv(settings.CODING_AUTHKEY, env[settings.CODING_AUTHKEY])
+    assert settings.pop_coding_authkey() == b"\x00\xffkey"
+    assert settings.CODING_AUTHKEY not in os.environ

@@ -1,5 +1,5 @@
 """Every environment variable ckptzip reads (:data:`VARIABLES`; docs/ENVIRONMENT.md is their
-table), read and validated here alone: each is looked up when the call that uses it runs, and a
+table; :data:`INTERNAL`: those ckptzip sets for its own child processes), read and validated here alone: each is looked up when the call that uses it runs, and a
 value ckptzip cannot act on raises :class:`~ckptzip.errors.UsageError` saying what was expected,
 never a raw ``ValueError`` and never a silent default. An unset or empty variable means its
 default.
@@ -21,6 +21,9 @@ NUMPY_KERNELS = "CKPTZIP_NUMPY_KERNELS"
 NVCOMP_LIB = "CKPTZIP_NVCOMP_LIB"
 NVCOMP_CPU_LIB = "CKPTZIP_NVCOMP_CPU_LIB"
 VARIABLES = (GPU_MEMORY_MB, THREADS, PINNED_MB, CACHE_DIR, AOT_KERNELS, NUMPY_KERNELS, NVCOMP_LIB, NVCOMP_CPU_LIB)
+# Set by ckptzip for the processes it starts, never by a user (so not in VARIABLES' table).
+CODING_AUTHKEY = "CKPTZIP_CODING_AUTHKEY"
+INTERNAL = (CODING_AUTHKEY,)
 
 _MIB = 1 << 20
 _MAX_MIB = 1 << 30  # a PiB: larger is a typo, and would overflow the byte counts it becomes
@@ -107,3 +110,15 @@ def library(name: str) -> str | None:
     if name not in (NVCOMP_LIB, NVCOMP_CPU_LIB):
         raise ValueError(f"{name} is not a library variable of ckptzip")
     return _text(name)
+
+
+def coding_environment(authkey: bytes) -> dict[str, str]:
+    """This process's environment with ``CKPTZIP_CODING_AUTHKEY`` set to ``authkey``: what a
+    coding process (:mod:`ckptzip.manager._coding`) is started with."""
+    return {**os.environ, CODING_AUTHKEY: authkey.hex()}
+
+
+def pop_coding_authkey() -> bytes:
+    """``CKPTZIP_CODING_AUTHKEY``, taken out of the environment (the child's own children do not
+    inherit it): the authentication key the coding process's parent handed it."""
+    return bytes.fromhex(os.environ.pop(CODING_AUTHKEY))

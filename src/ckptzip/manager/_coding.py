@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 import torch
 import torch.multiprocessing  # registers the reductions that hand shared tensors over
 
+from .. import settings
 from ..engine import Policy, StagedState, shared_empty, write_staged
 from ..errors import CheckpointWriteError
 from ..format import TensorEntry
@@ -46,7 +47,6 @@ SILENCE_SECONDS = 600.0
 # Scheduling priority of the child (os.nice increment): it yields the cores to the training's
 # threads and data loaders whenever they want them.
 NICENESS = 10
-_AUTHKEY_VARIABLE = "CKPTZIP_CODING_AUTHKEY"
 
 
 class CodingProcess:
@@ -70,8 +70,7 @@ class CodingProcess:
             return self._conn
         self._stop()
         ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        env[_AUTHKEY_VARIABLE] = bytes(multiprocessing.current_process().authkey).hex()
+        env = settings.coding_environment(bytes(multiprocessing.current_process().authkey))
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # where this ckptzip came from
         env["CUDA_VISIBLE_DEVICES"] = ""  # the child codes on the host only
         try:
@@ -224,7 +223,7 @@ def _loads(storages: list[torch.UntypedStorage], payload: bytes) -> Any:
 
 def _child(fd: int) -> None:
     os.nice(NICENESS)
-    multiprocessing.current_process().authkey = bytes.fromhex(os.environ.pop(_AUTHKEY_VARIABLE))
+    multiprocessing.current_process().authkey = settings.pop_coding_authkey()
     conn = multiprocessing.connection.Connection(fd)
     ring: torch.Tensor | None = None
     slot_bytes = 0
