@@ -1,4 +1,4 @@
-"""How fast pinned staging is made: ckptzip's snapshot slab (``staging.Slab``: an anonymous mapping
+"""How fast pinned staging is made: ckptzip's snapshot slab (``ckptzip.memory.pinned.Slab``: an anonymous mapping
 advised to huge pages, faulted in by torch's threads, registered with CUDA) against the same
 without the advice (``torch.empty`` + ``fill_`` + ``cudaHostRegister``), alternated.
 Usage: python bench/pinned_probe.py [--gib 1,8]
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from ckptzip.engine import staging
+from ckptzip.memory import pinned
 
 
 def plain(nbytes: int) -> None:
@@ -23,7 +23,7 @@ def plain(nbytes: int) -> None:
 
 
 def slab(nbytes: int) -> None:
-    staging.Slab(nbytes)  # unregistered and freed when dropped
+    pinned.Slab(nbytes)  # unregistered and freed when dropped
 
 
 def main() -> None:

@@ -17,11 +17,11 @@ BENCH = ROOT / "bench" / "ckptzip_bench"
 # Floor of each top-level module or package of ckptzip, bottom up.
 FLOORS = {
     "_version": 0, "_lazy": 0, "_local": 0, "errors": 0, "strictjson": 0, "settings": 0,
-    "checksum": 1, "storage": 1, "codecs": 1, "transforms": 1, "uploads": 1, "blocks": 1,
+    "checksum": 1, "storage": 1, "codecs": 1, "transforms": 1, "memory": 1,
     "kernels": 2, "format": 2,
     "tree": 3, "report": 3,
     "engine": 4, "plain": 4,
-    "api": 5, "budget": 5, "series": 5,
+    "api": 5, "series": 5,
     "convert": 6, "manager": 6, "dcp": 6, "tier": 6,
     "integrations": 7,
     "cost": 8, "cli": 8, "demo": 8, "testing": 8, "__main__": 8,
@@ -118,7 +118,7 @@ def _engine_seam() -> list[str]:
 
 
 def test_the_engine_seam_names_no_module_of_the_engine() -> None:
-    """So ``from ckptzip.engine import memory`` is an import of an internal, not of the seam."""
+    """So ``from ckptzip.engine import stager`` is an import of an internal, not of the seam."""
     modules = {p.stem for p in (SRC / "engine").glob("*.py")}
     assert sorted(modules & set(_engine_seam())) == []
 
@@ -129,8 +129,16 @@ CALLERS = [p for p in MODULES if _top(p) != "engine"] + sorted(BENCH.glob("*.py"
 @pytest.mark.parametrize("path", CALLERS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_callers_reach_the_engine_only_through_its_seam(path: Path) -> None:
     """The library outside engine/ and the harness import ``ckptzip.engine``'s own names (its
-    ``__all__``), never its modules (``ckptzip.engine.memory``) nor what only they define."""
+    ``__all__``), never its modules (``ckptzip.engine.stager``) nor what only they define."""
     seam = _engine_seam()
     inside = [name for name in _ckptzip_imports(path)
               if name.startswith("ckptzip.engine.") and name.removeprefix("ckptzip.engine.") not in seam]
     assert inside == [], f"{path.relative_to(ROOT)} imports engine internals {inside}"
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "memory").glob("*.py")), ids=lambda p: p.name)
+def test_the_memory_package_imports_only_the_floor_below(path: Path) -> None:
+    """ckptzip.memory sits on the codecs' floor, which allocate through it: it imports only the
+    settings, the errors and what a thread sets (floor 0), never the codecs or storage beside it."""
+    above = {target for target in _imports(path) - {"memory"} if FLOORS[target] > 0}
+    assert above == set(), f"memory/{path.name} imports {sorted(above)}"

@@ -35,7 +35,7 @@ def test_torch_foreach_copy_takes_lists_and_non_blocking() -> None:
 
 def test_torch_allocates_a_shared_storage_of_a_size() -> None:
     what = (
-        "torch.UntypedStorage._new_shared(nbytes) changed: ckptzip/engine/staging.py (shared_empty) allocates "
+        "torch.UntypedStorage._new_shared(nbytes) changed: ckptzip/memory/shared.py (shared_empty) allocates "
         "the shared memory that stagings hand to DCP's and torch_checkpointing's checkpoint processes with it"
     )
     new_shared = getattr(torch.UntypedStorage, "_new_shared", None)

@@ -79,7 +79,7 @@ def test_a_bad_variable_says_what_was_expected(monkeypatch: pytest.MonkeyPatch, 
 
 def test_the_users_of_the_variables_raise_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     """``CKPTZIP_THREADS=abc`` and 5000 digits of ``CKPTZIP_GPU_MEMORY_MB`` raised raw ValueErrors."""
-    from ckptzip.engine import memory, staging
+    from ckptzip.memory import gpu, pinned
 
     monkeypatch.setenv(settings.THREADS, "abc")
     with pytest.raises(UsageError, match="CKPTZIP_THREADS='abc': expected a whole number of threads"):
@@ -90,14 +90,14 @@ def test_the_users_of_the_variables_raise_the_same(monkeypatch: pytest.MonkeyPat
     assert cpu_threads() == 3
     monkeypatch.setenv(settings.GPU_MEMORY_MB, "5" * 5000)
     with pytest.raises(UsageError, match="CKPTZIP_GPU_MEMORY_MB='5555"):
-        memory.cap(None)
+        gpu.cap(None)
     with pytest.raises(UsageError, match="CKPTZIP_GPU_MEMORY_MB='5555"):
         ckptzip.load(save_bytes({"w": torch.ones(4)}))
     monkeypatch.setenv(settings.PINNED_MB, "lots")
     with pytest.raises(UsageError, match="CKPTZIP_PINNED_MB='lots'"):
-        staging.PinnedPool()
+        pinned.PinnedPool()
     monkeypatch.setenv(settings.PINNED_MB, "256")
-    assert staging.PinnedPool().count == 4  # 64 MiB buffers
+    assert pinned.PinnedPool().count == 4  # 64 MiB buffers
 
 
 def test_switches_and_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

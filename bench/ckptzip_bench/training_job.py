@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 import ckptzip
-from ckptzip.engine import available_gpu_memory
+from ckptzip.memory.gpu import available as available_gpu_memory
 from .oomtrace import recording, summary
 from .pipeline import discard_sink
 
@@ -358,7 +358,7 @@ _FRESH = r"""
 import io, json, os, sys, time, torch
 t0 = time.perf_counter(); torch.zeros(1, device="cuda"); torch.cuda.synchronize(); init = time.perf_counter() - t0
 import ckptzip
-from ckptzip.engine import available_gpu_memory
+from ckptzip.memory.gpu import available as available_gpu_memory
 warm = sys.argv[1] == "warmup"
 if warm:
     ckptzip.warmup()
@@ -384,7 +384,7 @@ _FRESH_LOAD = r"""
 import json, sys, time, torch
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 import ckptzip
-from ckptzip.engine import available_gpu_memory
+from ckptzip.memory.gpu import available as available_gpu_memory
 data = open(sys.argv[1], "rb").read()
 if sys.argv[2] == "warmup":
     ckptzip.warmup(wait=True)  # as the manager does while the job starts; timed separately below

@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import settings
-from .budget import check_budget, validate_max_bytes
+from .memory.declared import check_declared, validate_max_bytes
 from .engine import DeltaBase, LoadOptions, Policy, SaveOptions, read_tensors, warm_up, write_state
 from .errors import CheckpointNotFoundError, CheckpointWriteError, CkptzipError, DeviceUnavailableError
 from .format import BaseRef, ContainerReader, TensorEntry, content_hash
@@ -189,7 +189,7 @@ class CheckpointReader:
         try:
             self._max_bytes = validate_max_bytes(max_bytes)
             if self._max_bytes is not None:
-                check_budget({torch.device("cpu"): self.nbytes}, self._max_bytes)
+                check_declared({torch.device("cpu"): self.nbytes}, self._max_bytes)
         except BaseException:
             self.close()
             raise
@@ -239,12 +239,12 @@ class CheckpointReader:
 
     def _read(self, indices: list[int], on_progress: Callable[[int], object], base_tensors: BaseTensors = None
               ) -> list[torch.Tensor]:
-        """Tensors ``indices`` on their target devices, XOR deltas against ``base_tensors``, the
-        default budget checked first (a ``max_bytes`` given was checked against the whole file
-        when it was opened)."""
+        """Tensors ``indices`` on their target devices, XOR deltas against ``base_tensors``, their
+        declared bytes checked first against what the targets have available (a ``max_bytes``
+        given was checked against the whole file when it was opened)."""
         devices = [resolve_device(self._reader.tensors[i].device, self.map_location) for i in indices]
         if self._max_bytes is None:
-            check_budget(declared_needs(self._reader.tensors, indices, devices), None)
+            check_declared(declared_needs(self._reader.tensors, indices, devices), None)
         return read_tensors(self._reader, indices, devices, LoadOptions(base_tensors, self.gpu_memory, on_progress))
 
     def load(self, *, progress: bool = False, base_tensors: BaseTensors = None) -> Any:
@@ -421,7 +421,7 @@ def decompress(ct: CompressedTensor | bytes, *, device: str | torch.device | Non
     reader = ContainerReader(ct.to_bytes())
     try:
         target = [resolve_device(reader.tensors[0].device, device, "device")]
-        check_budget(declared_needs(reader.tensors, [0], target), None)
+        check_declared(declared_needs(reader.tensors, [0], target), None)
         return read_tensors(reader, [0], target)[0]
     finally:
         reader.ranges.close()

@@ -27,7 +27,7 @@ from ckptzip.checksum import wsum64_array
 from ckptzip.codecs import get_codec, has_codec
 from ckptzip.codecs.cpu import ZstdCodec
 from ckptzip.codecs.nvcomp import NvcompLz4Codec, NvcompZstdCodec
-from ckptzip.engine import memory as engine_memory
+from ckptzip.memory import gpu as gpu_memory
 from ckptzip.engine import plan as engine_plan
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import pipeline as engine_pipeline
@@ -83,9 +83,9 @@ def test_save_and_load_round_trip_bit_exactly(device: str, codec: str) -> None:
 def test_many_batches_and_a_pinned_pool_of_two_buffers(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_plan, "SAVE_BATCH_BYTES", {"cuda": 1 << 14, "cpu": 1 << 14})
     monkeypatch.setattr(engine_plan, "LOAD_BATCH_BYTES", {"cuda": 1 << 13, "cpu": 1 << 13})
-    from ckptzip.engine import staging
+    from ckptzip.memory import pinned
 
-    monkeypatch.setattr(staging, "_POOL", staging.PinnedPool(buffer_bytes=1 << 12, count=2) if device == "cuda" else None)
+    monkeypatch.setattr(pinned, "_POOL", pinned.PinnedPool(buffer_bytes=1 << 12, count=2) if device == "cuda" else None)
     state = _state(device)
     buf = io.BytesIO()
     ckptzip.save(state, buf)
@@ -281,7 +281,7 @@ def test_a_tensor_larger_than_a_slice_decodes_in_parts_into_its_output(device: s
                                                                         ) -> None:
     monkeypatch.setattr(engine_reader, "CPU_SLICE_BYTES", 16 << 10)
     monkeypatch.setattr(engine_plan, "LOAD_BATCH_BYTES", {"cuda": 16 << 10, "cpu": 8 << 20})  # GPU slices: a batch
-    monkeypatch.setattr(engine_memory, "_MIN_BATCH", 1 << 10)
+    monkeypatch.setattr(gpu_memory, "_MIN_BATCH", 1 << 10)
     parts = []
     slices = engine_reader.stored_ranges
     monkeypatch.setattr(engine_reader, "stored_ranges", lambda e, limit: parts.append(slices(e, limit)) or parts[-1])
@@ -320,7 +320,7 @@ def test_a_gpu_only_codec_without_a_gpu_says_what_is_missing() -> None:
 def test_a_reserved_slab_gives_pinned_buffers_that_copy_asynchronously_and_are_reused() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from ckptzip.engine.staging import PinnedPool
+    from ckptzip.memory.pinned import PinnedPool
     pool = PinnedPool(buffer_bytes=1 << 20, count=1 << 30)
     pool.reserve(5 << 20)
     buffers = [pool.acquire() for _ in range(5)]
@@ -339,8 +339,8 @@ def test_a_reserved_slab_gives_pinned_buffers_that_copy_asynchronously_and_are_r
 def test_a_pool_reserves_in_slabs_and_trims_only_whole_free_slabs() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from ckptzip.engine import staging
-    pool = staging.PinnedPool(buffer_bytes=1 << 20, count=1 << 30, slab_bytes=2 << 20)
+    from ckptzip.memory import pinned
+    pool = pinned.PinnedPool(buffer_bytes=1 << 20, count=1 << 30, slab_bytes=2 << 20)
     pool.reserve(5 << 20)  # slabs of 2, 2 and 1 buffers
     assert pool.reserved == 5 << 20
     held = pool.acquire()  # a buffer of the first slab
@@ -360,9 +360,9 @@ def test_a_load_to_the_cpu_of_tensors_decoded_on_the_gpu_comes_down_through_a_po
         monkeypatch: pytest.MonkeyPatch) -> None:
     if not torch.cuda.is_available() or not has_codec("gdeflate", "cuda"):
         pytest.skip("needs a CUDA device and nvCOMP")
-    from ckptzip.engine import staging
-    pool = staging.PinnedPool(buffer_bytes=1 << 20, count=3)
-    monkeypatch.setattr(staging, "_POOL", pool)
+    from ckptzip.memory import pinned
+    pool = pinned.PinnedPool(buffer_bytes=1 << 20, count=3)
+    monkeypatch.setattr(pinned, "_POOL", pool)
     g = torch.Generator(device="cuda").manual_seed(7)
     state = {"w": torch.randn(1_400_000, generator=g, device="cuda"),  # 5.3 MiB: six pieces, the last partial
              "m": torch.randn(262_144, generator=g, device="cuda") * 1e-3,  # one whole piece
@@ -381,8 +381,8 @@ def test_a_load_to_the_cpu_of_tensors_decoded_on_the_gpu_comes_down_through_a_po
 def test_a_bounded_pool_grows_by_slabs_as_large_as_it_holds_up_to_its_count() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from ckptzip.engine import staging
-    pool = staging.PinnedPool(buffer_bytes=1 << 20, count=11, slab_bytes=4 << 20)
+    from ckptzip.memory import pinned
+    pool = pinned.PinnedPool(buffer_bytes=1 << 20, count=11, slab_bytes=4 << 20)
     held = [pool.acquire() for _ in range(11)]
     assert [s.nbytes >> 20 for s in pool._slabs] == [1, 1, 2, 4, 3]  # doubling, a slab at most 4, 11 in all
     assert all(b.is_pinned() for b in held) and len({b.data_ptr() for b in held}) == 11
@@ -397,23 +397,23 @@ def test_a_bounded_pool_grows_by_slabs_as_large_as_it_holds_up_to_its_count() ->
 
 def test_a_pool_pins_buffers_one_by_one_where_host_memory_cannot_be_registered(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from ckptzip.engine import staging
+    from ckptzip.memory import pinned
 
-    def refused(nbytes: int, shared: bool = False) -> staging.Slab:
+    def refused(nbytes: int, shared: bool = False) -> pinned.Slab:
         raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error 801")
 
-    pinned: list[bool] = []
+    pins: list[bool] = []
     real_empty = torch.empty
 
     def empty(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
-        pinned.append(pin_memory)  # this machine may have no GPU to pin with: a plain buffer stands in
+        pins.append(pin_memory)  # this machine may have no GPU to pin with: a plain buffer stands in
         return real_empty(*args, **kwargs)
 
-    monkeypatch.setattr(staging, "Slab", refused)
-    monkeypatch.setattr(staging.torch, "empty", empty)
-    pool = staging.PinnedPool(buffer_bytes=1 << 12, count=4)
+    monkeypatch.setattr(pinned, "Slab", refused)
+    monkeypatch.setattr(pinned.torch, "empty", empty)
+    pool = pinned.PinnedPool(buffer_bytes=1 << 12, count=4)
     held = [pool.acquire() for _ in range(4)]
-    assert pinned == [True] * 4 and pool._slabs == [] and pool.reserved == 4 << 12
+    assert pins == [True] * 4 and pool._slabs == [] and pool.reserved == 4 << 12
     assert len({b.data_ptr() for b in held}) == 4 and all(b.numel() == 1 << 12 for b in held)
 
 

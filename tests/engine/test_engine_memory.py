@@ -1,4 +1,4 @@
-"""The GPU memory budget (engine/memory.py): what a call may use, the error below the minimum, no
+"""The GPU memory budget (ckptzip/memory/gpu.py): what a call may use, the error below the minimum, no
 memory kept after a call, batches that shrink to what is free, and the manager's choice."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 import ckptzip
 from ckptzip.engine import encode as engine_encode
-from ckptzip.engine import memory
+from ckptzip.memory import gpu as gpu_memory
 from ckptzip.engine import plan as engine_plan
 from ckptzip.engine import reader as engine_reader
 from ckptzip.engine import pipeline as engine_pipeline
@@ -57,30 +57,30 @@ def _fill(leave: int) -> torch.Tensor | None:
 
 
 def test_the_cap_comes_from_the_argument_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(memory.ENV, raising=False)
-    assert memory.cap(None) is None
-    assert memory.cap(512 * MIB) == 512 * MIB
-    monkeypatch.setenv(memory.ENV, "300")
-    assert memory.cap(None) == 300 * MIB
-    assert memory.cap(1 << 30) == 1 << 30  # the argument wins
-    monkeypatch.setenv(memory.ENV, "lots")
+    monkeypatch.delenv(gpu_memory.ENV, raising=False)
+    assert gpu_memory.cap(None) is None
+    assert gpu_memory.cap(512 * MIB) == 512 * MIB
+    monkeypatch.setenv(gpu_memory.ENV, "300")
+    assert gpu_memory.cap(None) == 300 * MIB
+    assert gpu_memory.cap(1 << 30) == 1 << 30  # the argument wins
+    monkeypatch.setenv(gpu_memory.ENV, "lots")
     with pytest.raises(ckptzip.CkptzipError, match=r"CKPTZIP_GPU_MEMORY_MB='lots': expected a whole number of MiB"):
-        memory.cap(None)
+        gpu_memory.cap(None)
     for bad in (0, -5, 1.5, True, "1G"):
         with pytest.raises(ckptzip.CkptzipError, match=r"gpu_memory must be a number of bytes above 0"):
-            memory.cap(bad)  # type: ignore[arg-type]
+            gpu_memory.cap(bad)  # type: ignore[arg-type]
 
 
 def test_a_budget_below_the_minimum_names_the_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(memory.ENV, raising=False)
-    monkeypatch.setattr(memory, "available", lambda device: 200 * MIB)
+    monkeypatch.delenv(gpu_memory.ENV, raising=False)
+    monkeypatch.setattr(gpu_memory, "available", lambda device: 200 * MIB)
     device = torch.device("cuda", 0)
     with pytest.raises(ckptzip.GpuMemoryError, match=r"save on cuda:0 needs at least 256 MiB of GPU memory beside "
                                                       r"the state; 200 MiB can be had there .*Nothing was written"):
-        memory.budget(device, None, "save")
-    monkeypatch.setattr(memory, "available", lambda device: 8 << 30)
+        gpu_memory.budget(device, None, "save")
+    monkeypatch.setattr(gpu_memory, "available", lambda device: 8 << 30)
     with pytest.raises(ckptzip.GpuMemoryError, match=r"8192 MiB can be had there .*, capped at 100 MiB"):
-        memory.budget(device, 100 * MIB, "load")
+        gpu_memory.budget(device, 100 * MIB, "load")
     assert isinstance(ckptzip.GpuMemoryError("x"), MemoryError)
 
 
@@ -148,7 +148,7 @@ def test_staged_batches_fill_the_pools_buffers_back_to_back() -> None:
 @gpu
 @needs_cuda
 def test_a_host_snapshots_batches_share_their_staging_buffers_and_give_them_all_back() -> None:
-    from ckptzip.engine.staging import PinnedPool
+    from ckptzip.memory.pinned import PinnedPool
     from ckptzip.tree import flatten
 
     state = _state(n=6, elements=(3 << 20) // 4 + 1000)  # 3 MiB and a bit, each: batches end mid-buffer
@@ -167,13 +167,13 @@ def test_a_host_snapshots_batches_share_their_staging_buffers_and_give_them_all_
 
 def test_batches_are_sized_from_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     device = torch.device("cuda", 0)
-    monkeypatch.setattr(memory, "available", lambda device: 2 << 30)
-    budget = memory.budget(device, None, "save")
+    monkeypatch.setattr(gpu_memory, "available", lambda device: 2 << 30)
+    budget = gpu_memory.budget(device, None, "save")
     assert budget.nbytes == 2 << 30
     assert budget.batch_bytes(6, 1 << 30) == (2 << 30) // 6 // MIB * MIB
-    assert memory.budget(device, None, "save").batch_bytes(6, 64 * MIB) == 64 * MIB  # at most the cap
-    monkeypatch.setattr(memory, "available", lambda device: 300 * MIB)
-    assert memory.budget(device, None, "save").batch_bytes(6, 1 << 30) == 50 * MIB
+    assert gpu_memory.budget(device, None, "save").batch_bytes(6, 64 * MIB) == 64 * MIB  # at most the cap
+    monkeypatch.setattr(gpu_memory, "available", lambda device: 300 * MIB)
+    assert gpu_memory.budget(device, None, "save").batch_bytes(6, 1 << 30) == 50 * MIB
 
 
 def test_batches_overlap_in_blocks_and_where_the_budget_holds_enough_of_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,7 +182,7 @@ def test_batches_overlap_in_blocks_and_where_the_budget_holds_enough_of_them(mon
     monkeypatch.setattr(Policy, "gpu_scratch_bytes", lambda self: 0)
     policy = Policy.parse("auto")
     free = [0]
-    monkeypatch.setattr(memory, "available", lambda device: free[0])
+    monkeypatch.setattr(gpu_memory, "available", lambda device: free[0])
 
     def limits(batch_cap: int | None = None) -> engine_plan.GpuLimits:
         return engine_plan.GpuLimits.of([torch.empty(0)], policy, None, batch_cap)
@@ -205,7 +205,7 @@ def test_gpus_whose_batches_are_small_code_them_in_the_codecs_small_batch_chunks
     monkeypatch.setattr(engine_plan, "_keys", lambda tensors, policy, limits=None: [
         engine_plan.BatchKey("cuda", d) for d in cuda])
     free = {0: 64 << 30, 1: 2 << 30}
-    monkeypatch.setattr(memory, "available", lambda device: free[device.index])
+    monkeypatch.setattr(gpu_memory, "available", lambda device: free[device.index])
     monkeypatch.setattr(Policy, "gpu_scratch_bytes", lambda self: 0)  # gdeflate asks none
     policy = Policy.parse("auto")
     limits = engine_plan.GpuLimits.of([torch.empty(0), torch.empty(0)], policy, None)
@@ -248,7 +248,7 @@ def test_batches_of_blocks_are_packed_first_fit(monkeypatch: pytest.MonkeyPatch)
 
 def test_two_gpu_batches_are_coded_at_once_only_where_every_budget_holds_them_at_full_size() -> None:
     full = engine_plan.TWO_LANE_WORKING_SETS * engine_plan.SAVE_BATCH_BYTES["cuda"]
-    ample, short = memory.Budget(torch.device("cuda", 0), full), memory.Budget(torch.device("cuda", 1), full - MIB)
+    ample, short = gpu_memory.Budget(torch.device("cuda", 0), full), gpu_memory.Budget(torch.device("cuda", 1), full - MIB)
     assert engine_plan.lanes([ample], 256 * MIB) == 2
     assert engine_plan.lanes([ample, short], 256 * MIB) == 1
     assert engine_plan.lanes([short], 256 * MIB) == 1  # small batches (host snapshots) on a filled GPU: one lane
@@ -687,7 +687,7 @@ def test_prepare_reserves_host_staging_before_the_first_save(tmp_path: object) -
 def test_tensors_decoded_on_a_gpu_for_the_host_are_read_in_rounds_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
 
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
-    monkeypatch.setattr(memory, "budget", lambda device, cap, what: memory.Budget(device, 1000))
+    monkeypatch.setattr(gpu_memory, "budget", lambda device, cap, what: gpu_memory.Budget(device, 1000))
     nbytes = [300, 300, 50, 400, 100]
     devices = [cpu, cpu, gpu, cpu, cpu]
     works = [gpu] * 5  # GPU-only codecs: every entry decodes on the GPU
@@ -702,7 +702,7 @@ def test_a_gpu_load_that_fails_midway_gives_every_pinned_buffer_back_and_its_ret
     """Reads in flight when a load attempt failed kept their pinned buffers: after a few failed
     attempts the pool was empty and the retry waited for a buffer forever (the H200's 1 GiB-free
     loads, through ckptzip.load and DCP, hung there)."""
-    from ckptzip.engine.staging import pinned_pool
+    from ckptzip.memory.pinned import pinned_pool
 
     state = {f"w{i}": torch.randn(1 << 20, device="cuda") for i in range(96)}
     buf = io.BytesIO()

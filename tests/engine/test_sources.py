@@ -344,7 +344,7 @@ def test_a_staged_save_rewrites_its_table_as_a_save_does(delta: bool) -> None:
     from ckptzip.api import write_checkpoint
     from ckptzip.engine.policy import Policy
     from ckptzip.engine.sources import DeltaBase
-    from ckptzip.engine.staging import PinnedPool
+    from ckptzip.memory.pinned import PinnedPool
     from ckptzip.engine.staged import stage_state, write_staged
     from ckptzip.engine.writer import SaveOptions
     from ckptzip.format import BaseRef
@@ -376,7 +376,7 @@ def test_a_staged_table_is_rewritten_from_the_sources_not_from_copies_still_in_f
     tensors it keeps are then written from their copies; a duplicate of a copied tensor stays a
     reference."""
     from ckptzip.engine.policy import Policy
-    from ckptzip.engine.staging import PinnedPool
+    from ckptzip.memory.pinned import PinnedPool
     from ckptzip.engine.staged import HostCopies, stage_state, write_staged
     from ckptzip.engine.writer import SaveOptions
     from ckptzip.tree import flatten

@@ -16,7 +16,8 @@ from helpers import assert_same
 
 import ckptzip
 from ckptzip.engine.policy import Policy
-from ckptzip.engine.staging import PinnedPool, shared_copy, shared_empty
+from ckptzip.memory.pinned import PinnedPool
+from ckptzip.memory.shared import shared_copy, shared_empty
 from ckptzip.engine.staged import StagedState, stage_state, write_staged
 from ckptzip.engine.writer import SaveOptions
 from ckptzip.tree import flatten

@@ -73,7 +73,7 @@ def main(out_dir: str) -> None:
                 write_checkpoint(f, later(), Policy.parse(codec), base=DeltaBase(ref, tensors))
     ckzhuff_chunks(out / "ckzhuff_chunks.npz")
     if not (out / "torch_checkpointing_v1.pt").exists():  # an item of ckptzip.integrations.torch_checkpointing
-        from ckptzip.engine.staging import PinnedPool
+        from ckptzip.memory.pinned import PinnedPool
         from ckptzip.integrations.torch_checkpointing import CompressedItem
 
         torch.save(CompressedItem.stage(golden_state_2_1(), "portable", PinnedPool(), None),

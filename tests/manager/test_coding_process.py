@@ -15,10 +15,11 @@ import torch
 from helpers import assert_same
 
 import ckptzip
-from ckptzip.engine import staging
+from ckptzip.memory import shared
 from ckptzip.engine.policy import Policy
 from ckptzip.engine.staged import StagedState, stage_state, write_staged
-from ckptzip.engine.staging import PinnedPool, shared_copy, shared_empty
+from ckptzip.memory.pinned import PinnedPool
+from ckptzip.memory.shared import shared_copy, shared_empty
 from ckptzip.engine.writer import SaveOptions
 from ckptzip.errors import CheckpointWriteError
 from ckptzip.manager import _coding
@@ -211,7 +212,7 @@ def test_the_child_runs_at_a_lower_priority_and_sees_no_gpu() -> None:
 
 def test_shared_memory_without_room_is_refused_not_touched(monkeypatch: pytest.MonkeyPatch) -> None:
     # touching shared memory beyond a small /dev/shm kills the process with SIGBUS: refuse first
-    monkeypatch.setattr(staging, "shared_room", lambda: 1 << 30)
+    monkeypatch.setattr(shared, "shared_room", lambda: 1 << 30)
     with pytest.raises(CheckpointWriteError, match=r"shared memory \(/dev/shm\) has 1\.00 GiB free; 0\.88 GiB and a "
                                                    r"margin of 0\.25 GiB were needed"):
         shared_empty(900 << 20)

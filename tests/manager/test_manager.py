@@ -480,7 +480,7 @@ def test_snapshots_keep_nan_payloads_bit_for_bit(tmp_path: Path, device: str, sn
 @cuda
 def test_auto_takes_a_host_snapshot_without_room_and_it_needs_little_gpu_memory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_snapshot, "gpu_memory_beside_training", lambda device: 0)  # as if training left nothing at its peak
+    monkeypatch.setattr(_snapshot.gpu, "beside_training", lambda device: 0)  # as if training left nothing at its peak
     g = torch.Generator(device="cuda").manual_seed(0)
     state = {f"w{i}": torch.randn(1 << 26, device="cuda", generator=g) for i in range(6)}  # 1.6 GB
     state["h"] = torch.randn(1 << 20, device="cuda", generator=g).bfloat16()

@@ -17,7 +17,8 @@ import torch
 from helpers import assert_same
 
 import ckptzip
-from ckptzip.engine import guard, memory
+from ckptzip.engine import guard
+from ckptzip.memory import gpu as gpu_memory
 from ckptzip.errors import SnapshotAbandonedError
 from ckptzip.manager import CheckpointManager
 from ckptzip.manager._reading import Reading
@@ -94,7 +95,7 @@ def test_auto_never_takes_the_training_cache_for_a_device_copy(tmp_path: Path, f
         state_bytes = sum(p.nbytes for p in loop.model.parameters()) * 3
         torch.cuda.set_per_process_memory_fraction((torch.cuda.max_memory_reserved() + state_bytes // 2) / total)
         loop.step()
-        assert memory.available(torch.device("cuda", 0)) > state_bytes + 2 * GIB  # the old rule's room
+        assert gpu_memory.available(torch.device("cuda", 0)) > state_bytes + 2 * GIB  # the old rule's room
         # what that rule did: a copy of the state out of the cache, and the next step runs out of memory
         taken = torch.empty(state_bytes, dtype=torch.uint8, device="cuda")
         with pytest.raises(torch.OutOfMemoryError):
@@ -267,18 +268,18 @@ def test_work_beside_training_gets_what_the_training_leaves_at_its_peak(monkeypa
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props())
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: stats["fraction"])
     device = torch.device("cuda", 0)
-    assert memory.available(device) == int(16.4e9) + int(40e9)  # what a call done before the next step borrows
-    assert memory.beside_training(device) == int(16.4e9) - int(0.02 * 80e9)  # the margin: 2 % of the GPU
+    assert gpu_memory.available(device) == int(16.4e9) + int(40e9)  # what a call done before the next step borrows
+    assert gpu_memory.beside_training(device) == int(16.4e9) - int(0.02 * 80e9)  # the margin: 2 % of the GPU
     stats["reserved"] = 30e9  # the caller emptied torch's cache: the peak still counts
     stats["free"] = 50e9
-    assert memory.beside_training(device) == int(50e9) + int(30e9) - int(63.6e9) - int(1.6e9)
+    assert gpu_memory.beside_training(device) == int(50e9) + int(30e9) - int(63.6e9) - int(1.6e9)
     stats["fraction"] = 0.5  # torch reserves at most 40 GB: less than the peak
-    assert memory.beside_training(device) == 0
-    with memory.capped({device: 123}):
-        assert memory.budget(device, None, "save").nbytes == 123  # never raises: the engine codes on the host
+    assert gpu_memory.beside_training(device) == 0
+    with gpu_memory.capped({device: 123}):
+        assert gpu_memory.budget(device, None, "save").nbytes == 123  # never raises: the engine codes on the host
     stats["reserved"] = stats["allocated"] = 40e9
     with pytest.raises(ckptzip.GpuMemoryError):
-        memory.budget(device, None, "save")
+        gpu_memory.budget(device, None, "save")
 
 
 def test_overlap_must_be_a_bool(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ Contract, beyond :class:`~ckptzip.codecs.base.Codec`:
   decoding waits for the decoded sizes and statuses, so it names a bad chunk. Nothing else
   synchronises.
 - nvCOMP's scratch and outputs come from torch's caching allocator, on the current stream: from
-  the memory torch can hand out (:mod:`ckptzip.engine.memory`), never a private ``cudaMalloc``.
+  the memory torch can hand out (:mod:`ckptzip.memory.gpu`), never a private ``cudaMalloc``.
 - Chunks must be non-empty (``ValueError`` otherwise) and at most ``max_chunk_bytes``; with a
   multi-byte ``data_type`` their sizes must be whole elements.
 - The returned chunks are views into one buffer allocated per call, which stays alive while any
@@ -37,9 +37,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .. import blocks
 from ..errors import CodecUnavailableError, CorruptCheckpointError, CorruptChunkError
-from ..uploads import to_device
+from ..memory import blocks
+from ..memory.tables import to_device
 from . import _nvcomp_lib
 from .base import Codec, Segments
 from .registry import declare, mark_unavailable, register

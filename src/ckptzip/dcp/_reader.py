@@ -17,9 +17,10 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from ..codecs import cpu_threads
-from ..engine import Limit, available_gpu_memory, packed, read_tensors
+from ..engine import Limit, packed, read_tensors
 from ..errors import CheckpointNotFoundError, CkptzipError, CorruptCheckpointError
 from ..format import DTYPES, ContainerReader
+from ..memory import gpu
 from ..storage import ByteRanges, open_directory
 from ..engine import Task, read_ahead, run_ahead
 from ._directory import CheckpointDirectory
@@ -35,7 +36,7 @@ def _groups(nbytes: list[int], devices: list[torch.device]) -> list[list[int]]:
     half of what can be had, so a load needs the targets plus about that much."""
     on_gpu = [d if d.type == "cuda" else None for d in devices]
     limits: dict[torch.device | None, Limit] = {
-        d: Limit(within=available_gpu_memory(d) // 2) for d in set(on_gpu) if d is not None}
+        d: Limit(within=gpu.available(d) // 2) for d in set(on_gpu) if d is not None}
     limits[None] = Limit()  # host targets ride along
     return packed(range(len(nbytes)), nbytes, on_gpu, limits, shared=True)
 

@@ -26,8 +26,9 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from ..engine import PinnedPool, Policy, StagedState, stage_coded
+from ..engine import Policy, StagedState, stage_coded
 from ..errors import UsageError
+from ..memory.pinned import PinnedPool
 
 _Key = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.device]
 # Pinned host memory for staged bytes, kept for the next save (pinning is what makes a first

@@ -18,7 +18,8 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ..errors import CkptzipError, UnsupportedObjectError, UsageError
-from ..engine import Policy, SaveOptions, gpu_memory_cap, warm_up, write_staged, write_state
+from ..engine import Policy, SaveOptions, warm_up, write_staged, write_state
+from ..memory import gpu
 from ..storage import write_error
 from ..tree import flatten
 from ._directory import CheckpointDirectory
@@ -106,7 +107,7 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
         self.per_thread_copy_ahead = per_thread_copy_ahead
         self.cache_staged_state_dict = cache_staged_state_dict
         self._open_directory(path, storage_options)
-        gpu_memory_cap(gpu_memory)  # a bad value fails here, not in the save
+        gpu.cap(gpu_memory)  # a bad value fails here, not in the save
         self.gpu_memory = gpu_memory
         self._staged: collections.deque[Staged | None] = collections.deque()  # stage() → write_data, in order
         self._staged_lock = threading.Lock()

@@ -8,11 +8,13 @@ zstandard on a thread pool).
 - :mod:`.writer` / :mod:`.reader` — whole states ⇄ a container, batches overlapped with copies
   and file I/O (a save's :mod:`.pipeline` and :mod:`.stager`, a load's :mod:`.upload`);
   :mod:`.staged` — a host snapshot's two halves (``stage_state``, ``write_staged``).
-- :mod:`.staging` — pinned host buffers and copy streams; :mod:`.ahead` — ordered work-ahead.
-- :mod:`.memory` — the GPU memory a call may use; :mod:`.guard` — reads of a state that overlap
-  training, and the optimizer steps that wait for them.
+- :mod:`.ahead` — ordered work-ahead; :mod:`.guard` — reads of a state that overlap training, and
+  the optimizer steps that wait for them.
 - :mod:`.plan` — which device codes or decodes a tensor, a save's and a load's batches (one
   greedy packer); :mod:`.threads` — how many threads code CPU batches.
+
+The memory it works in (a call's GPU budget, pinned and shared host buffers, GPU blocks) is not
+the engine's: :mod:`ckptzip.memory`, a floor below, which the manager, DCP and the integrations use too.
 
 The names below are the engine's public seam, and the only way in for everything outside it
 (the API, the manager, the tier, DCP, the integrations, the command line and the benchmark
@@ -29,13 +31,6 @@ from .staged import HostCopies, StagedState, stage_coded, stage_state, write_sta
 from .reader import LoadOptions, read_tensors
 from .sources import DeltaBase, LoadPlan
 from .plan import GpuLimits, gpu_coded
-from .staging import PinnedPool, Slab, shared_empty
-
-# The GPU memory a call may use.
-from .memory import available as available_gpu_memory
-from .memory import beside_training as gpu_memory_beside_training
-from .memory import cap as gpu_memory_cap
-from .memory import capped as gpu_memory_capped
 
 # Reads of a state that overlap training (engine/guard.py).
 from .guard import Read as OverlappingRead
@@ -56,9 +51,8 @@ from .plan import save_batches as plan_write_batches
 
 __all__ = [
     "PRESETS", "SMALL_TENSOR_BYTES", "DeltaBase", "EncodedBatch", "GpuLimits", "HostCopies", "Limit", "LoadOptions", "LoadPlan",
-    "OverlappingRead", "PinnedPool", "Policy", "Runs", "SaveOptions", "Slab", "StagedState", "Task", "available_gpu_memory",
-    "compile_kernels", "decode_batch", "encode_batch", "entropy_of_counts", "gpu_coded", "gpu_memory_beside_training",
-    "gpu_memory_cap", "gpu_memory_capped", "optimizer_owned", "optimizer_stepped", "optimizer_storages", "packed",
-    "plan_read_batches", "plan_write_batches", "read_ahead", "read_tensors", "run_ahead", "shared_empty", "stage_coded",
-    "stage_state", "wait_for_reads", "warm_up", "watch_optimizer_steps", "write_staged", "write_state",
+    "OverlappingRead", "Policy", "Runs", "SaveOptions", "StagedState", "Task", "compile_kernels", "decode_batch",
+    "encode_batch", "entropy_of_counts", "gpu_coded", "optimizer_owned", "optimizer_stepped", "optimizer_storages", "packed",
+    "plan_read_batches", "plan_write_batches", "read_ahead", "read_tensors", "run_ahead", "stage_coded", "stage_state",
+    "wait_for_reads", "warm_up", "watch_optimizer_steps", "write_staged", "write_state",
 ]

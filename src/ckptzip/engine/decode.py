@@ -25,13 +25,13 @@ from ..format import TensorEntry
 from ..kernels import distinct
 from ..kernels.planes import PLANE_ALIGN, merge_planes
 from ..kernels.segments import segment_sums, tensor_sums
+from ..memory.pages import populate
+from ..memory.scratch import scratch
+from ..memory.tables import to_device
 from ..transforms import BytePlanes, Sparse
 from ..transforms.sparse import unpack_bits
-from ..uploads import to_device
 from .chunks import Listed
 from .policy import codec_for
-from .pages import populate
-from .scratch import scratch
 
 
 @dataclass(frozen=True)

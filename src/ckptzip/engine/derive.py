@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from ..checksum import wsum64_tensor
-from ..uploads import to_device
 from ..kernels.segments import gather_bytes, tensor_sums
+from ..memory.tables import to_device
 
 SAMPLES = 64  # elements compared before a whole tensor is
 _BLOCK = 1 << 24  # elements cast at a time (bounds the int32 temporaries)

@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import blocks
 from ..codecs.base import Segments
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums, tensor_sums
+from ..memory import blocks
+from ..memory.tables import to_device
 from ..transforms import BytePlanes, Sparse, Transform
 from ..transforms.sparse import forward_many
-from ..uploads import to_device
 from .choice import Coding, choose_codecs
 from .chunks import Chunks
 from .estimate import entropy_of_count_array, entropy_of_counts

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import blocks
 from ..format import StreamEntry, TensorEntry
 from ..kernels.segments import segment_sums
+from ..memory import blocks
 from ..transforms import BytePlanes
 from .chunks import Chunks
 from .encode import EncodedBatch, Part, Recipe, StreamRecord, tensor_bytes

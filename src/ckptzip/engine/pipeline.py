@@ -23,9 +23,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from .. import blocks
 from ..codecs import codec_threads
-from . import memory
+from ..memory import blocks, gpu
 from .ahead import Task, run_ahead
 from .encode import EncodedBatch, PendingBatch, encode_batch, start_batch, tensor_bytes
 from .estimate import sampled_plane_entropies
@@ -84,7 +83,7 @@ class _Coder:
     """How a save codes the batches of one key: the policy for its device, the threads a CPU
     batch's codecs use (``share``, :func:`~.threads.cpu_workers`), the save's ceiling, and the
     size of the blocks a GPU batch's buffers are views of (None: buffers of their own sizes,
-    :func:`~ckptzip.blocks.uniform`)."""
+    :func:`~ckptzip.memory.blocks.uniform`)."""
 
     key: BatchKey
     policy: Policy
@@ -116,9 +115,9 @@ class _Coder:
             with _on(self.key.device), blocks.uniform(self.block):
                 return attempt()
         except (torch.OutOfMemoryError, RuntimeError) as exc:
-            if not memory.is_out_of_memory(exc):
+            if not gpu.is_out_of_memory(exc):
                 raise
-            failure = memory.failure_line(exc)
+            failure = gpu.failure_line(exc)
         # out of the except block: the failed attempt's memory is freed with its frames
         nbytes = todo.nbytes
         self.ceiling.nbytes = nbytes
@@ -166,9 +165,9 @@ class _Coder:
                     with blocks.uniform(block):
                         coded = encode_part(ranged, part, (part.stream, part.end) == (last.stream, last.end))
                 except (torch.OutOfMemoryError, RuntimeError) as exc:
-                    if not memory.is_out_of_memory(exc) or not quarters(part):
+                    if not gpu.is_out_of_memory(exc) or not quarters(part):
                         raise
-                    failure = memory.failure_line(exc)
+                    failure = gpu.failure_line(exc)
                 else:
                     yield [0], coded
                     continue
@@ -261,7 +260,7 @@ def _entropies_ahead(tensors: list[torch.Tensor], plan: list[tuple[BatchKey, lis
                 rows[on] = sampled_plane_entropies([tensor_bytes(tensors[i]) for i in on],
                                                    np.array([tensors[i].element_size() for i in on]))
         except (torch.OutOfMemoryError, RuntimeError) as exc:  # its batches then wait for their splits
-            if not memory.is_out_of_memory(exc):
+            if not gpu.is_out_of_memory(exc):
                 raise
             continue
         devices.add(device)

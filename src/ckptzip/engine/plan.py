@@ -19,7 +19,7 @@ import torch
 
 from ..codecs import gpu_first_ids, has_codec
 from ..format import TensorEntry
-from . import memory
+from ..memory import gpu
 from .parts import worth_parts
 from .policy import Policy
 
@@ -35,10 +35,10 @@ def work_device(backend: str, device: torch.device) -> torch.device:
     return device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
 
 
-def batch_bytes(device: torch.device, defaults: Mapping[str, int], gpu: Mapping[torch.device, int] | None) -> int:
-    """The bytes of a batch coded on ``device``: on a GPU, ``gpu``'s for it (its budget's) where
+def batch_bytes(device: torch.device, defaults: Mapping[str, int], on_gpu: Mapping[torch.device, int] | None) -> int:
+    """The bytes of a batch coded on ``device``: on a GPU, ``on_gpu``'s for it (its budget's) where
     given; else ``defaults``' for the device type."""
-    return (gpu or {}).get(device, defaults["cuda"]) if device.type == "cuda" else defaults["cpu"]
+    return (on_gpu or {}).get(device, defaults["cuda"]) if device.type == "cuda" else defaults["cpu"]
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ SAVE_WORKING_SETS = 6
 # size of a save: never on a filled GPU, where two lanes make torch's allocator free and retry.
 TWO_LANE_WORKING_SETS = SAVE_WORKING_SETS + 3
 # Where one lane runs and the budget limits the batches, a batch's buffers are blocks of one size
-# (ckptzip.blocks), a batch and BLOCK_SLACK each (the planes' alignment), so no tensor larger than
+# (ckptzip.memory.blocks), a batch and BLOCK_SLACK each (the planes' alignment), so no tensor larger than
 # a batch is coded whole and no batch holds more. There, and with one lane wherever the budget
 # holds this many batches (a host snapshot's 256 MiB ones with 3 GiB free), a batch's codecs run
 # while the host splits the next batch (the writer finishes each batch after starting the next,
@@ -171,7 +171,7 @@ def _key(tensor: torch.Tensor, backend: str, limits: GpuLimits | None) -> BatchK
 
 @dataclass(frozen=True)
 class GpuLimits:
-    """Per GPU, from its memory budget (:mod:`.memory`): the batch size, and the largest tensor
+    """Per GPU, from its memory budget (:mod:`ckptzip.memory.gpu`): the batch size, and the largest tensor
     coded there whole (larger ones are coded there in element ranges, :mod:`.parts`)."""
 
     batch: dict[torch.device, int]
@@ -179,7 +179,7 @@ class GpuLimits:
     budget: dict[torch.device, int]
     lanes: int = 1  # GPU batches coded at once
     host: frozenset[torch.device] = frozenset()  # GPUs whose tensors are coded on the host
-    # GPUs whose batches allocate their buffers in blocks of one size (:mod:`ckptzip.blocks`): that size
+    # GPUs whose batches allocate their buffers in blocks of one size (:mod:`ckptzip.memory.blocks`): that size
     block: dict[torch.device, int] = field(default_factory=dict)
     # GPUs whose batches are each finished after the next is started (OVERLAP_WORKING_SETS): those
     # in blocks, and those whose budget holds that many of their batches (a host snapshot's)
@@ -195,14 +195,14 @@ class GpuLimits:
         blocks of one size (:data:`OVERLAP_WORKING_SETS`)."""
         batch_cap = SAVE_BATCH_BYTES["cuda"] if batch_cap is None else batch_cap
         devices = {key.device for key in _keys(tensors, policy) if key.backend == "cuda"}
-        budgets = [memory.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
+        budgets = [gpu.budget(device, gpu_memory, "save") for device in sorted(devices, key=str)]
         scratch = policy.gpu_scratch_bytes() if budgets else 0
-        host = frozenset(b.device for b in budgets if b.nbytes - scratch < memory.MIN_GPU_MEMORY // 2)
+        host = frozenset(b.device for b in budgets if b.nbytes - scratch < gpu.MIN_GPU_MEMORY // 2)
         for b in budgets:
             if b.device in host:
                 _LOG.info("ckptzip: coding the tensors of %s on the host: codec %s needs %d MiB of scratch there "
                           "beside its batches, and %d MiB can be had", b.device, policy, scratch >> 20, b.nbytes >> 20)
-        budgets = [memory.Budget(b.device, b.nbytes - scratch) for b in budgets if b.device not in host]
+        budgets = [gpu.Budget(b.device, b.nbytes - scratch) for b in budgets if b.device not in host]
         count = lanes(budgets, batch_cap)
         tight = {b.device for b in budgets if count == 1 and b.nbytes // SAVE_WORKING_SETS < batch_cap}
         sets = {b.device: OVERLAP_WORKING_SETS if b.device in tight else SAVE_WORKING_SETS for b in budgets}
@@ -223,7 +223,7 @@ class GpuLimits:
         return dataclasses.replace(policy, small_batches=True) if small else policy
 
 
-def lanes(budgets: list[memory.Budget], batch_cap: int) -> int:
+def lanes(budgets: list[gpu.Budget], batch_cap: int) -> int:
     """GPU batches a save codes at once: two where every GPU's budget holds
     ``TWO_LANE_WORKING_SETS`` batches of a save's full size (and of ``batch_cap``), else one."""
     full = max(batch_cap, SAVE_BATCH_BYTES["cuda"])
@@ -244,8 +244,8 @@ def save_batches(tensors: list[torch.Tensor], policy: Policy, limits: GpuLimits 
     optimizer's CPU step counters among CUDA moments) do not cut a batch; the file holds batches
     in the order they fill."""
     keys = _keys(tensors, policy, limits)
-    gpu = None if limits is None else limits.batch
-    sizes = {key: _limit(key, batch_bytes(key.device, SAVE_BATCH_BYTES, gpu), limits) for key in set(keys)}
+    on_gpu = None if limits is None else limits.batch
+    sizes = {key: _limit(key, batch_bytes(key.device, SAVE_BATCH_BYTES, on_gpu), limits) for key in set(keys)}
     nbytes = [t.numel() * t.element_size() for t in tensors]
     return [(keys[idx[0]], idx) for idx in packed(range(len(tensors)), nbytes, keys, sizes, open_groups=OPEN_BATCHES)]
 

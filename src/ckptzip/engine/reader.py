@@ -22,7 +22,9 @@ from ..checksum import format_wsum64
 from ..codecs import codec_threads, cpu_threads
 from ..errors import CorruptCheckpointError, DecodeBudgetError, GpuMemoryError
 from ..format import DTYPES, ContainerReader, TensorEntry
-from . import memory
+from ..memory import gpu
+from ..memory.pinned import to_host
+from ..memory.scratch import scratch
 from . import plan as _plan
 from .ahead import Task, run_ahead
 from .chunks import Listed
@@ -30,9 +32,7 @@ from .decode import Outputs, Runs, decode_batch
 from .parts import stored_ranges
 from .plan import Limit, cpu_batch_bytes, decode_backend, load_batches, packed
 from .plan import work_device as _work_device
-from .scratch import scratch
 from .sources import LoadPlan
-from .staging import to_host
 from .threads import cpu_workers
 from .upload import Uploader
 
@@ -129,7 +129,7 @@ def _nothing(_: int) -> None:
 @dataclass(frozen=True)
 class LoadOptions:
     """How a load decodes: the tensors of the bases its XOR deltas need (by base, the base's
-    tensors by name), a cap on the GPU memory it uses (:func:`.memory.budget`), and what it tells
+    tensors by name), a cap on the GPU memory it uses (:func:`ckptzip.memory.gpu.budget`), and what it tells
     of its progress (decoded bytes, as they are)."""
 
     base_tensors: Sequence[Mapping[str, torch.Tensor]] | None = None
@@ -159,7 +159,7 @@ def read_tensors(reader: ContainerReader, indices: list[int], devices: list[torc
     """Decode and verify tensors ``indices`` of the container onto ``devices`` (one each).
     Copies and casts are rebuilt from the entries they refer to, XOR deltas from the options'
     base tensors. GPU work stays within each GPU's budget beside the tensors returned
-    (:func:`.memory.budget`; the options' ``gpu_memory`` caps it).
+    (:func:`ckptzip.memory.gpu.budget`; the options' ``gpu_memory`` caps it).
 
     ``into``: per index, a tensor to decode into instead of a new one (returned in its place),
     used where it fits (a stored entry decoded where the tensor is, contiguous, of its dtype and
@@ -191,7 +191,7 @@ def _rounds(devices: list[torch.device], works: list[torch.device], nbytes: list
     if not through:
         return [list(range(len(works)))]
     limits: dict[torch.device | None, Limit] = {
-        w: Limit(within=memory.budget(w, gpu_memory, "load").nbytes // 2) for w in {works[i] for i in through}}
+        w: Limit(within=gpu.budget(w, gpu_memory, "load").nbytes // 2) for w in {works[i] for i in through}}
     limits[None] = Limit()  # the others ride along
     chosen = set(through)
     rest = [i for i in range(len(works)) if i not in chosen]  # read in the first round
@@ -226,14 +226,14 @@ def _read_retrying(reader: ContainerReader, targets: list[_Target], options: Loa
         try:
             return _read_stored(reader, targets, options, shrink=shrink)
         except (torch.OutOfMemoryError, RuntimeError) as exc:
-            if not memory.is_out_of_memory(exc):
+            if not gpu.is_out_of_memory(exc):
                 raise
-            failures.append(memory.failure_line(exc))
+            failures.append(gpu.failure_line(exc))
         # out of the except block: the failed attempt's buffers are freed with its frames
         gc.collect()  # and with any cycle that holds them (a worker's future, the uploader's queue)
     failure = failures[0] + (f"; at last: {failures[-1]}" if failures[-1] != failures[0] else "")
     cuda = sorted({t.device for t in targets if t.device.type == "cuda"}, key=str)
-    have = ", ".join(f"{memory.available(d) >> 20} MiB on {d}" for d in cuda) or "none"
+    have = ", ".join(f"{gpu.available(d) >> 20} MiB on {d}" for d in cuda) or "none"
     raise GpuMemoryError(
         f"load ran out of GPU memory even in batches {RETRY_SHRINK[-1]} times smaller ({failure}); beside the "
         f"tensors it returns, {have} can be had. Free GPU memory, or load to the CPU (map_location='cpu')")
@@ -246,11 +246,11 @@ def _output(entry: TensorEntry, device: torch.device) -> torch.Tensor:
     try:
         return torch.empty(entry.nbytes, dtype=torch.uint8, device=device)
     except (RuntimeError, MemoryError) as exc:
-        if not (isinstance(exc, MemoryError) or memory.is_out_of_memory(exc) or "allocate" in str(exc)):
+        if not (isinstance(exc, MemoryError) or gpu.is_out_of_memory(exc) or "allocate" in str(exc)):
             raise
         raise DecodeBudgetError(
             f"tensor {entry.name!r} declares {entry.nbytes} bytes ({entry.nbytes / 2**30:.1f} GiB) for {device}, which "
-            f"cannot be allocated there ({memory.failure_line(exc)}); nothing was decoded. Load it where there is "
+            f"cannot be allocated there ({gpu.failure_line(exc)}); nothing was decoded. Load it where there is "
             "room (map_location), or with a smaller max_bytes to refuse such files before allocating") from exc
 
 
@@ -326,10 +326,10 @@ def _read_stored(reader: ContainerReader, targets: list[_Target], options: LoadO
     """Decode and verify stored entries onto their targets' devices, through their outputs
     (uint8, on their ``work`` devices, where each is decoded).
 
-    The GPU's budget left beside the outputs (:mod:`.memory`) sets the batch size. Tensors larger
+    The GPU's budget left beside the outputs (:mod:`ckptzip.memory.gpu`) sets the batch size. Tensors larger
     than a batch decode in parts straight into their output, so decoding needs about the decoded
     size plus a few batches, not twice the largest tensor."""
-    budgets = {w: memory.budget(w, options.gpu_memory, "load") for w in {t.work for t in targets if t.work.type == "cuda"}}
+    budgets = {w: gpu.budget(w, options.gpu_memory, "load") for w in {t.work for t in targets if t.work.type == "cuda"}}
     gpu_batch = {work: b.batch_bytes(LOAD_WORKING_SETS * shrink, _plan.LOAD_BATCH_BYTES["cuda"]) for work, b in budgets.items()}
     cpu_batch = cpu_batch_bytes(sum(max(t.entry.compressed_nbytes, t.entry.nbytes) for t in targets if t.work.type == "cpu"),
                                 cpu_threads())
@@ -341,8 +341,8 @@ def _read_stored(reader: ContainerReader, targets: list[_Target], options: LoadO
         return _Batch([items[j].entry for j in idx], work, Outputs(outs, first_words[idx]))
 
     plan = load_batches([item.entry for item in items], [item.work for item in items], gpu_batch, cpu_batch)
-    gpu = [(work, [items[j].entry for j in idx]) for backend, work, idx in plan if backend == "cuda"]
-    uploader = Uploader(reader, gpu) if gpu else None
+    uploaded = [(work, [items[j].entry for j in idx]) for backend, work, idx in plan if backend == "cuda"]
+    uploader = Uploader(reader, uploaded) if uploaded else None
     digests = reader.digest_is_wsum64
     workers, share = cpu_workers(sum(backend == "cpu" for backend, _, _ in plan))
     streams = {work: torch.cuda.current_stream(work) for work in gpu_batch}

@@ -13,12 +13,13 @@ from typing import Any, BinaryIO
 import torch
 
 from ..format import ContainerWriter, TensorEntry
+from ..memory.pinned import PinnedPool
+from ..memory.shared import shared_copy, shared_empty
 from .pipeline import encode_all
 from .plan import SAVE_BATCH_BYTES, GpuLimits, gpu_coded
 from .policy import Policy
 from .sources import Table, rewrite_table
 from .stager import Job, Stager
-from .staging import PinnedPool, shared_copy, shared_empty
 from .writer import SaveOptions, Sink, finish, out_of_memory_named, run_pipeline
 
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..memory.pinned import PinnedPool, copy_stream
 from .ahead import InOrder
 from .encode import EncodedBatch
 from .sources import Layout
-from .staging import PinnedPool, copy_stream
 
 
 @dataclass(frozen=True)

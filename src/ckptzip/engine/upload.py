@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from ..format import ContainerReader, TensorEntry
+from ..memory.pinned import copy_stream, pinned_pool
 from .chunks import Listed
 from .decode import Runs
-from .staging import copy_stream, pinned_pool
 
 _AHEAD = 2  # device regions the uploader fills before a decoder takes them
 # Reads in flight: one thread copies into a pinned buffer at a fraction of the host-to-device

@@ -17,7 +17,8 @@ import torch
 from ..checksum import format_wsum64
 from ..errors import GpuMemoryError
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry, digest_hexes
-from . import memory
+from ..memory import gpu
+from ..memory.pinned import PinnedPool, pinned_pool
 from .ahead import InOrder
 from .encode import Part
 from .pipeline import encode_all
@@ -25,7 +26,6 @@ from .plan import GpuLimits
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
 from .stager import Job, Record, Stager
-from .staging import PinnedPool, pinned_pool
 
 WRITEBACK_BYTES = 64 << 20
 
@@ -37,7 +37,7 @@ def _nothing(_: int) -> None:
 @dataclass(frozen=True)
 class SaveOptions:
     """How a save codes a state: the codec policy, the base its tensors may be stored as XOR
-    deltas against (:mod:`.sources`), caps on the GPU memory it uses (:func:`.memory.budget`) and
+    deltas against (:mod:`.sources`), caps on the GPU memory it uses (:func:`ckptzip.memory.gpu.budget`) and
     on the bytes of its GPU batches (None: :data:`~.plan.SAVE_BATCH_BYTES`), and what it tells of
     its progress (the bytes of the tensors coded, as they are)."""
 
@@ -57,7 +57,7 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
     """Write a whole container to ``f``: every tensor, then the index and trailer. Returns the
     tensor table. Duplicates and casts are stored as references; with a base, tensors may be
     stored as XOR deltas against it (:mod:`.sources`). GPU work stays within each GPU's budget
-    (:func:`.memory.budget`, the options cap it), on the caller's current stream."""
+    (:func:`ckptzip.memory.gpu.budget`, the options cap it), on the caller's current stream."""
     limits = options.limits(tensors)
     table = rewrite_table(names, tensors, options.base)
     writer = ContainerWriter(f, table.version)
@@ -76,11 +76,11 @@ def out_of_memory_named(what: str, limits: GpuLimits) -> Iterator[None]:
     try:
         yield
     except (torch.OutOfMemoryError, RuntimeError) as exc:
-        if not memory.is_out_of_memory(exc):
+        if not gpu.is_out_of_memory(exc):
             raise
-        have = ", ".join(f"{memory.available(d) >> 20} MiB on {d} (budget {n >> 20} MiB)"
+        have = ", ".join(f"{gpu.available(d) >> 20} MiB on {d} (budget {n >> 20} MiB)"
                          for d, n in limits.budget.items()) or "no GPU budget"
-        raise GpuMemoryError(f"{what} ran out of GPU memory ({memory.failure_line(exc)}); {have} can be had "
+        raise GpuMemoryError(f"{what} ran out of GPU memory ({gpu.failure_line(exc)}); {have} can be had "
                              "now. Nothing was written in place of the previous checkpoint. Free GPU memory, "
                              "or pass a smaller gpu_memory") from exc
 

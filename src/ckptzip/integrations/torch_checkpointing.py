@@ -43,8 +43,9 @@ except ImportError as exc:
     ) from exc
 
 from ..api import load
-from ..engine import PinnedPool, Policy, StagedState, stage_coded, warm_up, write_staged
+from ..engine import Policy, StagedState, stage_coded, warm_up, write_staged
 from ..errors import UnsupportedFormatError, UnsupportedObjectError
+from ..memory.pinned import PinnedPool
 from ..tree import flatten, map_tree
 
 __all__ = ["CompressedCheckpointManager", "CompressedItem"]

@@ -25,7 +25,7 @@ from ..codecs.base import Codec, Segments
 from ..codecs.ckzhuff import CODEC_ID, FLAWS, MAX_CHUNK, OVERHEAD, check_chunks, check_raw
 from ..codecs.registry import declare, mark_unavailable, register
 from ..errors import CorruptChunkError
-from ..uploads import to_device
+from ..memory.tables import to_device
 from . import INTERPRET, _aot, run_gpu
 
 MODULE = "_ckzhuff_triton"

@@ -22,7 +22,7 @@ import torch
 
 from ..checksum import wsum64_array
 from ..errors import CorruptCheckpointError
-from ..uploads import to_device
+from ..memory.tables import to_device
 from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, pieces, run_gpu, use_triton
 
 ELEMENTS_PER_BLOCK = 4096  # elements a program handles at once

@@ -16,7 +16,7 @@ import torch
 
 from ..checksum import wsum64_array
 from ..errors import CorruptCheckpointError
-from ..uploads import to_device
+from ..memory.tables import to_device
 from . import COMPILED, CPU_PIECE_BYTES, INTERPRET, compiled_threads, pieces, run_gpu, use_triton
 
 BLOCK = 8192  # bytes a program handles at once

@@ -36,9 +36,10 @@ import torch.multiprocessing  # registers the reductions that hand shared tensor
 
 from .. import settings
 from ..codecs import cpu_threads
-from ..engine import Policy, StagedState, shared_empty, write_staged
+from ..engine import Policy, StagedState, write_staged
 from ..errors import CheckpointWriteError
 from ..format import TensorEntry
+from ..memory.shared import shared_empty
 
 # Buffers of the ring the child's bytes come back through: a few, so the child codes on while the
 # parent writes one out.

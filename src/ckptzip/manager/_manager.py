@@ -23,8 +23,9 @@ import torch
 
 from .. import api
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, MissingBaseError
-from ..engine import DeltaBase, Policy, SaveOptions, gpu_memory_cap, wait_for_reads, warm_up, write_state
+from ..engine import DeltaBase, Policy, SaveOptions, wait_for_reads, warm_up, write_state
 from ..format import BaseRef, content_hash
+from ..memory import gpu
 from ..series import STEP_LIKE, STEP_PATTERN, Files, Series, name_of, report_ignored, step_of
 from ..storage import WriterLock, open_storage
 from ..tier import MemoryTier, TieredStorage
@@ -154,7 +155,7 @@ class CheckpointManager:
             raise ValueError(f"host_coding must be 'process' or 'thread', got {host_coding!r}")
         self._policy = Policy.parse(codec)
         self._gpu_memory = gpu_memory
-        gpu_memory_cap(gpu_memory)  # a bad value fails here, not at the first save
+        gpu.cap(gpu_memory)  # a bad value fails here, not at the first save
         self._storage = open_storage(directory, storage_options)
         self._tier = None if memory_tier is None else TieredStorage(memory_tier, self._storage, keep_last)
         self._agreed: int | None = None  # the step the replicated group last agreed on

@@ -2,7 +2,7 @@
 
 The read's GPU work runs on streams of its own, each of which first waits for the work the
 caller had queued when the save was taken (so it reads the state as it was then); it holds at
-most the GPU memory it was given (:func:`~ckptzip.engine.memory.capped`). Writers of the state
+most the GPU memory it was given (:func:`~ckptzip.memory.gpu.capped`). Writers of the state
 wait for it (:mod:`ckptzip.engine.guard`) until every kernel and copy that reads the state has
 run, not merely been queued.
 """
@@ -16,8 +16,9 @@ from typing import Generic, TypeVar
 
 import torch
 
-from ..engine import OverlappingRead, gpu_memory_capped
+from ..engine import OverlappingRead
 from ..errors import SnapshotAbandonedError
+from ..memory import gpu
 
 T = TypeVar("T")
 
@@ -43,7 +44,7 @@ class Reading(Generic[T]):
             with contextlib.ExitStack() as stack:
                 for stream in streams.values():
                     stack.enter_context(torch.cuda.stream(stream))
-                stack.enter_context(gpu_memory_capped(caps))
+                stack.enter_context(gpu.capped(caps))
                 self._result = read()
                 for stream in streams.values():
                     stream.synchronize()  # every kernel that reads the state has run

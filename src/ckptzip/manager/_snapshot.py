@@ -13,7 +13,7 @@ A snapshot is one of two kinds, chosen per save (:meth:`SnapshotPool.take`):
 
 Whatever holds GPU memory while training runs (a device snapshot's buffers, its coding in the
 background, a read that overlaps training) is sized from what the training leaves unused at its
-peak (:func:`~ckptzip.engine.memory.beside_training`), never from what is free between two steps.
+peak (:func:`~ckptzip.memory.gpu.beside_training`), never from what is free between two steps.
 """
 
 from __future__ import annotations
@@ -33,18 +33,13 @@ from ..engine import (
     DeltaBase,
     GpuLimits,
     HostCopies,
-    PinnedPool,
     Policy,
     SaveOptions,
-    Slab,
     StagedState,
     gpu_coded,
-    gpu_memory_beside_training,
-    gpu_memory_capped,
     optimizer_owned,
     optimizer_stepped,
     optimizer_storages,
-    shared_empty,
     stage_state,
     watch_optimizer_steps,
     write_staged,
@@ -52,6 +47,9 @@ from ..engine import (
 )
 from ..errors import CheckpointWriteError, GpuMemoryError
 from ..format import TensorEntry
+from ..memory import gpu
+from ..memory.pinned import PinnedPool, Slab
+from ..memory.shared import shared_empty
 from ..tree import flatten
 from ._coding import CodingProcess
 from ._copies import Copied, Trickle, copy_batched, queued
@@ -230,7 +228,7 @@ class SnapshotPool:
                 need[t.device] += _aligned(t.nbytes)
         if not need:
             return _Choice(self._where == "host", "the state holds no CUDA tensor")
-        room = {d: gpu_memory_beside_training(d) + self._pooled(d) for d in need}
+        room = {d: gpu.beside_training(d) + self._pooled(d) for d in need}
         if self._where == "device" or (self._where == "auto" and optimizer_stepped()):
             short = [d for d in need if need[d] + DEVICE_CODING_MIN_BYTES > room[d]]
             if not short:
@@ -303,7 +301,7 @@ class SnapshotPool:
         its read overlaps training). The CUDA tensors they do not (a share copied raw instead,
         :func:`raw_share`, and those the engine would code on the host) are copied to pinned host
         memory and coded when the snapshot is written."""
-        with gpu_memory_capped(caps):
+        with gpu.capped(caps):
             limits = GpuLimits.of(sources, self._policy, self._gpu_memory, HOST_SNAPSHOT_BATCH_BYTES)
         coded = gpu_coded(sources, self._policy, limits)
         raw = raw_share([t.nbytes for t in sources], [i for i, t in enumerate(sources) if t.is_cuda and coded[i]],
@@ -478,7 +476,7 @@ class SnapshotPool:
             with contextlib.ExitStack() as stack:
                 for stream in streams:
                     stack.enter_context(torch.cuda.stream(stream))
-                stack.enter_context(gpu_memory_capped(snapshot.caps))
+                stack.enter_context(gpu.capped(snapshot.caps))
                 yield write
         finally:
             for stream in streams:

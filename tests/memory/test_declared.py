@@ -1,5 +1,5 @@
-"""What a load may allocate (issue 24): ``max_bytes`` validated, a default budget from what the
-target can hold, checked before any allocation; peak memory about the decoded size plus a batch."""
+"""What a load may allocate (issue 24, ckptzip/memory/declared.py): ``max_bytes`` validated, by
+default what the target has available, checked before any allocation; peak memory about the decoded size plus a batch."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import zstandard
 from helpers import CkzParts, assert_same, save_bytes
 
 import ckptzip
-from ckptzip import budget
+from ckptzip.memory import declared
 from ckptzip.errors import DecodeBudgetError
 from ckptzip.format.spec import MAX_CHUNK_RAW
 
@@ -71,7 +71,7 @@ def test_a_file_declaring_64_gib_is_refused_by_the_default_budget_with_the_numbe
     allocator's raw RuntimeError/MemoryError."""
     blob = declaring(64 * GiB, NO_SIZE)
     assert len(blob) < 64 << 10
-    monkeypatch.setattr(budget, "host_available", lambda: 8 * GiB)
+    monkeypatch.setattr(declared, "host_available", lambda: 8 * GiB)
     message = (rf"the checkpoint declares {64 * GiB} bytes \(64.0 GiB\) of tensors for cpu, which has {8 * GiB} bytes "
                r"\(8.0 GiB\) free; nothing was decoded. Load it where there is room \(map_location\), or pass "
                r"max_bytes to set the budget yourself")
@@ -81,7 +81,7 @@ def test_a_file_declaring_64_gib_is_refused_by_the_default_budget_with_the_numbe
 
 
 def test_the_default_budget_is_what_this_host_has_free() -> None:
-    free = budget.host_available()
+    free = declared.host_available()
     assert free is not None and 0 < free < 1 << 50
     if free >= 64 * GiB:
         pytest.skip("this host has 64 GiB free")
@@ -92,7 +92,7 @@ def test_the_default_budget_is_what_this_host_has_free() -> None:
 def test_many_tensors_are_counted_together_and_references_with_their_source(monkeypatch: pytest.MonkeyPatch) -> None:
     master = torch.randn(1 << 16)
     blob = save_bytes({"master": master, "w": master.bfloat16(), "dup": master.clone()})
-    monkeypatch.setattr(budget, "host_available", lambda: 2 * master.nbytes)  # all: master, dup and w (a half)
+    monkeypatch.setattr(declared, "host_available", lambda: 2 * master.nbytes)  # all: master, dup and w (a half)
     with pytest.raises(DecodeBudgetError, match=rf"declares {5 * master.nbytes // 2} bytes"):
         ckptzip.load(blob)
     with ckptzip.open(blob) as reader:

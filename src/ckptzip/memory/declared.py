@@ -1,6 +1,8 @@
-"""What a load may allocate for tensors: the caller's ``max_bytes``, or by default what the target
-can hold (free host memory for the CPU, the device's free memory for a GPU), checked against the
-sizes the file declares before anything is allocated for them."""
+"""The tensor bytes a file declares, checked before a load allocates anything for them: against the
+caller's cap (``max_bytes``), or by default against what each target has available (free host
+memory for the CPU, the device's free memory for a GPU); too many is
+:class:`~ckptzip.errors.DecodeBudgetError`. (What a call may use on a GPU for its work, beside the
+tensors, is its budget: :mod:`.gpu`.)"""
 
 from __future__ import annotations
 
@@ -12,12 +14,12 @@ from collections.abc import Mapping
 
 import torch
 
-from .engine import available_gpu_memory
-from .errors import DecodeBudgetError
+from ..errors import DecodeBudgetError
+from . import gpu
 
 
 def validate_max_bytes(max_bytes: object) -> int | None:
-    """``max_bytes`` as an int >= 0, or None (the default budget); anything else is refused."""
+    """``max_bytes`` as an int >= 0, or None (no cap: what the targets have available); anything else is refused."""
     if max_bytes is None:
         return None
     if isinstance(max_bytes, bool) or not hasattr(type(max_bytes), "__index__"):
@@ -73,11 +75,11 @@ def available(device: torch.device) -> int | None:
     if device.type == "cpu":
         return host_available()
     if device.type == "cuda":
-        return available_gpu_memory(device)
+        return gpu.available(device)
     return None
 
 
-def check_budget(needs: Mapping[torch.device, int], max_bytes: int | None) -> None:
+def check_declared(needs: Mapping[torch.device, int], max_bytes: int | None) -> None:
     """Refuse, with :class:`~ckptzip.errors.DecodeBudgetError` and the numbers, a read whose
     declared tensor bytes (by target device) exceed ``max_bytes``, or without it what a target
     can hold."""

@@ -1,4 +1,6 @@
-"""GPU memory of the engine: how much one call may use, and how much work beside training may hold.
+"""A call's GPU budget: how much GPU memory one call may use, and how much work beside training may
+hold. The engine divides a budget into batches (:class:`ckptzip.engine.GpuLimits` for a save, the
+engine's reader for a load).
 
 A training job fills its GPU, so every GPU path sizes its batches from what can really be had,
 capped by the caller (``gpu_memory=``) or ``CKPTZIP_GPU_MEMORY_MB``, and by torch's per-process

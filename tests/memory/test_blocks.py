@@ -1,4 +1,4 @@
-"""GPU buffers in blocks of one size (ckptzip/blocks.py): the sizes asked of torch, on any machine."""
+"""GPU buffers in blocks of one size (ckptzip/memory/blocks.py): the sizes asked of torch, on any machine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from ckptzip import blocks
+from ckptzip.memory import blocks
 
 MIB = 1 << 20
 CUDA = torch.device("cuda", 0)

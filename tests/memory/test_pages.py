@@ -1,4 +1,4 @@
-"""engine.pages: host outputs faulted in ahead of the writes, contents untouched."""
+"""ckptzip.memory.pages: host outputs faulted in ahead of the writes, contents untouched."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ckptzip
-from ckptzip.engine import pages
+from ckptzip.memory import pages
 
 
 def test_populate_leaves_contents_and_views_as_they_were() -> None:

@@ -17,7 +17,7 @@ import contextlib
 
 import torch
 
-from ._local import ThreadSetting
+from .._local import ThreadSetting
 
 __all__ = ["empty", "uniform", "zeros"]
 
