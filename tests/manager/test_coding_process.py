@@ -225,7 +225,7 @@ def test_shared_memory_is_taken_all_or_none_when_made(monkeypatch: pytest.Monkey
     def no_room(fd: int, offset: int, length: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(staging.os, "posix_fallocate", no_room)
+    monkeypatch.setattr(shared.os, "posix_fallocate", no_room)
     with pytest.raises(CheckpointWriteError, match=r"shared memory \(/dev/shm\) could not take 0\.00 GiB: No space "
                                                    r"left on device"):
         shared_empty(1 << 20)
