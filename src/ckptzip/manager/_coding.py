@@ -4,7 +4,7 @@ Coding on the host in the training's process takes the interpreter lock (GIL) be
 calls, thousands of times a checkpoint, and the training loop's thread waits for it before each
 operator it launches: the training slows for as long as the coding runs. So where a host snapshot
 leaves tensors to code on the host, the write runs in a child interpreter (:class:`CodingProcess`,
-started with ``python -m`` of this module, never re-running the caller's script) at a lower
+a fresh interpreter that imports this module, never re-running the caller's script) at a lower
 scheduling priority: it receives the staged state in shared memory (no copy:
 :meth:`~ckptzip.engine.StagedState.portable`), codes and assembles the container there, and passes
 its bytes back through a ring of shared buffers; the parent writes them to the checkpoint's file
@@ -96,7 +96,8 @@ class CodingProcess:
             ours, theirs = socket.socketpair()
             try:
                 # a new session: a Ctrl-C meant for the training (which may save once more) does not reach it
-                self._child = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
+                self._child = subprocess.Popen([sys.executable, "-c", f"from {__name__} import _child; "
+                                                f"_child({theirs.fileno()})"],
                                                pass_fds=[theirs.fileno()], env=_child_environment(),
                                                stdin=subprocess.PIPE, start_new_session=True)
             finally:
@@ -310,6 +311,3 @@ def _child(fd: int) -> None:
         staged = message = None  # its shared memory unmapped before the parent reuses it
         conn.send(reply)
 
-
-if __name__ == "__main__":
-    _child(int(sys.argv[1]))
