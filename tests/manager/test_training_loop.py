@@ -21,6 +21,7 @@ from ckptzip.engine import guard
 from ckptzip.memory import gpu as gpu_memory
 from ckptzip.errors import SnapshotAbandonedError
 from ckptzip.manager import CheckpointManager
+from ckptzip.tier import MemoryTier
 from ckptzip.manager._reading import Reading
 
 GIB = 1 << 30
@@ -136,6 +137,46 @@ def test_a_save_read_while_training_goes_on_restores_the_state_as_it_was_saved(
             # a host snapshot read while training goes on copies every tensor raw: a child codes them
             assert (coder is not None and coder._child is not None) == (host_coding == "process" and
                                                                          manager.last_snapshot == "host")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("host_coding", ["process", "thread"])
+def test_saves_to_the_memory_tier_inside_a_loop_restore_from_memory_as_saved(
+        tmp_path: Path, fresh_gpu: None, host_coding: str) -> None:
+    tier = MemoryTier(keep=2, persist_every=2, path=tmp_path / "shm")
+    with CheckpointManager(tmp_path / "run", snapshot="host", memory_tier=tier,
+                           host_coding=host_coding) as manager:  # type: ignore[arg-type]
+        loop = Loop(rows=1 << 13)
+        saved = {}
+        for step in range(1, 4):
+            loop.step()
+            saved[step] = _host(loop.state())
+            manager.save(step, loop.state())
+            assert manager.last_snapshot_overlapped, manager.last_snapshot_reason
+            loop.step()  # its optimizer step waits for the read
+        manager.wait(persisted=True)
+    reader = CheckpointManager(tmp_path / "run", memory_tier=MemoryTier(path=tmp_path / "shm"))
+    assert_same(reader.restore(3, map_location="cpu"), saved[3])
+    assert reader.restored_from == "memory"
+    assert_same(reader.restore(2, map_location="cpu"), saved[2])
+
+
+@gpu
+@needs_cuda
+def test_incremental_saves_inside_a_loop_restore_every_step_as_saved(tmp_path: Path, fresh_gpu: None) -> None:
+    # deltas are rewritten against the last save's host copy while the read overlaps training
+    with CheckpointManager(tmp_path, snapshot="host", incremental=3, keep_last=None) as manager:
+        loop = Loop(rows=1 << 13)
+        saved = {}
+        for step in range(1, 5):
+            loop.step()
+            saved[step] = _host(loop.state())
+            manager.save(step, loop.state())
+            loop.step()
+        manager.wait()
+        for step, expected in saved.items():
+            assert_same(manager.restore(step, map_location="cpu"), expected)
 
 
 @gpu
