@@ -14,15 +14,16 @@ import sys
 from setuptools import Extension, setup
 
 flags = [] if sys.platform == "win32" else ["-O3", "-pthread"]
+shared = ["src/ckptzip/_pybuffers.h"]  # the three C extensions' argument checks
 setup(ext_modules=[Extension(
     "ckptzip.kernels._cpu", ["src/ckptzip/kernels/_cpu.c"], extra_compile_args=flags,
-    extra_link_args=[] if sys.platform == "win32" else ["-pthread"], optional=True,
+    extra_link_args=[] if sys.platform == "win32" else ["-pthread"], depends=shared, optional=True,
 ), Extension(
     "ckptzip.codecs._gdeflate", ["src/ckptzip/codecs/_gdeflate.c"],
-    extra_compile_args=[] if sys.platform == "win32" else ["-O3"], optional=True,
+    extra_compile_args=[] if sys.platform == "win32" else ["-O3"], depends=shared, optional=True,
 ), Extension(
     "ckptzip.codecs._ckzhuff", ["src/ckptzip/codecs/_ckzhuff.c"],
-    extra_compile_args=[] if sys.platform == "win32" else ["-O3"], optional=True,
+    extra_compile_args=[] if sys.platform == "win32" else ["-O3"], depends=shared, optional=True,
 ), Extension(
     "ckptzip.codecs._gdeflate_shim", ["src/ckptzip/codecs/_gdeflate_shim.cpp"], language="c++",
     extra_compile_args=[] if sys.platform == "win32" else ["-O2", "-std=c++17"],

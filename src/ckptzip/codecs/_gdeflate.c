@@ -29,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../_pybuffers.h"
+
 #define LANES 32
 #define LIT_BITS 11 /* bits of the first-level tables; longer codes go through a second level */
 #define DIST_BITS 8
@@ -611,37 +613,14 @@ static Status decode_chunk(Tables *t, const uint8_t *in, size_t in_len, uint8_t 
     return OK;
 }
 
-static int get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    if (view->len % itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items", what, view->len,
-                     itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
 /* decode(rows, sizes) -> None, or (row, reason) of the first row that does not decode. */
 static PyObject *decode(PyObject *self, PyObject *args) {
-    PyObject *rows_obj, *sizes_obj;
     Py_buffer rows, sizes;
     Py_ssize_t n, r = 0;
     Status st = OK;
     Tables *t;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OO", &rows_obj, &sizes_obj)) return NULL;
-    if (get_buffer(rows_obj, &rows, 0, 4 * sizeof(int64_t), "rows") < 0) return NULL;
-    if (get_buffer(sizes_obj, &sizes, 1, sizeof(uint64_t), "sizes") < 0) {
-        PyBuffer_Release(&rows);
-        return NULL;
-    }
-    n = rows.len / (Py_ssize_t)(4 * sizeof(int64_t));
-    if (sizes.len / (Py_ssize_t)sizeof(uint64_t) != n) {
-        PyBuffer_Release(&rows);
-        PyBuffer_Release(&sizes);
-        return PyErr_Format(PyExc_ValueError, "%zd rows but %zd sizes", n, sizes.len / (Py_ssize_t)sizeof(uint64_t));
-    }
+    if ((n = get_rows(args, &rows, &sizes)) < 0) return NULL;
     Py_BEGIN_ALLOW_THREADS
     t = (Tables *)malloc(sizeof(Tables));
     if (t == NULL) {

@@ -15,6 +15,8 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "../_pybuffers.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -325,17 +327,6 @@ static int run_rows(const int64_t *table, Py_ssize_t rows, Py_ssize_t width, int
     Py_END_ALLOW_THREADS
     for (r = 0; r < rows; r++) sums[table[r * width + 3]] += partial[r];
     PyMem_RawFree(partial);
-    return 0;
-}
-
-static int get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    if (view->len % itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items", what, view->len,
-                     itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
     return 0;
 }
 
