@@ -46,28 +46,11 @@ import ckptzip
 from ckptzip.codecs import codec_threads, cpu_threads, get_codec, has_codec
 from ckptzip.errors import CorruptChunkError
 from ckptzip.kernels import ckzhuff as gpu_huff
+from ckptzip_bench.pipeline import discard_sink
 
 GB = 1e9
 # nvCOMP's formats, each in its engine chunk size (gdeflate: auto's Huffman-only plane codec)
 NVCOMP = [{"id": "ans", "data_type": "|u1"}, {"id": "gdeflate", "algorithm_type": 0}, {"id": "zstd"}]
-
-
-class Discard(io.RawIOBase):
-    """A binary file that counts what is written to it and keeps none of it."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        n = memoryview(b).nbytes
-        self.n += n
-        return n
-
-    def tell(self) -> int:
-        return self.n
 
 
 def trained_like(rows: int, cols: int, steps: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -215,7 +198,7 @@ def state_of(gib: float, g: torch.Generator) -> tuple[dict[str, Any], int]:
 
 
 def pipeline(state: dict[str, Any], size: int, codec: str, reps: int) -> dict[str, Any]:
-    first_save, save, _ = first_and_median(lambda: ckptzip.save(state, Discard(), codec=codec), reps)
+    first_save, save, _ = first_and_median(lambda: ckptzip.save(state, discard_sink(), codec=codec), reps)
     memory = io.BytesIO()
     ckptzip.save(state, memory, codec=codec)
     data = memory.getvalue()
