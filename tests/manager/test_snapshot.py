@@ -76,7 +76,7 @@ def test_a_save_right_after_prepare_uses_the_reserved_buffer_not_a_second_one(tm
 
 def test_where_host_memory_cannot_be_registered_snapshot_buffers_are_pageable(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    def refused(nbytes: int) -> _snapshot.Slab:
+    def refused(nbytes: int, shared: bool = False) -> _snapshot.Slab:
         raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error 801")
 
     monkeypatch.setattr(_snapshot, "Slab", refused)

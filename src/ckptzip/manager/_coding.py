@@ -306,7 +306,7 @@ def _child(fd: int) -> None:
             entries = write_staged(relay, staged, tree, policy)  # type: ignore[arg-type]
             relay.finish()
             reply: tuple[Any, ...] = ("done", entries)
-        except Exception as exc:  # reported to the parent, which fails this checkpoint only
+        except Exception as exc:  # reported to the parent, which then writes this snapshot itself
             reply = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
         staged = message = None  # its shared memory unmapped before the parent reuses it
         conn.send(reply)

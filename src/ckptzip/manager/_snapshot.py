@@ -189,20 +189,13 @@ class SnapshotPool:
             return torch.empty(nbytes, dtype=torch.uint8, device=device)
         # registered pageable memory: torch's pinned allocator would round tens of GB up to a power of two
         try:
-            slab = self._slab(nbytes)
+            slab = Slab(nbytes, shared=self._coder is not None)  # shared where shared memory has room
         except RuntimeError as exc:  # the driver refuses to register it: pageable memory, slower copies
             _LOG.warning("ckptzip: snapshot buffers in pageable host memory (copies to them are slower): %s", exc)
             return torch.empty(nbytes, dtype=torch.uint8)
         with self._lock:
             self._slabs[slab.memory.data_ptr()] = slab
         return slab.memory
-
-    def _slab(self, nbytes: int) -> Slab:
-        """Registered host memory: shared where a process codes, unless shared memory has no room."""
-        if self._coder is not None:
-            with contextlib.suppress(CheckpointWriteError):
-                return Slab(nbytes, shared=True)
-        return Slab(nbytes)
 
     def _pooled(self, device: torch.device) -> int:
         """Bytes of the device buffers the pool holds for ``device``."""

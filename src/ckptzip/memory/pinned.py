@@ -42,10 +42,13 @@ def _fresh_memory(nbytes: int, shared: bool = False) -> torch.Tensor:
     to take transparent huge pages, whose first touches run two to three times faster and which
     leave fewer pages to pin (results: "Host snapshots and the manager").
     ``shared``: torch's shared memory instead, which ``torch.multiprocessing`` hands to another
-    process without a copy."""
+    process without a copy, where it has room (else private memory, which a handover copies)."""
     if shared:
-        memory = shared_empty(nbytes)
-    elif hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            return shared_empty(nbytes).fill_(0)
+        except CheckpointWriteError as exc:
+            _LOG.debug("ckptzip: private host memory instead of shared: %s", exc)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
         region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         region.madvise(mmap.MADV_HUGEPAGE)
         memory = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
@@ -78,7 +81,7 @@ class Slab:
 class PinnedPool:
     """Pinned host buffers, created on first use (at most ``count``) and reused. ``slab_bytes``:
     the most one registration pins; a pool holds up to a slab more than it was asked for.
-    ``shared``: slabs in shared memory, so that staged bytes reach a checkpoint process without a
+    ``shared``: slabs in shared memory where it has room, so that staged bytes reach a checkpoint process without a
     copy (:meth:`~ckptzip.engine.staged.StagedState.portable`)."""
 
     def __init__(self, buffer_bytes: int = BUFFER_BYTES, count: int | None = None, slab_bytes: int = SLAB_BYTES,
@@ -118,7 +121,7 @@ class PinnedPool:
         memory cannot be registered (the driver refuses cudaHostRegister), so saves and loads still run."""
         try:
             slab = Slab(n * self.buffer_bytes, self.shared)
-        except (RuntimeError, CheckpointWriteError) as exc:  # unregistrable memory, or no room in shared memory
+        except RuntimeError as exc:
             _LOG.debug("ckptzip: pinning host buffers one by one: %s", exc)
             buffers = [torch.empty(self.buffer_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
         else:
