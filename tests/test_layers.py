@@ -22,10 +22,11 @@ FLOORS = {
     "tree": 3, "report": 3,
     "engine": 4, "plain": 4,
     "api": 5, "series": 5,
-    "convert": 6, "manager": 6, "dcp": 6, "tier": 6,
-    "integrations": 7,
-    "cost": 8, "cli": 8, "demo": 8, "testing": 8, "__main__": 8,
-    "__init__": 9,
+    "staging": 6,
+    "convert": 7, "manager": 7, "dcp": 7, "tier": 7,
+    "integrations": 8,
+    "cost": 9, "cli": 9, "demo": 9, "testing": 9, "__main__": 9,
+    "__init__": 10,
 }
 HARNESS = {"cli", "cost", "demo", "testing", "__main__"}
 def _top(module: Path) -> str:

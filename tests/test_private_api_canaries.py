@@ -25,7 +25,7 @@ def _parameters(function: Callable[..., Any]) -> list[str]:
 def test_torch_foreach_copy_takes_lists_and_non_blocking() -> None:
     what = (
         "torch._foreach_copy_(dst_list, src_list, non_blocking=...) changed: CheckpointManager's snapshot "
-        "(ckptzip/manager.py, _copy_batched) copies a state's tensors with it"
+        "(ckptzip/staging/copies.py, copy_batched) copies a state's tensors with it"
     )
     assert callable(getattr(torch, "_foreach_copy_", None)), what
     dst, src = [torch.zeros(3), torch.zeros(2)], [torch.arange(3.0), torch.arange(2.0)]

@@ -156,7 +156,7 @@ def test_pickling_the_writer_hands_its_staging_over(monkeypatch: pytest.MonkeyPa
     assert len(writer._staged) == 0  # handed over, not kept
     got_dict, got_writer = pickle.loads(message)
     (handed,) = got_writer._staged
-    assert all(t.is_meta or t.is_shared() or not t.numel() for t in handed.state.table.tensors)
+    assert all(t.is_meta or t.is_shared() or not t.numel() for t in handed.host.state.table.tensors)
     dcp.save(got_dict, storage_writer=got_writer, no_dist=True)
     target = _copy(state, target=True)
     dcp.load(target, storage_reader=CompressedStorageReader(tmp_path / "p"), no_dist=True)
@@ -182,4 +182,4 @@ def test_a_sharded_tensor_staged_on_a_gpu_is_refused_by_the_process_checkpointer
     pending.positions[_staging.key_of(torch.ones(1))] = 0  # as a ShardedTensor's shard is recorded
     with pytest.raises(UsageError, match="ShardedTensor on a GPU"):
         ForkingPickler.dumps(writer)
-    assert len(writer._staged) == 0 and not pending.state.jobs  # given back, not kept
+    assert len(writer._staged) == 0 and not pending.host.state.jobs  # given back, not kept

@@ -110,8 +110,9 @@ def test_a_snapshot_whose_coding_fails_gives_its_staging_buffers_back(monkeypatc
     pool = Pool()
     with pytest.raises(ckptzip.GpuMemoryError, match=r"^snapshot ran out of GPU memory \(CUDA out of memory\. "
                                                       r"Tried to allocate 2\.00 MiB\)"):
-        engine_staged.stage_state(["w"], [torch.ones(4)], engine_writer.SaveOptions(Policy.parse("auto"), gpu_batch_bytes=1 << 20),
-                                  pool)  # type: ignore[arg-type]
+        w = [torch.ones(4)]
+        engine_staged.stage_table(engine_staged.staged_table(["w"], w, None), Policy.parse("auto"),
+                                  engine_plan.GpuLimits.of(w, Policy.parse("auto"), None, 1 << 20), pool)  # type: ignore[arg-type]
     assert [b.data_ptr() for b in pool.released] == [b.data_ptr() for b in taken]
 
 
@@ -154,8 +155,10 @@ def test_a_host_snapshots_batches_share_their_staging_buffers_and_give_them_all_
     state = _state(n=6, elements=(3 << 20) // 4 + 1000)  # 3 MiB and a bit, each: batches end mid-buffer
     flat = flatten(state)
     pool = PinnedPool(1 << 20, sys.maxsize)
-    staged = engine_staged.stage_state([t.name for t in flat.tensors], [t.tensor for t in flat.tensors],
-                                       engine_writer.SaveOptions(Policy.parse("auto"), gpu_batch_bytes=4 << 20), pool)
+    tensors = [t.tensor for t in flat.tensors]
+    staged = engine_staged.stage_table(engine_staged.staged_table([t.name for t in flat.tensors], tensors, None),
+                                       Policy.parse("auto"), engine_plan.GpuLimits.of(tensors, Policy.parse("auto"), None,
+                                                                                      4 << 20), pool)
     buffers = {id(job.release) for job in staged.jobs if job.release is not None}
     assert len(buffers) == -(-staged.nbytes // (1 << 20))  # packed: no partly used buffer a batch
     assert staged.occupied_bytes == len(buffers) << 20
@@ -676,7 +679,7 @@ def test_prepare_reserves_host_staging_before_the_first_save(tmp_path: object) -
         assert thread is not None
         thread.join()
         staging = manager._snapshots._staging
-        raw = sum(b.numel() for b in manager._snapshots._free.get((torch.device("cpu"), True), []))
+        raw = sum(b.numel() for b in manager._snapshots._buffers._free.get((torch.device("cpu"), True), []))
         assert raw > 0  # the pinned buffer of the share copied raw
         assert staging._created * staging.buffer_bytes + raw >= nbytes
         manager.save(1, state)

@@ -339,14 +339,14 @@ def _mixed_state(device: str = "cpu", drift: float = 0.0) -> dict[str, Any]:
 
 @pytest.mark.parametrize("delta", [False, True])
 def test_a_staged_save_rewrites_its_table_as_a_save_does(delta: bool) -> None:
-    """The host snapshot's path (stage_state, then write_staged) stores casts, duplicates and XOR
+    """The host snapshot's path (staged_table, stage_table, then write_staged) stores casts, duplicates and XOR
     deltas exactly as ckptzip.save does: the same table and the same bytes."""
     from ckptzip.api import write_checkpoint
     from ckptzip.engine.policy import Policy
     from ckptzip.engine.sources import DeltaBase
     from ckptzip.memory.pinned import PinnedPool
-    from ckptzip.engine.staged import stage_state, write_staged
-    from ckptzip.engine.writer import SaveOptions
+    from ckptzip.engine.plan import GpuLimits
+    from ckptzip.engine.staged import stage_table, staged_table, write_staged
     from ckptzip.format import BaseRef
     from ckptzip.tree import flatten
 
@@ -359,8 +359,9 @@ def test_a_staged_save_rewrites_its_table_as_a_save_does(delta: bool) -> None:
     direct = io.BytesIO()
     write_checkpoint(direct, state, policy, base=base)
     flat = flatten(state)
-    staged = stage_state([i.name for i in flat.tensors], [i.tensor for i in flat.tensors],
-                         SaveOptions(policy, base, gpu_batch_bytes=1 << 20), PinnedPool())
+    tensors = [i.tensor for i in flat.tensors]
+    staged = stage_table(staged_table([i.name for i in flat.tensors], tensors, base), policy,
+                         GpuLimits.of(tensors, policy, None, 1 << 20), PinnedPool())
     via_stage = io.BytesIO()
     write_staged(via_stage, staged, flat.tree, policy)
     assert via_stage.getvalue() == direct.getvalue()
@@ -377,8 +378,8 @@ def test_a_staged_table_is_rewritten_from_the_sources_not_from_copies_still_in_f
     reference."""
     from ckptzip.engine.policy import Policy
     from ckptzip.memory.pinned import PinnedPool
-    from ckptzip.engine.staged import HostCopies, stage_state, write_staged
-    from ckptzip.engine.writer import SaveOptions
+    from ckptzip.engine.plan import GpuLimits
+    from ckptzip.engine.staged import stage_table, staged_table, write_staged
     from ckptzip.tree import flatten
 
     state = _mixed_state()
@@ -386,8 +387,8 @@ def test_a_staged_table_is_rewritten_from_the_sources_not_from_copies_still_in_f
     names, sources = [i.name for i in flat.tensors], [i.tensor for i in flat.tensors]
     in_flight = {names.index(name): torch.zeros_like(state[name]) for name in ("dup", "other")}
     policy = Policy.parse("auto")
-    staged = stage_state(names, sources, SaveOptions(policy, gpu_batch_bytes=1 << 20), PinnedPool(),
-                         copies=HostCopies(in_flight, lambda: None))
+    table = staged_table(names, sources, None, in_flight)  # the copies start after this, as a snapshot's do
+    staged = stage_table(table, policy, GpuLimits.of(sources, policy, None, 1 << 20), PinnedPool())
     for position, copy in in_flight.items():  # the copies complete before the snapshot is written
         copy.copy_(sources[position])
     f = io.BytesIO()

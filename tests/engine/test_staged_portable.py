@@ -18,8 +18,8 @@ import ckptzip
 from ckptzip.engine.policy import Policy
 from ckptzip.memory.pinned import PinnedPool
 from ckptzip.memory.shared import shared_copy, shared_empty
-from ckptzip.engine.staged import StagedState, stage_state, write_staged
-from ckptzip.engine.writer import SaveOptions
+from ckptzip.engine.plan import GpuLimits
+from ckptzip.engine.staged import StagedState, stage_table, staged_table, write_staged
 from ckptzip.tree import flatten
 
 POLICY = Policy.parse("auto")
@@ -34,8 +34,9 @@ def _state(device: str) -> dict[str, Any]:
 
 def _stage(state: dict[str, Any], pool: PinnedPool) -> tuple[StagedState, Any]:
     flat = flatten(state)
-    staged = stage_state([t.name for t in flat.tensors], [t.tensor for t in flat.tensors],
-                         SaveOptions(POLICY, gpu_batch_bytes=1 << 20), pool)
+    tensors = [t.tensor for t in flat.tensors]
+    staged = stage_table(staged_table([t.name for t in flat.tensors], tensors, None), POLICY,
+                         GpuLimits.of(tensors, POLICY, None, 1 << 20), pool)
     return staged, flat.tree
 
 

@@ -17,10 +17,11 @@ from helpers import assert_same
 import ckptzip
 from ckptzip.memory import shared
 from ckptzip.engine.policy import Policy
-from ckptzip.engine.staged import StagedState, stage_state, write_staged
+from ckptzip.engine.plan import GpuLimits
+from ckptzip.engine.staged import stage_table, staged_table
+from ckptzip.staging import HostStaged
 from ckptzip.memory.pinned import PinnedPool
 from ckptzip.memory.shared import shared_copy, shared_empty
-from ckptzip.engine.writer import SaveOptions
 from ckptzip.errors import CheckpointWriteError
 from ckptzip.manager import _coding
 from ckptzip.manager._coding import CodingProcess, _dumps, _loads
@@ -36,18 +37,19 @@ def _state() -> dict[str, Any]:
             "empty": torch.empty(0, 3), "step": 11, "nested": {"m": torch.randn(4096, generator=g) * 1e-3}}
 
 
-def _staged(state: dict[str, Any]) -> tuple[StagedState, Any]:
+def _staged(state: dict[str, Any]) -> tuple[HostStaged, Any]:
     """A host snapshot's staging with every tensor left to host coding, in shared memory."""
     flat = flatten(state)
     tensors = [shared_copy(item.tensor) for item in flat.tensors]
-    staged = stage_state([item.name for item in flat.tensors], tensors, SaveOptions(POLICY), PinnedPool(shared=True))
+    table = staged_table([item.name for item in flat.tensors], tensors, None)
+    staged = HostStaged(stage_table(table, POLICY, GpuLimits.of(tensors, POLICY, None), PinnedPool(shared=True)), POLICY)
     return staged, flat.tree
 
 
 def _in_place(state: dict[str, Any]) -> bytes:
     staged, tree = _staged(state)
     f = io.BytesIO()
-    write_staged(f, staged, tree, POLICY)
+    staged.write(f, tree)
     return f.getvalue()
 
 
@@ -64,9 +66,9 @@ def test_the_child_writes_the_bytes_the_write_in_place_writes(small_ring: None) 
     try:
         for _ in range(2):  # the same child, twice
             staged, tree = _staged(state)
-            assert staged.rest and staged.shared
+            assert staged.state.rest and staged.state.shared
             f = io.BytesIO()
-            entries = process.write(f, staged, tree, POLICY)
+            entries = process.write(f, staged, tree)
             assert f.getvalue() == _in_place(state)
             assert [e.name for e in entries] == [e.name for e in ckptzip.open(io.BytesIO(f.getvalue())).entries()]
             assert_same(ckptzip.load(f.getvalue()), state)
@@ -96,11 +98,11 @@ def test_an_error_in_the_child_leaves_the_file_as_it_was_for_this_process_to_wri
         staged, _ = _staged(state)
         f = io.BytesIO(b"head")
         f.seek(4)
-        assert process.write(f, staged, {"not json": object()}, POLICY) is None  # its index cannot be written
+        assert process.write(f, staged, {"not json": object()}) is None  # its index cannot be written
         assert f.getvalue() == b"head" and process.failures == 1 and process.usable
         staged, tree = _staged(state)
         f = io.BytesIO()
-        assert process.write(f, staged, tree, POLICY) is not None
+        assert process.write(f, staged, tree) is not None
         assert f.getvalue() == _in_place(state) and process.failures == 0
     finally:
         process.close()
@@ -129,11 +131,11 @@ def test_a_child_that_dies_mid_write_leaves_a_rewound_file_to_this_process(small
     try:
         staged, tree = _staged(state)
         f = _KillsTheChild(process, seekable=True)
-        assert process.write(f, staged, tree, POLICY) is None
+        assert process.write(f, staged, tree) is None
         assert f.getvalue() == b""
         staged, tree = _staged(state)
         f = io.BytesIO()
-        assert process.write(f, staged, tree, POLICY) is not None  # a new child
+        assert process.write(f, staged, tree) is not None  # a new child
         assert f.getvalue() == _in_place(state)
     finally:
         process.close()
@@ -146,7 +148,7 @@ def test_a_child_that_dies_mid_write_to_a_stream_fails_that_checkpoint(small_rin
         with pytest.raises(CheckpointWriteError, match=r"coding process failed while writing this checkpoint \(it "
                                                        r"exited with status -9\); it was not written, the previous "
                                                        r"ones are intact"):
-            process.write(_KillsTheChild(process, seekable=False), staged, tree, POLICY)
+            process.write(_KillsTheChild(process, seekable=False), staged, tree)
     finally:
         process.close()
 
@@ -158,7 +160,7 @@ def test_a_child_that_cannot_start_leaves_the_writes_to_this_process(monkeypatch
     staged, tree = _staged(_state())
     for failures in range(1, _coding.MAX_FAILURES + 1):
         f = io.BytesIO()
-        assert process.write(f, staged, tree, POLICY) is None and f.getvalue() == b""
+        assert process.write(f, staged, tree) is None and f.getvalue() == b""
         assert process.failures == failures
     assert not process.usable
 
@@ -186,7 +188,7 @@ def test_a_child_gone_between_writes_is_replaced() -> None:
         process._child.wait()
         staged, tree = _staged(state)
         f = io.BytesIO()
-        process.write(f, staged, tree, POLICY)
+        process.write(f, staged, tree)
         assert f.getvalue() == _in_place(state)
     finally:
         process.close()

@@ -1,37 +1,26 @@
-"""Host snapshots (manager/_snapshot.py): the share of a state that crosses the link raw while the
-GPU codes the rest, and the file such a snapshot writes."""
+"""A manager's host snapshots (manager/_snapshot.py, staged by staging/host.py): the share of a state
+that crosses the link raw while the GPU codes the rest, the file such a snapshot writes, and its
+plan, made once."""
 
 from __future__ import annotations
 
-import logging
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from helpers import assert_same
 
 import ckptzip
-from ckptzip.engine.policy import Policy
-from ckptzip.manager import CheckpointManager, _snapshot
-from ckptzip.manager._snapshot import HOST_RAW_SHARE, raw_share
+from ckptzip.manager import CheckpointManager
+from ckptzip.engine import GpuLimits, Policy
+from ckptzip.staging import HOST_RAW_SHARE
+from ckptzip.staging.plan import HOST_SNAPSHOT_BATCH_BYTES
 from ckptzip.series import STEP_NAME
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 MIB = 1 << 20
-
-
-def test_the_raw_share_is_the_tail_of_the_table_up_to_its_bytes() -> None:
-    nbytes = [100] * 10
-    assert raw_share(nbytes, list(range(10)), 0.4) == {6, 7, 8, 9}
-    assert raw_share(nbytes, [0, 2, 4, 6, 8], 0.4) == {6, 8}  # only candidates, by their bytes
-    assert raw_share(nbytes, list(range(10)), 0.0) == set()
-    assert raw_share([], [], 0.4) == set()
-
-
-def test_a_tensor_that_would_overshoot_the_share_is_passed_over_for_smaller_ones() -> None:
-    nbytes = [100, 100, 100, 100, 600]  # 40 % of 1000 is 400: the last tensor alone is 600
-    assert raw_share(nbytes, list(range(5)), 0.4) == {0, 1, 2, 3}
-    assert raw_share([1000], [0], 0.4) == set()  # a lone tensor is coded on its GPU
 
 
 @pytest.mark.gpu
@@ -67,22 +56,31 @@ def test_a_save_right_after_prepare_uses_the_reserved_buffer_not_a_second_one(tm
         manager.prepare(state)
         manager.save(1, state)  # before the reservation can have finished
         manager.wait()
-        pinned = manager._snapshots._free[(torch.device("cpu"), True)]
+        pinned = manager._snapshots._buffers._free[(torch.device("cpu"), True)]
         raw = [f"w{i}" for i in range(10 - round(10 * HOST_RAW_SHARE), 10)]  # copied raw, to one buffer
         assert len(pinned) == 1
         assert pinned[0].numel() >= sum(state[name].nbytes for name in raw)
         assert_same(manager.restore(1, map_location="cpu"), {k: v.cpu() for k, v in state.items()})
 
 
-def test_where_host_memory_cannot_be_registered_snapshot_buffers_are_pageable(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    def refused(nbytes: int, shared: bool = False) -> _snapshot.Slab:
-        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error 801")
+@pytest.mark.gpu
+@cuda
+def test_a_host_snapshot_derives_its_gpu_limits_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    of = GpuLimits.of.__func__  # type: ignore[attr-defined]
+    in_save: list[int | None] = []
 
-    monkeypatch.setattr(_snapshot, "Slab", refused)
-    pool = _snapshot.SnapshotPool("host", Policy.parse("auto"))
-    with caplog.at_level(logging.WARNING, logger="ckptzip"):
-        buffer = pool._acquire((torch.device("cpu"), True), 1 << 20)
-    assert buffer.numel() == 1 << 20 and buffer.device.type == "cpu"
-    assert "snapshot buffers in pageable host memory (copies to them are slower): cudaHostRegister of 1048576 bytes" \
-        in caplog.text
+    def counted(cls: type[GpuLimits], tensors: list[torch.Tensor], policy: Policy, gpu_memory: int | None,
+                batch_cap: int | None = None) -> Any:
+        if threading.current_thread() is threading.main_thread():  # not the kernels' warm-up, nor the worker
+            in_save.append(batch_cap)
+        return of(cls, tensors, policy, gpu_memory, batch_cap)
+
+    monkeypatch.setattr(GpuLimits, "of", classmethod(counted))
+    g = torch.Generator(device="cuda").manual_seed(9)
+    state = {f"w{i}": torch.randn(1 << 20, device="cuda", generator=g) for i in range(4)}
+    with CheckpointManager(tmp_path, snapshot="host", overlap=False) as manager:
+        in_save.clear()
+        manager.save(1, state)
+        assert in_save == [HOST_SNAPSHOT_BATCH_BYTES]  # the plan's, handed to the staging
+        manager.wait()
+        assert_same(manager.restore(1, map_location="cpu"), {k: v.cpu() for k, v in state.items()})

@@ -22,7 +22,7 @@ from ckptzip.memory import gpu as gpu_memory
 from ckptzip.errors import SnapshotAbandonedError
 from ckptzip.manager import CheckpointManager
 from ckptzip.tier import MemoryTier
-from ckptzip.manager._reading import Reading
+from ckptzip.staging.reading import Reading
 
 GIB = 1 << 30
 gpu = pytest.mark.gpu

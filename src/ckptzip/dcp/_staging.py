@@ -3,7 +3,7 @@
 DCP's default stager copies every tensor of the state into host memory in the caller before the
 writer sees it, so a GPU state is copied raw (and coded on the CPU later). ckptzip stages as its
 manager's host snapshots do: the GPU tensors are coded on their GPU in batches and only their
-stored bytes are copied into pinned host memory (:func:`~ckptzip.engine.staged.stage_state`),
+stored bytes are copied into pinned host memory (:func:`ckptzip.staging.stage_coded`),
 on the caller's stream, so training's next kernels run after the coding. Host tensors are
 copied; other values are kept as DCP's stager keeps them.
 
@@ -26,9 +26,10 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from ..engine import Policy, StagedState, stage_coded
+from ..engine import Policy
 from ..errors import UsageError
 from ..memory.pinned import PinnedPool
+from ..staging import HostStaged, stage_coded
 
 _Key = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.device]
 # Pinned host memory for staged bytes, kept for the next save (pinning is what makes a first
@@ -54,14 +55,19 @@ class Staged:
     a ShardedTensor's shards by :func:`key_of` (it stays in the staged dict itself, so it is
     found by its data; a staging with any is for DCP's thread only)."""
 
-    state: StagedState
+    host: HostStaged
     positions: dict[_Key, int] = field(default_factory=dict)
 
+    @property
+    def count(self) -> int:
+        """Tensors in the staged table."""
+        return len(self.host.state.table.all_names)
+
     def wait(self) -> None:
-        """Until the staged bytes are in host memory (nothing reads the GPU tensors after that)."""
-        for job in self.state.jobs:
-            if job.ready is not None:
-                job.ready.synchronize()
+        self.host.wait()
+
+    def release(self) -> None:
+        self.host.release()
 
     def position(self, tensor: torch.Tensor) -> int | None:
         """Where a resolved item's bytes are in the staged table: a placeholder's, by its storage
@@ -70,7 +76,7 @@ class Staged:
         if not tensor.is_meta:
             return self.positions.get(key_of(tensor))
         k = int(tensor.storage_offset()) - 1
-        layouts = self.state.table.layouts
+        layouts = self.host.state.table.layouts
         if not 0 <= k < len(layouts) or (layouts[k].dtype, layouts[k].shape) != (tensor.dtype, tuple(tensor.shape)):
             raise UsageError(
                 f"a {tensor.dtype} meta tensor of shape {tuple(tensor.shape)} reached the writer that matches "
@@ -80,8 +86,8 @@ class Staged:
         return k
 
     def portable(self) -> Staged:
-        """This staging for DCP's checkpoint process (:meth:`StagedState.portable`); the
-        pinned buffers go back to the pool at once."""
+        """This staging for DCP's checkpoint process (:meth:`~ckptzip.staging.HostStaged.portable`);
+        the pinned buffers go back to the pool at once."""
         if self.positions:
             raise UsageError(
                 "dcp.async_save(..., async_checkpointer_type=AsyncCheckpointerType.PROCESS) with a ShardedTensor "
@@ -89,9 +95,9 @@ class Staged:
                 "checkpoint process does not share; use the thread checkpointer, a DTensor, or pass "
                 "async_stager=DefaultStager(...) to stage on the host"
             )
-        state = self.state.portable()
-        self.state.release()
-        return Staged(state)
+        host = self.host.portable()
+        self.host.release()
+        return Staged(host)
 
 
 def _local_tensors(value: Any) -> list[torch.Tensor] | None:

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ..errors import CkptzipError, UnsupportedObjectError, UsageError
-from ..engine import Policy, SaveOptions, warm_up, write_staged, write_state
+from ..engine import Policy, SaveOptions, warm_up, write_state
 from ..memory import gpu
 from ..storage import write_error
 from ..tree import flatten
@@ -193,7 +193,7 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
             dropped, self._staged = self._staged, collections.deque()
         for staged in dropped:
             if staged is not None:
-                staged.state.release()
+                staged.release()
 
     def __getstate__(self) -> dict[str, Any]:
         """What DCP's checkpoint process receives (``AsyncCheckpointerType.PROCESS`` pickles the
@@ -208,7 +208,7 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
         except BaseException:
             for staged in handed:  # (those already handed gave their buffers back)
                 if staged is not None:
-                    staged.state.release()
+                    staged.release()
             raise
         return state
 
@@ -229,7 +229,7 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
                 results = self._write_staged(prefix + DATA_SUFFIX, mine, staged, planner)
                 prefix += "_host"
             else:
-                staged.state.release()
+                staged.release()
             taken = {id(item) for item in mine}
             plan = dataclasses.replace(plan, items=[item for item in plan.items if id(item) not in taken])
         files = [(prefix + DATA_SUFFIX, plan.items)] if plan.items else []
@@ -267,9 +267,8 @@ class CompressedStorageWriter(CheckpointDirectory, StorageWriter):
         """The staged tensors as one container (every one staged, so the file is what a
         synchronous save of those tensors writes); results for this plan's items among them."""
         positions = [self._staged_position(staged, item, planner) for item in items]
-        count = len(staged.state.table.all_names)
         with self._dir.atomic_write(name, sync=self.sync_files) as stream:
-            entries = write_staged(stream, staged.state, [{"tensor": k} for k in range(count)], self._policy)
+            entries = staged.host.write(stream, [{"tensor": k} for k in range(staged.count)])
         return [
             WriteResult(index=item.index, size_in_bytes=entries[k].compressed_nbytes,
                         storage_data=StoredItem(name, 0, entries[k].compressed_nbytes, pipeline(entries[k]),

@@ -7,7 +7,8 @@ zstandard on a thread pool).
   batch's chunks travel as one table (:mod:`.chunks`).
 - :mod:`.writer` / :mod:`.reader` — whole states ⇄ a container, batches overlapped with copies
   and file I/O (a save's :mod:`.pipeline` and :mod:`.stager`, a load's :mod:`.upload`);
-  :mod:`.staged` — a host snapshot's two halves (``stage_state``, ``write_staged``).
+  :mod:`.staged` — a staged state's two halves (``stage_table``, ``write_staged``), which
+  :mod:`ckptzip.staging` sequences.
 - :mod:`.ahead` — ordered work-ahead; :mod:`.guard` — reads of a state that overlap training, and
   the optimizer steps that wait for them.
 - :mod:`.plan` — which device codes or decodes a tensor, a save's and a load's batches (one
@@ -25,11 +26,11 @@ harness, bench/ckptzip_bench; tests/test_layers.py checks it); every module is t
 from .policy import PRESETS, SMALL_TENSOR_BYTES, Policy
 from .warmup import compile_kernels, warm_up
 
-# Whole states: a save, a host snapshot's two halves, a load.
+# Whole states: a save, a staged state's two halves, a load.
 from .writer import SaveOptions, write_state
-from .staged import HostCopies, StagedState, stage_coded, stage_state, write_staged
+from .staged import StagedState, stage_table, staged_table, write_staged
 from .reader import LoadOptions, read_tensors
-from .sources import DeltaBase, LoadPlan
+from .sources import DeltaBase, LoadPlan, Table
 from .plan import GpuLimits, gpu_coded
 
 # Reads of a state that overlap training (engine/guard.py).
@@ -50,9 +51,10 @@ from .plan import load_batches as plan_read_batches
 from .plan import save_batches as plan_write_batches
 
 __all__ = [
-    "PRESETS", "SMALL_TENSOR_BYTES", "DeltaBase", "EncodedBatch", "GpuLimits", "HostCopies", "Limit", "LoadOptions", "LoadPlan",
-    "OverlappingRead", "Policy", "Runs", "SaveOptions", "StagedState", "Task", "compile_kernels", "decode_batch",
-    "encode_batch", "entropy_of_counts", "gpu_coded", "optimizer_owned", "optimizer_stepped", "optimizer_storages", "packed",
-    "plan_read_batches", "plan_write_batches", "read_ahead", "read_tensors", "run_ahead", "stage_coded", "stage_state",
-    "wait_for_reads", "warm_up", "watch_optimizer_steps", "write_staged", "write_state",
+    "PRESETS", "SMALL_TENSOR_BYTES", "DeltaBase", "EncodedBatch", "GpuLimits", "Limit", "LoadOptions", "LoadPlan",
+    "OverlappingRead", "Policy", "Runs", "SaveOptions", "StagedState", "Table", "Task", "compile_kernels",
+    "decode_batch", "encode_batch", "entropy_of_counts", "gpu_coded", "optimizer_owned", "optimizer_stepped",
+    "optimizer_storages", "packed", "plan_read_batches", "plan_write_batches", "read_ahead", "read_tensors",
+    "run_ahead", "stage_table", "staged_table", "wait_for_reads", "warm_up", "watch_optimizer_steps", "write_staged",
+    "write_state",
 ]

@@ -107,7 +107,7 @@ class Table:
 def rewrite_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase | None = None) -> Table:
     """Find duplicates and casts among ``tensors``, and XOR deltas against ``base`` that pay; the
     engine then encodes only what the returned table lists. Every save path rewrites its table
-    here (:func:`~.writer.write_state`, :func:`~.staged.stage_state`)."""
+    here (:func:`~.writer.write_state`, :func:`~.staged.staged_table`)."""
     sources: dict[int, dict[str, Any]] = {}
     for i, j in find_duplicates(tensors).items():
         sources[i] = {"copy": j}

@@ -1,12 +1,13 @@
-"""A host snapshot's two halves (:func:`stage_state`, :func:`write_staged`): a state's CUDA tensors
-coded on their GPUs now and their stored bytes staged in pinned host memory, the container
-written later, on another thread or in another process (:meth:`StagedState.portable`).
+"""A staged state's two halves in the engine (:func:`stage_table`, :func:`write_staged`): a state's
+CUDA tensors coded on their GPUs now and their stored bytes staged in pinned host memory, the
+container written later, on another thread or in another process (:meth:`StagedState.portable`).
+How a snapshot is staged, and with what plan, is :mod:`ckptzip.staging`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -16,11 +17,11 @@ from ..format import ContainerWriter, TensorEntry
 from ..memory.pinned import PinnedPool
 from ..memory.shared import shared_copy, shared_empty
 from .pipeline import encode_all
-from .plan import SAVE_BATCH_BYTES, GpuLimits, gpu_coded
+from .plan import GpuLimits
 from .policy import Policy
-from .sources import Table, rewrite_table
+from .sources import DeltaBase, Table, rewrite_table
 from .stager import Job, Stager
-from .writer import SaveOptions, Sink, finish, out_of_memory_named, run_pipeline
+from .writer import Sink, finish, out_of_memory_named, run_pipeline
 
 
 @dataclass
@@ -54,11 +55,16 @@ class StagedState:
         return (all(job.piece[0].is_shared() for job in self.jobs if job.piece[1])
                 and all(t.is_shared() for t in self.table.tensors if t.device.type == "cpu" and t.numel()))
 
-    def release(self) -> None:
-        """Return the buffers to the pool (a write does this as it goes)."""
+    def wait(self) -> None:
+        """Until the stored bytes are in host memory (nothing reads the GPU tensors after that)."""
         for job in self.jobs:
             if job.ready is not None:
                 job.ready.synchronize()
+
+    def release(self) -> None:
+        """Return the buffers to the pool (a write does this as it goes)."""
+        self.wait()
+        for job in self.jobs:
             if job.release is not None and self.pool is not None:
                 self.pool.release(job.release)
         self.jobs = []
@@ -97,37 +103,33 @@ class StagedState:
         return StagedState(jobs, None, dataclasses.replace(self.table, tensors=tensors), list(self.rest))
 
 
-@dataclass(frozen=True)
-class HostCopies:
-    """Host copies of some of a state's CUDA tensors (``tensors``: the copy, by the tensor's
-    position), not yet made: :func:`stage_state` calls ``start()`` to queue them once the table
-    is rewritten (queued earlier, the rewrite's small reads would wait behind them), and the
-    tensors the table keeps as they are are coded from their copies by :func:`write_staged`."""
-
-    tensors: dict[int, torch.Tensor]
-    start: Callable[[], object]
-
-
-def stage_state(names: list[str], tensors: list[torch.Tensor], options: SaveOptions, pool: PinnedPool,
-                expected: int | None = None, copies: HostCopies | None = None) -> StagedState:
-    """Rewrite the state's table as :func:`~.writer.write_state` does, encode its CUDA tensors in
-    batches of about the options' ``gpu_batch_bytes`` (so the GPU needs little memory beyond the
-    state and the XOR residues) and start copying their stored bytes into ``pool``'s buffers,
-    which must not run out (a growing pool, first made to hold ``expected`` bytes, by default the
-    raw size). Returns once the work is queued: the caller's current streams wait for it, so its
-    later kernels may change the tensors without a host sync. The host tensors of ``tensors`` are
-    encoded by :func:`write_staged`: they must not change until then. ``copies``: host copies
-    in flight (:class:`HostCopies`); the table is rewritten from the CUDA tensors."""
-    limits = options.limits(tensors)
-    table = rewrite_table(names, tensors, options.base)
-    in_flight = {} if copies is None else copies.tensors
+def staged_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase | None,
+                 copies: Mapping[int, torch.Tensor] | None = None) -> Table:
+    """The state's table rewritten as :func:`~.writer.write_state` rewrites it (against ``base``),
+    for :func:`stage_table`. ``copies``: host copies of some of the CUDA tensors, by position,
+    which may still be in flight (the caller starts them after this returns: started earlier, the
+    rewrite's small reads would wait behind them); the table is rewritten from the CUDA tensors,
+    and each it keeps as it is is coded from its copy by :func:`write_staged` (its entry still
+    records the CUDA tensor's device, :attr:`~.sources.Table.recorded`)."""
+    table = rewrite_table(names, tensors, base)
+    in_flight = copies or {}
     for k, position in enumerate(table.positions):
         copy = in_flight.get(position)
         if copy is not None and table.tensors[k] is tensors[position]:  # not a residue: the copy is its bytes
-            table.tensors[k] = copy  # its entry still records the CUDA tensor's device (Table.recorded)
-    if copies is not None:
-        copies.start()
-    # every CUDA tensor is coded now (those the budget sends to the host, copied there now): the
+            table.tensors[k] = copy
+    return table
+
+
+def stage_table(table: Table, policy: Policy, limits: GpuLimits, pool: PinnedPool, expected: int | None = None
+                ) -> StagedState:
+    """Encode the table's CUDA tensors in batches within ``limits`` (a host snapshot's small ones,
+    so the GPU needs little memory beyond the state and the XOR residues) and start copying their
+    stored bytes into ``pool``'s buffers, which must not run out (a growing pool, first made to
+    hold ``expected`` bytes, by default the raw size). Returns once the work is queued: the
+    caller's current streams wait for it, so its later kernels may change the tensors without a
+    host sync. The table's host tensors are encoded by :func:`write_staged`: they must not
+    change until then."""
+    # every CUDA tensor is coded now (those the limits send to the host were copied there): the
     # caller may change them once this returns
     cuda = [i for i, t in enumerate(table.tensors) if t.is_cuda]
     # stored bytes are at most about the raw size: slabs for them are quicker than many buffers
@@ -138,25 +140,11 @@ def stage_state(names: list[str], tensors: list[torch.Tensor], options: SaveOpti
     staged = StagedState(jobs, pool, table, [i for i in range(len(table.tensors)) if i not in chosen])
     try:
         with out_of_memory_named("snapshot", limits):
-            run_pipeline(lambda stager: encode_all(table, options.policy, stager, limits, cuda, options.on_progress),
-                         Stager(pool, jobs.append), None)
+            run_pipeline(lambda stager: encode_all(table, policy, stager, limits, cuda), Stager(pool, jobs.append), None)
     except BaseException:
         staged.release()  # the buffers the batches before the failure took, back to the pool
         raise
     return staged
-
-
-def stage_coded(names: list[str], tensors: list[torch.Tensor], policy: Policy, pool: PinnedPool,
-                gpu_memory: int | None = None, *, shared: bool = False) -> StagedState:
-    """A snapshot of a state's tensors as a stager takes it, so the caller may change them once
-    this returns: those its GPUs code are coded there now (:func:`stage_state`, in batches of
-    :data:`~.plan.SAVE_BATCH_BYTES`); every other tensor (a host tensor, or one the GPU cannot
-    code: no nvCOMP, or over its budget) is copied to the host now, into shared memory where
-    ``shared``, and coded by :func:`write_staged`."""
-    on_gpu = gpu_coded(tensors, policy, GpuLimits.of(tensors, policy, gpu_memory))
-    copied = [t if coded else shared_copy(t) if shared else t.to("cpu", copy=True) for t, coded in zip(tensors, on_gpu)]
-    return stage_state(names, copied, SaveOptions(policy, gpu_memory=gpu_memory, gpu_batch_bytes=SAVE_BATCH_BYTES["cuda"]),
-                       pool)
 
 
 def write_staged(f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry]:

@@ -37,19 +37,14 @@ def _nothing(_: int) -> None:
 @dataclass(frozen=True)
 class SaveOptions:
     """How a save codes a state: the codec policy, the base its tensors may be stored as XOR
-    deltas against (:mod:`.sources`), caps on the GPU memory it uses (:func:`ckptzip.memory.gpu.budget`) and
-    on the bytes of its GPU batches (None: :data:`~.plan.SAVE_BATCH_BYTES`), and what it tells of
-    its progress (the bytes of the tensors coded, as they are)."""
+    deltas against (:mod:`.sources`), a cap on the GPU memory it uses
+    (:func:`ckptzip.memory.gpu.budget`), and what it tells of its progress (the bytes of the
+    tensors coded, as they are)."""
 
     policy: Policy
     base: DeltaBase | None = None
     gpu_memory: int | None = None
-    gpu_batch_bytes: int | None = None
     on_progress: Callable[[int], object] = _nothing
-
-    def limits(self, tensors: list[torch.Tensor]) -> GpuLimits:
-        """The GPU limits of a save of ``tensors`` with these options."""
-        return GpuLimits.of(tensors, self.policy, self.gpu_memory, self.gpu_batch_bytes)
 
 
 def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree: Any, options: SaveOptions
@@ -58,7 +53,7 @@ def write_state(f: BinaryIO, names: list[str], tensors: list[torch.Tensor], tree
     tensor table. Duplicates and casts are stored as references; with a base, tensors may be
     stored as XOR deltas against it (:mod:`.sources`). GPU work stays within each GPU's budget
     (:func:`ckptzip.memory.gpu.budget`, the options cap it), on the caller's current stream."""
-    limits = options.limits(tensors)
+    limits = GpuLimits.of(tensors, options.policy, options.gpu_memory)
     table = rewrite_table(names, tensors, options.base)
     writer = ContainerWriter(f, table.version)
     pool = pinned_pool() if any(t.is_cuda for t in table.tensors) else None

@@ -43,9 +43,10 @@ except ImportError as exc:
     ) from exc
 
 from ..api import load
-from ..engine import Policy, StagedState, stage_coded, warm_up, write_staged
+from ..engine import Policy, warm_up
 from ..errors import UnsupportedFormatError, UnsupportedObjectError
 from ..memory.pinned import PinnedPool
+from ..staging import HostStaged, stage_coded
 from ..tree import flatten, map_tree
 
 __all__ = ["CompressedCheckpointManager", "CompressedItem"]
@@ -59,16 +60,15 @@ _Shell = tuple[Any, Any, torch.Size, tuple[int, ...]]  # a DTensor's mesh, place
 class CompressedItem(dict):  # type: ignore[type-arg]
     """One checkpoint item staged by ckptzip. As a mapping it is the item as saved (the live
     values: torch_checkpointing reads its sharding metadata from them); what is written is the
-    snapshot: a :class:`~ckptzip.engine.staged.StagedState` whose GPU tensors are coded already.
+    snapshot: a :class:`~ckptzip.staging.HostStaged` whose GPU tensors are coded already.
 
     It crosses to torch_checkpointing's writer process as its snapshot in shared memory (a
     reduction registered with ``multiprocessing``'s pickler), and ``torch.save`` writes it as one
     ckptzip container (``__reduce_ex__``). Staging copies nothing of it (``__deepcopy__``)."""
 
-    _staged: StagedState
+    _staged: HostStaged
     _tree: Any
     _shells: dict[str, _Shell]
-    _codec: str
     _container: torch.Tensor | None
 
     @classmethod
@@ -88,17 +88,17 @@ class CompressedItem(dict):  # type: ignore[type-arg]
         flat = flatten(map_tree(value, local))
         staged = stage_coded([t.name for t in flat.tensors], [t.tensor for t in flat.tensors], Policy.parse(codec),
                              pool, gpu_memory, shared=True)
-        return cls._of(value, staged, flat.tree, shells, codec)
+        return cls._of(value, staged, flat.tree, shells)
 
     @classmethod
-    def _of(cls, value: Mapping[Any, Any], staged: StagedState, tree: Any, shells: dict[str, _Shell], codec: str
+    def _of(cls, value: Mapping[Any, Any], staged: HostStaged, tree: Any, shells: dict[str, _Shell]
             ) -> CompressedItem:
         item = cls(value)
-        item._staged, item._tree, item._shells, item._codec, item._container = staged, tree, shells, codec, None
+        item._staged, item._tree, item._shells, item._container = staged, tree, shells, None
         return item
 
     @property
-    def staged(self) -> StagedState:
+    def staged(self) -> HostStaged:
         return self._staged
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CompressedItem:
@@ -110,18 +110,18 @@ class CompressedItem(dict):  # type: ignore[type-arg]
         it, the host tensors coded now."""
         if self._container is None:
             buffer = io.BytesIO()
-            write_staged(buffer, self._staged, self._tree, Policy.parse(self._codec))
+            self._staged.write(buffer, self._tree)
             self._container = torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8)
         return (_decoded, (FORMAT, self._container, self._shells))
 
 
 def _handed_over(item: CompressedItem) -> tuple[Any, ...]:
     """The item as torch_checkpointing's writer process receives it: its snapshot, portable."""
-    return (_received, (item._staged.portable(), item._tree, item._shells, item._codec))
+    return (_received, (item._staged.portable(), item._tree, item._shells))
 
 
-def _received(staged: StagedState, tree: Any, shells: dict[str, _Shell], codec: str) -> CompressedItem:
-    return CompressedItem._of({}, staged, tree, shells, codec)
+def _received(staged: HostStaged, tree: Any, shells: dict[str, _Shell]) -> CompressedItem:
+    return CompressedItem._of({}, staged, tree, shells)
 
 
 ForkingPickler.register(CompressedItem, _handed_over)
@@ -189,7 +189,7 @@ class CompressedCheckpointManager(CheckpointManager):
         self._gpu_memory = gpu_memory
         # staged bytes cross to the writer process without a copy; reused once that write is done
         self._pool = PinnedPool(count=sys.maxsize, shared=True)
-        self._in_flight: list[StagedState] = []
+        self._in_flight: list[HostStaged] = []
         self._last_write: Future[Any] | None = None
         warm_up(policy=Policy.parse(codec))
 

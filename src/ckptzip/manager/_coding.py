@@ -6,7 +6,7 @@ operator it launches: the training slows for as long as the coding runs. So wher
 leaves tensors to code on the host, the write runs in a child interpreter (:class:`CodingProcess`,
 a fresh interpreter that imports this module, never re-running the caller's script) at a lower
 scheduling priority: it receives the staged state in shared memory (no copy:
-:meth:`~ckptzip.engine.StagedState.portable`), codes and assembles the container there, and passes
+:meth:`~ckptzip.staging.HostStaged.portable`), codes and assembles the container there, and passes
 its bytes back through a ring of shared buffers; the parent writes them to the checkpoint's file
 (its storage, atomic commit and early writeback stay where they were). The child never touches a
 GPU.
@@ -36,10 +36,10 @@ import torch.multiprocessing  # registers the reductions that hand shared tensor
 
 from .. import settings
 from ..codecs import cpu_threads
-from ..engine import Policy, StagedState, write_staged
 from ..errors import CheckpointWriteError
 from ..format import TensorEntry
 from ..memory.shared import shared_empty
+from ..staging import HostStaged
 
 # Buffers of the ring the child's bytes come back through: a few, so the child codes on while the
 # parent writes one out.
@@ -114,9 +114,9 @@ class CodingProcess:
             raise _ChildFailed(f"it could not be started: {exc}") from exc
         return self._conn
 
-    def write(self, f: BinaryIO, staged: StagedState, tree: Any, policy: Policy) -> list[TensorEntry] | None:
-        """Write ``staged`` (its bytes on the host, its buffers kept until this returns) to ``f``
-        as :func:`~ckptzip.engine.write_staged` does, the coding in the child; None where the
+    def write(self, f: BinaryIO, staged: HostStaged, tree: Any) -> list[TensorEntry] | None:
+        """Write ``staged`` (its buffers kept until this returns) to ``f`` as its own
+        :meth:`~ckptzip.staging.HostStaged.write` does, the coding in the child; None where the
         child could not, and ``f`` holds nothing of it (the caller writes it in this process).
         :class:`~ckptzip.errors.CheckpointWriteError` where the child failed after some of its
         bytes reached a file that cannot be rewound; the file's own errors as they are."""
@@ -124,7 +124,7 @@ class CodingProcess:
             start = f.tell() if f.seekable() else None
             written = [0]
             try:
-                entries = self._write(f, staged, tree, policy, written)
+                entries = self._write(f, staged, tree, written)
             except _ChildFailed as exc:
                 self._stop()
                 self.failures += 1
@@ -143,12 +143,11 @@ class CodingProcess:
             self.failures = 0
             return entries
 
-    def _write(self, f: BinaryIO, staged: StagedState, tree: Any, policy: Policy, written: list[int]
-               ) -> list[TensorEntry]:
+    def _write(self, f: BinaryIO, staged: HostStaged, tree: Any, written: list[int]) -> list[TensorEntry]:
         conn = self._ensure()
         assert self._ring is not None
         ring = self._ring.numpy().data
-        storages, payload = _dumps((staged.portable(), tree, policy))
+        storages, payload = _dumps((staged.portable(), tree))
         try:
             conn.send(("write", storages, payload))
             while True:
@@ -301,9 +300,9 @@ def _child(fd: int) -> None:
             continue
         assert ring is not None
         try:
-            staged, tree, policy = _loads(message[1], message[2])
+            staged, tree = _loads(message[1], message[2])
             relay = _Relay(conn, ring, slot_bytes)
-            entries = write_staged(relay, staged, tree, policy)  # type: ignore[arg-type]
+            entries = staged.write(relay, tree)
             relay.finish()
             reply: tuple[Any, ...] = ("done", entries)
         except Exception as exc:  # reported to the parent, which then writes this snapshot itself
