@@ -209,7 +209,7 @@ def test_gpu_state_is_coded_on_the_gpu_before_staging(tmp_path: Path, saver: str
         for k in range(2):
             before = _copy(payload)
             item = manager._item("model", payload["model"])
-            assert item.staged.jobs  # coded on the GPU, its stored bytes staged
+            assert item.staged.state.jobs  # coded on the GPU, its stored bytes staged
             item.staged.release()
             future = manager.save(str(tmp_path / f"s{k}"), payload)
             _mutate(payload)
