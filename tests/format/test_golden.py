@@ -149,6 +149,19 @@ def test_ckz_huff_golden_files_decode_on_the_cpu_and_the_encoder_still_writes_th
     assert entries["model.embed.weight"].codecs[0] == "ckz-huff"  # the bitmap
 
 
+def test_gpu_written_ckz_huff_golden_file_decodes_on_the_cpu() -> None:
+    """gpu_ckzhuff_v2_1.ckz was written by ckz-huff's GPU kernels (an H100): it loads on the CPU,
+    and its stored chunks are the CPU encoder's byte for byte (the files differ only in the
+    devices their index records)."""
+    with ckptzip.open(GOLDEN / "gpu_ckzhuff_v2_1.ckz", map_location="cpu") as reader:
+        entries = {e.name: e for e in reader.entries()}
+        assert_same(reader.load(), golden_state())
+    assert entries["model.embed.weight"].device == "cuda:0"
+    assert "ckz-huff" in entries["model.embed.weight"].codecs
+    gpu, cpu = ((GOLDEN / name).read_bytes() for name in ("gpu_ckzhuff_v2_1.ckz", "cpu_ckzhuff_v2_1.ckz"))
+    assert _data_section(gpu) == _data_section(cpu)
+
+
 def _data_section(file: bytes) -> bytes:
     """A file's stored chunks: from the preamble to the index (which names the writer's version)."""
     return file[16 : int.from_bytes(file[-32:-24], "little")]
