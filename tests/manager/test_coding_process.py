@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,6 +75,29 @@ def test_the_child_writes_the_bytes_the_write_in_place_writes(small_ring: None) 
             assert_same(ckptzip.load(f.getvalue()), state)
     finally:
         process.close()
+
+
+def test_the_childs_bytes_are_handed_to_the_disk_as_they_arrive(small_ring: None, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in-process writes do (storage/writeback.py): else a host with much memory keeps the
+    whole checkpoint dirty until its fsync, which then writes it after the coding has ended."""
+    from ckptzip.storage import writeback
+
+    monkeypatch.setattr(writeback, "WRITEBACK_BYTES", 8192)
+    advised: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, length, how: advised.append((offset, length)),
+                        raising=False)
+    staged, tree = _staged(_state())
+    process = CodingProcess()
+    try:
+        with open(tmp_path / "f", "wb") as f:
+            process.write(f, staged, tree)
+    finally:
+        process.close()
+    size = (tmp_path / "f").stat().st_size
+    assert advised[0][0] == 0 and all(a + n == b for (a, n), (b, _) in zip(advised, advised[1:]))
+    assert size - 8192 < advised[-1][0] + advised[-1][1] <= size
+    assert (tmp_path / "f").read_bytes() == _in_place(_state())
 
 
 def test_tensors_in_shared_memory_cross_as_their_storages_once() -> None:

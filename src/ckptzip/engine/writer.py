@@ -6,7 +6,6 @@ builds their index entries; the index last.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -19,6 +18,7 @@ from ..errors import GpuMemoryError
 from ..format import DTYPE_NAMES, Chunk, ContainerWriter, StreamEntry, TensorEntry, digest_hexes
 from ..memory import gpu
 from ..memory.pinned import PinnedPool, pinned_pool
+from ..storage.writeback import Writeback
 from .ahead import InOrder
 from .encode import Part
 from .pipeline import encode_all
@@ -26,9 +26,6 @@ from .plan import GpuLimits
 from .policy import Policy
 from .sources import DeltaBase, Table, rewrite_table
 from .stager import Job, Record, Stager
-
-WRITEBACK_BYTES = 64 << 20
-
 
 def _nothing(_: int) -> None:
     pass
@@ -90,8 +87,7 @@ class Sink(InOrder[Job]):
         self._batch_start = 0
         self._parts: dict[int, list[StreamEntry]] = {}  # tensors coded in parts: their streams so far
         self._pool = pool
-        self._fd = _file_descriptor(f)
-        self._flushed_to = 0
+        self._writeback = Writeback(f)
         super().__init__("ckptzip-writer", max(8, pool.count if pool else 0))
 
     def _handle(self, job: Job) -> None:
@@ -110,7 +106,7 @@ class Sink(InOrder[Job]):
         self._writer.append(buffer.numpy().data[:n])
         if job.record is not None:
             self._record(job.record, self._batch_start)
-        self._writeback()
+        self._writeback.wrote()
 
     def _record(self, record: Record, start: int) -> None:
         coded = record.coded
@@ -154,25 +150,6 @@ class Sink(InOrder[Job]):
         if part.last:
             del self._parts[position]
         return streams
-
-    def _writeback(self) -> None:
-        """Ask the kernel to start writing what was written so far, so the disk works during encoding."""
-        end = self._writer.offset
-        if self._fd is None or end - self._flushed_to < WRITEBACK_BYTES:
-            return
-        self._writer.flush()
-        os.posix_fadvise(self._fd, self._flushed_to, end - self._flushed_to, os.POSIX_FADV_DONTNEED)
-        self._flushed_to = end
-
-
-def _file_descriptor(f: BinaryIO) -> int | None:
-    """The OS file descriptor behind ``f`` when early writeback can use it, else None."""
-    if not hasattr(os, "posix_fadvise"):
-        return None
-    try:
-        return f.fileno()
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
-        return None
 
 
 def run_pipeline(encode: Callable[[Stager], None], stager: Stager, sink: Sink | None) -> None:

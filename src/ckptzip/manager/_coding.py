@@ -39,6 +39,7 @@ from ..codecs import cpu_threads
 from ..errors import CheckpointWriteError
 from ..format import TensorEntry
 from ..memory.shared import shared_empty
+from ..storage.writeback import Writeback
 from ..staging import HostStaged
 
 # Buffers of the ring the child's bytes come back through: a few, so the child codes on while the
@@ -148,6 +149,7 @@ class CodingProcess:
         assert self._ring is not None
         ring = self._ring.numpy().data
         storages, payload = _dumps((staged.portable(), tree))
+        writeback = Writeback(f)  # the disk works while the child codes, as in-process writes do
         try:
             conn.send(("write", storages, payload))
             while True:
@@ -162,6 +164,7 @@ class CodingProcess:
                 _, slot, n = message
                 f.write(ring[slot * self._slot_bytes : slot * self._slot_bytes + n])
                 written[0] += n
+                writeback.wrote()
                 conn.send(("free", slot))
         except (EOFError, OSError) as exc:  # the connection, not the file: f.write's errors are the file's own
             if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
