@@ -203,7 +203,7 @@ def pipeline(state: dict[str, Any], size: int, codec: str, reps: int) -> dict[st
     ckptzip.save(state, memory, codec=codec)
     data = memory.getvalue()
     first_load, load, back = first_and_median(lambda: ckptzip.load(data, map_location="cuda"), reps)
-    exact = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    exact = all(torch.equal(a.reshape(-1).view(torch.uint8), b.to(a.device).reshape(-1).view(torch.uint8))
                 for a, b in zip(_tensors(state), _tensors(back)))
     del back
     return {"codec": codec, "ratio": size / len(data), "save_gbs": size / save / GB, "load_gbs": size / load / GB,
