@@ -257,10 +257,13 @@ def _manager_method(name: str, directory: Path) -> Method:
                     kind="ckz", path_of=lambda d, step: d / f"step_{step:08d}.ckz", prepare=manager.prepare)
 
     def save(step: int, state: dict[str, torch.Tensor], d: Path) -> None:
-        manager.save(step, state)
-        method.notes.setdefault("snapshots", []).append(
-            {"mode": manager.last_snapshot, "overlapped": manager.last_snapshot_overlapped,
-             "reason": manager.last_snapshot_reason})
+        future = manager.save(step, state)
+        note = {"mode": manager.last_snapshot, "overlapped": manager.last_snapshot_overlapped,
+                "reason": manager.last_snapshot_reason}
+        returned = time.perf_counter()
+        # the background write's time, from save's return to its commit (fsync included)
+        future.add_done_callback(lambda _: note.__setitem__("write_s", round(time.perf_counter() - returned, 3)))
+        method.notes.setdefault("snapshots", []).append(note)
 
     method.save = save
     return method
