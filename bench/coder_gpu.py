@@ -6,7 +6,8 @@
 2. the coder alone on the sign/exponent planes of a trained-like state (fp32 weights N(0, 0.02)
    after AdamW steps, AdamW's exp_avg and exp_avg_sq, bf16 gradients; ``--plane-mib`` MiB each):
    ratio, encode and decode GB/s of plane bytes (first call apart, then the median of ``--reps``)
-   of ckz-huff (shipped kernels; its single-level decoder, FIRST=12, through Triton's JIT) against
+   of ckz-huff (shipped kernels; its single-level decoder, FIRST=12, through Triton's JIT; in
+   smaller chunks, ``--huff-chunks``, so a call has more chunks and the GPU more warps) against
    nvCOMP's ans, gdeflate (Huffman only, auto's plane codec) and zstd, each in its own chunk size;
 3. the pipeline: ``ckptzip.save`` of a trained-like state of ``--state-gib`` GiB to a file object
    that discards its input and ``ckptzip.load`` from its bytes in host memory onto the GPU, with
@@ -250,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plane-mib", type=int, default=256, help="bytes of each class's plane (MiB)")
     parser.add_argument("--state-gib", type=float, default=4.0, help="size of the pipeline's state (GiB)")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions after the first call (median)")
+    parser.add_argument("--huff-chunks", type=lambda v: [int(x) for x in v.split(",") if x], default=[64, 128],
+                        help="ckz-huff also in chunks of these KiB (comma-separated; empty: none)")
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("--cpu-load", help=argparse.SUPPRESS)  # the child process of cpu_load
     args = parser.parse_args(argv)
@@ -284,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             gpu_huff.FIRST = 8
         rows_out.append(single)
+        for kib in args.huff_chunks:  # more chunks a call, more warps at work: does the coder run faster?
+            smaller = gpu_huff.CkzHuffCudaCodec()
+            smaller.chunk_bytes = kib << 10  # type: ignore[misc]  # an instance's own chunk size
+            rows_out.append(coder_row(f"ckz-huff {kib}K", smaller, plane, args.reps))
         for config in NVCOMP if nvcomp else []:
             row = coder_row(config["id"], get_codec(config, "cuda"), plane, args.reps)
             if config["id"] == "gdeflate" and has_codec("gdeflate", "cpu"):
