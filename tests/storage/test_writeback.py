@@ -82,3 +82,30 @@ def test_a_file_system_that_refuses_the_advice_is_written_without_it(tmp_path: P
             back.wrote()
     assert calls == [0]  # asked once, then never again
     assert (tmp_path / "f").stat().st_size == 4096
+
+
+def test_a_save_to_a_pipe_is_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipe has a descriptor but takes no advice (ESPIPE): before writeback asked whether the
+    file can seek, a save to a pipe failed once a writeback range had filled."""
+    import threading
+
+    import torch
+    from helpers import assert_same
+
+    import ckptzip
+
+    monkeypatch.setattr(writeback, "WRITEBACK_BYTES", 1024)
+    state = {"w": torch.randn(64, 1024, generator=torch.Generator().manual_seed(3)), "step": 7}
+    read, write = os.pipe()
+    received: list[bytes] = []
+
+    def drain() -> None:
+        with os.fdopen(read, "rb") as r:
+            received.append(r.read())
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    with os.fdopen(write, "wb") as pipe:
+        ckptzip.save(state, pipe)
+    reader.join()
+    assert_same(ckptzip.load(received[0]), state)
