@@ -70,6 +70,7 @@ HOST_RULES: tuple[Rule, ...] = (
     Rule("checksums", path="/ckptzip/checksum.py"),
     Rule("checksums", names=("segment_sums", "_segment_sums_numpy", "verify_checksums", "_verify_xxh3")),
     Rule("byte planes (host)", path="/ckptzip/kernels/planes.py"),
+    Rule("new host pages (fault-in)", path="/ckptzip/memory/pages.py"),
     Rule("codecs (host calls)", path="/ckptzip/codecs/"),
     Rule("file I/O", path="/ckptzip/storage/"),
     Rule("file I/O", path="/ckptzip/format/writer.py", names=("append", "flush")),

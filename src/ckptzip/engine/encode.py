@@ -26,6 +26,8 @@ from ..codecs.base import Segments
 from ..kernels.planes import PLANE_ALIGN, plane_layout, split_planes
 from ..kernels.segments import segment_sums, tensor_sums
 from ..memory import blocks
+from ..memory.pages import fresh
+from ..memory.scratch import scratch
 from ..memory.tables import to_device
 from ..transforms import BytePlanes, Sparse, Transform
 from ..transforms.sparse import forward_many
@@ -101,6 +103,14 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.from_numpy(np.zeros(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
 
 
+def _planes_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
+    """The buffer of a batch's planes and whole streams: on the host, this thread's (a CPU batch
+    is started and finished on one thread, and nothing holds its planes after :meth:`PendingBatch.finish`
+    gathers the stored chunks), so the pages a large tensor's planes need are faulted in once a
+    thread, not once a batch."""
+    return blocks.empty(nbytes, device) if device.type == "cuda" else scratch("planes", nbytes)
+
+
 def _aligned_layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
     slots = -(-sizes // PLANE_ALIGN) * PLANE_ALIGN
     return np.cumsum(slots) - slots, int(slots.sum())
@@ -138,7 +148,7 @@ def start_batch(tensors: list[torch.Tensor], policy: Policy, backend: str,
     whole = np.flatnonzero(~split & (nonzero < 0))
     whole_offsets, whole_total = _aligned_layout(nbytes[whole])
     sizes = [layout[4] for layout in layouts] + ([max(whole_total, 1)] if whole.size else [])
-    sections = list(blocks.empty(sum(sizes), device).split(sizes)) if sizes else []
+    sections = list(_planes_buffer(sum(sizes), device).split(sizes)) if sizes else []
     for (k, idx, starts, strides, _), planes in zip(layouts, sections):
         checksums[to_device(idx, device)] = split_planes(
             [datas[i] for i in idx], k, planes, starts, strides, hist, idx)
@@ -240,7 +250,8 @@ class PendingBatch:
         lengths_in_order = c_length[order]
         out_offsets = np.empty_like(c_length)
         out_offsets[order] = np.cumsum(lengths_in_order) - lengths_in_order
-        stored = blocks.empty(int(c_length.sum()), batch.checksums.device)
+        device = batch.checksums.device
+        stored = blocks.empty(int(c_length.sum()), device) if device.type == "cuda" else fresh(int(c_length.sum()))
         zeros = np.zeros(c_length.size, np.int64)
         digests = segment_sums(bases, chunks.base, chunks.offset, c_length, outs=[stored], out_index=zeros,
                                out_offsets=out_offsets)

@@ -23,6 +23,7 @@ from ..codecs import codec_threads, cpu_threads
 from ..errors import CorruptCheckpointError, DecodeBudgetError, GpuMemoryError
 from ..format import DTYPES, ContainerReader, TensorEntry
 from ..memory import gpu
+from ..memory.pages import prefer_huge_pages
 from ..memory.pinned import to_host
 from ..memory.scratch import scratch
 from . import plan as _plan
@@ -218,9 +219,11 @@ def _read_retrying(reader: ContainerReader, targets: list[_Target], options: Loa
     GPU runs out of memory anyway (other allocations than the budget saw), again in batches a
     quarter and a sixteenth the size, then ``GpuMemoryError``."""
     # outputs first, on this thread (host memory a previous load freed is reused from this thread's
-    # heap instead of being paged in afresh by worker threads), and once: a retry reuses them
-    targets = [t if t.out is not None else _Target(t.entry, t.device, t.work, _output(t.entry, t.work))
-               for t in targets]
+    # heap instead of being paged in afresh by worker threads), and once: a retry reuses them; new
+    # host outputs in huge pages where the kernel gives them on request (the batches fault them in)
+    made = [_Target(t.entry, t.device, t.work, _output(t.entry, t.work)) if t.out is None else None for t in targets]
+    prefer_huge_pages(m.output() for m in made if m is not None)
+    targets = [t if m is None else m for t, m in zip(targets, made)]
     failures: list[str] = []
     for shrink in RETRY_SHRINK:
         try:

@@ -5,7 +5,9 @@ MiB. Allocated afresh per batch on several threads, they were served from glibc'
 mmap threshold had risen, and the freed ones stayed there: a load of one 256 MiB tensor peaked at
 1.3-1.6x its decoded size on 2 cores. A batch runs start to end on one thread and nothing holds
 these buffers after it (its outputs are allocated before the batches run), so each thread keeps
-one of each and grows it when a batch needs more.
+one of each and grows it when a batch needs more. A CPU save splits each batch into a planes
+buffer the same way: a large tensor's, new each batch, had its pages faulted in each time.
+Buffers are :func:`~.pages.fresh` memory (huge pages where the kernel gives them on request).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import threading
 
 import torch
+
+from .pages import fresh
 
 _LOCAL = threading.local()
 
@@ -24,5 +28,5 @@ def scratch(name: str, nbytes: int) -> torch.Tensor:
     buffer = buffers.get(name)
     if buffer is None or buffer.numel() < nbytes:
         buffers.pop(name, None)  # the old one goes before the larger one comes
-        buffer = buffers[name] = torch.empty(nbytes, dtype=torch.uint8)
+        buffer = buffers[name] = fresh(nbytes)
     return buffer[:nbytes]
