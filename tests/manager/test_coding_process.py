@@ -6,6 +6,7 @@ fails that checkpoint only, and the next write starts a new one."""
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import time
 from pathlib import Path
@@ -95,7 +96,7 @@ def test_the_childs_bytes_are_handed_to_the_disk_as_they_arrive(small_ring: None
     finally:
         process.close()
     size = (tmp_path / "f").stat().st_size
-    assert advised[0][0] == 0 and all(a + n == b for (a, n), (b, _) in zip(advised, advised[1:]))
+    assert advised[0][0] == 0 and all(a + n == b for (a, n), (b, _) in itertools.pairwise(advised))
     assert size - 8192 < advised[-1][0] + advised[-1][1] <= size
     assert (tmp_path / "f").read_bytes() == _in_place(_state())
 
