@@ -258,8 +258,8 @@ def _manager_method(name: str, directory: Path) -> Method:
 
     def save(step: int, state: dict[str, torch.Tensor], d: Path) -> None:
         future = manager.save(step, state)
-        note = {"mode": manager.last_snapshot, "overlapped": manager.last_snapshot_overlapped,
-                "reason": manager.last_snapshot_reason}
+        note: dict[str, Any] = {"mode": manager.last_snapshot, "overlapped": manager.last_snapshot_overlapped,
+                                "reason": manager.last_snapshot_reason}
         returned = time.perf_counter()
         # the background write's time, from save's return to its commit (fsync included)
         future.add_done_callback(lambda _: note.__setitem__("write_s", round(time.perf_counter() - returned, 3)))
