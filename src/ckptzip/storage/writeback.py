@@ -24,7 +24,8 @@ def file_descriptor(f: BinaryIO) -> int | None:
     if not hasattr(os, "posix_fadvise"):
         return None
     try:
-        return f.fileno() if f.seekable() else None
+        fd = f.fileno()  # first: what has no descriptor (memory, fsspec's files) is asked nothing more
+        return fd if f.seekable() else None
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
         return None
 
