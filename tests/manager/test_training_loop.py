@@ -68,6 +68,20 @@ def _host(state: object) -> object:
     return state
 
 
+def _saves_while_training(manager: CheckpointManager, steps: int) -> dict[int, object]:
+    """Train and save steps 1 to ``steps``, each save's read overlapping the next training step
+    (whose optimizer step waits for it); the state each save was given, copied to the host."""
+    loop = Loop(rows=1 << 13)
+    saved = {}
+    for step in range(1, steps + 1):
+        loop.step()
+        saved[step] = _host(loop.state())
+        manager.save(step, loop.state())
+        assert manager.last_snapshot_overlapped, manager.last_snapshot_reason
+        loop.step()
+    return saved
+
+
 @pytest.fixture
 def fresh_gpu() -> Iterator[None]:
     if torch.cuda.is_available():
@@ -147,14 +161,7 @@ def test_saves_to_the_memory_tier_inside_a_loop_restore_from_memory_as_saved(
     tier = MemoryTier(keep=2, persist_every=2, path=tmp_path / "shm")
     with CheckpointManager(tmp_path / "run", snapshot="host", memory_tier=tier,
                            host_coding=host_coding) as manager:  # type: ignore[arg-type]
-        loop = Loop(rows=1 << 13)
-        saved = {}
-        for step in range(1, 4):
-            loop.step()
-            saved[step] = _host(loop.state())
-            manager.save(step, loop.state())
-            assert manager.last_snapshot_overlapped, manager.last_snapshot_reason
-            loop.step()  # its optimizer step waits for the read
+        saved = _saves_while_training(manager, 3)
         manager.wait(persisted=True)
     reader = CheckpointManager(tmp_path / "run", memory_tier=MemoryTier(path=tmp_path / "shm"))
     assert_same(reader.restore(3, map_location="cpu"), saved[3])
@@ -167,13 +174,7 @@ def test_saves_to_the_memory_tier_inside_a_loop_restore_from_memory_as_saved(
 def test_incremental_saves_inside_a_loop_restore_every_step_as_saved(tmp_path: Path, fresh_gpu: None) -> None:
     # deltas are rewritten against the last save's host copy while the read overlaps training
     with CheckpointManager(tmp_path, snapshot="host", incremental=3, keep_last=None) as manager:
-        loop = Loop(rows=1 << 13)
-        saved = {}
-        for step in range(1, 5):
-            loop.step()
-            saved[step] = _host(loop.state())
-            manager.save(step, loop.state())
-            loop.step()
+        saved = _saves_while_training(manager, 4)
         manager.wait()
         for step, expected in saved.items():
             assert_same(manager.restore(step, map_location="cpu"), expected)
