@@ -74,8 +74,9 @@ CONFIGS = {
     "tiny": Config(hidden=64, layers=2, intermediate=128, heads=4, vocab=256, batch=2, seq=32),
     # 1.14 B parameters, 13.7 GB of state; training leaves about 16 GB of an H100's 80 GB free
     "h100": Config(hidden=2048, layers=20, intermediate=5504, heads=16, vocab=32000, batch=8, seq=2048),
-    # 2.7 B parameters, 32 GB of state; sized for an H200's 141 GB
-    "h200": Config(hidden=2560, layers=32, intermediate=6912, heads=20, vocab=32000, batch=8, seq=2048),
+    # 1.74 B parameters, 21 GB of state; its activations fill an H200's 141 GB as the h100 one does
+    # an H100's, and two checkpoints of the largest peer (uncoded) still fit the machine's 64 GiB disk
+    "h200": Config(hidden=2560, layers=20, intermediate=6912, heads=20, vocab=32000, batch=14, seq=2048),
 }
 
 
