@@ -171,7 +171,7 @@ static void build_table(Code *c, const unsigned *bl) {
     }
 }
 
-/* The code of a Huffman chunk's header: its lengths checked, its tables built. */
+/* The code of a Huffman chunk's header: its lengths checked, its table built. */
 static Status read_code(Code *c, const uint8_t *in, size_t len, size_t *payload) {
     unsigned s, k = 0, bl[MAX_LEN + 1] = {0}, i;
     uint32_t kraft = 0;
@@ -254,7 +254,7 @@ static inline void step(const uint32_t *multi, const uint8_t *payload, uint64_t 
             uint32_t e = *t;
             store32(o[j], e);
             o[j] += COUNT(e);
-            w[j] <<= ((const uint8_t *)t)[3] & 63; /* BITS(e), read as a byte: one load, no shift */
+            w[j] <<= ((const uint8_t *)t)[3] & 63; /* BITS(e): its top byte (little-endian), loaded, not shifted out */
         }
     }
     UNROLLED
