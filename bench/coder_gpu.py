@@ -56,15 +56,15 @@ NVCOMP = [{"id": "ans", "data_type": "|u1"}, {"id": "gdeflate", "algorithm_type"
 
 def trained_like(rows: int, cols: int, steps: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     """A weight matrix N(0, 0.02) after ``steps`` AdamW steps on gradients of per-row and per-column
-    scales (heavy-tailed, as layers' are), its moments, and the last gradients in bf16."""
-    w = torch.randn(rows, cols, device="cuda", generator=g) * 0.02
-    row = (torch.randn(rows, 1, device="cuda", generator=g) * 0.7).exp()
-    col = (torch.randn(1, cols, device="cuda", generator=g) * 0.7).exp()
+    scales (heavy-tailed, as layers' are), its moments, and the last gradients in bf16, on ``g``'s device."""
+    w = torch.randn(rows, cols, device=g.device, generator=g) * 0.02
+    row = (torch.randn(rows, 1, device=g.device, generator=g) * 0.7).exp()
+    col = (torch.randn(1, cols, device=g.device, generator=g) * 0.7).exp()
     m, v = torch.zeros_like(w), torch.zeros_like(w)
     lr, b1, b2, eps, wd = 1e-3, 0.9, 0.999, 1e-8, 0.1
     grad = w
     for t in range(1, steps + 1):
-        grad = torch.randn(rows, cols, device="cuda", generator=g) * 1e-3 * row * col
+        grad = torch.randn(rows, cols, device=g.device, generator=g) * 1e-3 * row * col
         m.mul_(b1).add_(grad, alpha=1 - b1)
         v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
         w.mul_(1 - lr * wd).addcdiv_(m / (1 - b1**t), (v / (1 - b2**t)).sqrt_().add_(eps), value=-lr)

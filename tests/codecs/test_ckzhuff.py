@@ -6,6 +6,10 @@ a hang or a write outside its slot."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
+import sys
 from pathlib import Path
 
 import ckzhuff_cases as cases
@@ -110,6 +114,42 @@ def test_codes_the_encoder_would_not_choose_decode_too() -> None:
         assert _decode(chunk, data.size) == data.tobytes()
 
 
+def _lengths(spec: dict[int, int]) -> np.ndarray:
+    """A complete code of ``spec[length]`` symbols of each length, spread over the byte values."""
+    lengths = np.zeros(256, dtype=np.int64)
+    spread = np.arange(256) * 7 % 256  # distinct bytes: 7 is prime to 256
+    lengths[spread[: sum(spec.values())]] = np.repeat(list(spec), list(spec.values()))
+    assert (1 << (12 - lengths[lengths > 0])).sum() == 1 << 12
+    return lengths
+
+
+# Codes whose 12-bit table entries hold 3, 2 or 1 symbols (codes of 4, 6, 8 bits), as many as a
+# lookup takes (two 1-bit codes: 3, though 12 would fit), and all of these mixed (1 to 12 bits).
+LOOKUPS = {
+    "3 a lookup": {4: 16},
+    "2 a lookup": {6: 64},
+    "1 a lookup": {8: 256},
+    "1-bit codes": {1: 2},
+    "1 to 12 bits": {**{n: 1 for n in range(1, 12)}, 12: 2},
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOKUPS))
+def test_codes_of_every_lookup_width_round_trip(name: str) -> None:
+    """The GPU's chunk size (each lane's bytes decoded side by side with seven others, then the
+    lane's last bytes one lookup at a time) and short rounds, in one call, each chunk's bytes
+    drawn from its code's symbols alike (long codes as often as short ones)."""
+    lengths = _lengths(LOOKUPS[name])
+    rng = np.random.default_rng(10)
+    sizes = [5, 1 << 18, 70_001, 1000]  # a call's staging is sized by its largest chunk
+    data = [rng.choice(np.flatnonzero(lengths), n).astype(np.uint8) for n in sizes]
+    chunks = [ref.huffman_chunk(d, lengths) for d in data]
+    got = _codec().decode([_t(c) for c in chunks], sizes)
+    for d, g in zip(data, got):
+        assert g.numpy().tobytes() == d.tobytes()
+    assert ref.decode(chunks[-1], sizes[-1]) == data[-1].tobytes()
+
+
 def test_a_chunk_of_the_largest_size_round_trips() -> None:
     data = ref.samples(MAX_CHUNK, 4)["bf16 gradients"]
     coded = _encode(data)
@@ -188,6 +228,78 @@ def test_damaged_chunks_never_crash_and_decode_to_their_size_or_fail() -> None:
                 failed += 1
             assert bool((slot[:32] == 0xA5).all()) and bool((slot[32 + n :] == 0xA5).all())
     assert failed > 0
+
+
+def test_damaged_chunks_decode_or_fail_as_the_reference_does() -> None:
+    """Chunks whose lanes (625 bytes each) decode mostly side by side, damaged: flipped bits in the
+    lanes, a lane's words moved to the next, random lanes. The decoder decodes each to the bytes
+    the specification's reference decoder does, or fails with one of its flaws where it fails."""
+    rng = np.random.default_rng(11)
+    codec = _codec()
+    n, outcomes = 20_000, set()
+    for kind in ("fp32 sign+exponent", "bf16 gradients", "skewed", "geometric"):
+        chunk = np.frombuffer(ref.encode(ref.samples(n, 12)[kind].tobytes()), np.uint8)
+        assert chunk[0] == ref.HUFFMAN
+        head = ref.header_size(int(np.unpackbits(chunk[68:100]).sum()))
+        for trial in range(6):
+            data = chunk.copy()
+            if trial % 3 == 0:
+                bits = rng.integers(8 * head, 8 * data.size, int(rng.integers(1, 4)))
+                np.bitwise_xor.at(data, bits // 8, (1 << (bits % 8)).astype(np.uint8))
+            elif trial % 3 == 1:
+                lane = int(rng.integers(0, ref.LANES - 1))
+                words = data[4:68].view("<u2")
+                words[lane] -= 1
+                words[lane + 1] += 1
+            else:
+                data[head:] = rng.integers(0, 256, data.size - head)
+            try:
+                expected: bytes | None = ref.decode(data.tobytes(), n)
+            except ref.Malformed:
+                expected = None
+            slot = torch.full((n + 64,), 0xA5, dtype=torch.uint8)
+            try:
+                codec.decode_segments(torch.from_numpy(data), np.array([0]), np.array([data.size]), slot,
+                                      np.array([32]), np.array([n]))
+                got: bytes | None = slot[32 : 32 + n].numpy().tobytes()
+            except CorruptChunkError as exc:
+                assert str(exc) in {f"ckz-huff chunk 0 does not decode: {why}" for _, why in cases.FLAWED}
+                got = None
+            assert got == expected, (kind, trial)
+            assert bool((slot[:32] == 0xA5).all()) and bool((slot[32 + n :] == 0xA5).all())
+            outcomes.add(got is None)
+    assert outcomes == {True, False}  # both ways taken
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="guards the chunk's end with mprotect")
+def test_reads_stay_within_the_chunk() -> None:
+    """Each chunk, valid or damaged, ends where an unreadable page begins: a decoder that read a
+    byte past it (a lane's 8-byte windows near the payload's end) would crash the process."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    rng = np.random.default_rng(13)
+    codec, n = _codec(), 20_000
+    chunks = [np.frombuffer(ref.encode(ref.samples(n, 14)[kind].tobytes()), np.uint8)
+              for kind in ("fp32 sign+exponent", "skewed", "two symbols")]
+    for chunk in list(chunks):
+        damaged = chunk.copy()
+        damaged[-64:] = rng.integers(0, 256, 64)  # the last lane's codes
+        chunks += [damaged, chunk[:-4]]
+    for chunk in chunks:
+        pages = -(-chunk.size // mmap.PAGESIZE)
+        guarded = mmap.mmap(-1, (pages + 1) * mmap.PAGESIZE)
+        buffer = (ctypes.c_char * len(guarded)).from_buffer(guarded)
+        guard = ctypes.addressof(buffer) + pages * mmap.PAGESIZE
+        assert libc.mprotect(guard, mmap.PAGESIZE, 0) == 0, ctypes.get_errno()  # PROT_NONE
+        src = torch.frombuffer(guarded, dtype=torch.uint8)
+        at = pages * mmap.PAGESIZE - chunk.size
+        src[at : at + chunk.size] = torch.from_numpy(chunk.copy())
+        with contextlib.suppress(CorruptChunkError):  # damaged: fails, or decodes to other bytes
+            codec.decode_segments(src, np.array([at]), np.array([chunk.size]), torch.empty(n, dtype=torch.uint8),
+                                  np.array([0]), np.array([n]))
+        assert libc.mprotect(guard, mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE) == 0
+        del src, buffer
+        guarded.close()
 
 
 def test_chunks_decode_on_the_codec_threads_alike() -> None:

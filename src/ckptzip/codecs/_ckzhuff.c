@@ -4,10 +4,12 @@
  * of a chunk belongs to lane (i / 16) % 32; a lane's codes lie most significant bit first in
  * bytes filled from their most significant bit, a whole number of 4-byte words, lane after lane.
  *
- * Decoding reads 64 bits at a lane's bit position (a big-endian load: 57 or more of them whole),
- * looks two codewords at a time up in a table of 2^12 entries (one at a time where they do not
- * fit in 12 bits), four per load, and runs eight lanes side by side: each round of 512 bytes, each
- * lane decodes its 16 bytes, so the eight write two 64-byte lines of the output.
+ * Decoding reads 64 bits at a lane's bit position (a big-endian load: 57 or more of them whole)
+ * and looks them up 12 bits at a time, four times, in a table of 2^12 entries that gives every
+ * symbol whose code lies whole in the 12 bits, up to 3 of them, so each lookup decodes 1 to 3
+ * bytes. Eight lanes run side by side, their lookups interleaved (independent work for the CPU),
+ * each into its own run of a staging buffer; a group's runs are then copied, 16 bytes at a time,
+ * to their places in the chunk while the next group decodes.
  *
  * Encoding is what ckptzip's GPU encoder (kernels/_ckzhuff_triton.py) writes, byte for byte: the
  * Huffman tree of the chunk's byte counts, merging the two nodes of smallest (weight, id) (a
@@ -17,7 +19,8 @@
  *
  * Untrusted input: every length is checked before it is used, reads stay within the chunk's
  * bytes (a lane reads zeros past its end, and using them fails the chunk), writes within the
- * output slot; the work is linear in the chunk's stored and decoded bytes and the memory fixed.
+ * output slot; the work is linear in the chunk's stored and decoded bytes, and the memory bounded
+ * by the largest decoded size a call declares.
  *
  * decode(rows, sizes) and encode(rows, sizes) release the GIL; rows are (input address, length,
  * output address, capacity), int64. decode: capacity is the decoded size the index declares;
@@ -38,6 +41,7 @@
 #define MAX_LEN 12
 #define TABLE (1u << MAX_LEN)
 #define MAX_CHUNK (1u << 22)
+#define MAX_DECLARED ((size_t)1 << 24) /* the most bytes a size word declares */
 #define MAX_DEPTH 32 /* a Huffman tree of at most 2^22 weight is at most 31 deep */
 #define FIXED_HEADER (4 + 2 * LANES + 32)
 
@@ -57,12 +61,15 @@ static const char *const MESSAGES[] = {
     "no memory for the decoder",
 };
 
-#define PAIR (1u << 16)
+/* A table entry's fields: the symbols (bits 0-23, the first lowest, zero past the last); its top
+ * byte, the symbols' bits (its low 6 bits: a shift by the whole byte on a CPU that masks shift
+ * counts to 6 bits, as x86 and arm64 do, is a shift by them) and their number (its top 2 bits). */
+#define ENTRY(symbols, bits, count) ((uint32_t)(symbols) | (uint32_t)(bits) << 24 | (uint32_t)(count) << 30)
+#define COUNT(e) ((e) >> 30)
+#define BITS(e) ((e) >> 24 & 63)
 
 typedef struct {
-    uint16_t single[TABLE]; /* the symbol (bits 0-7) and code length (8-11) of each 12-bit prefix */
-    uint32_t pair[TABLE];   /* the first symbol (bits 0-7), the second where both codes fit (8-15, and bit
-                               16 set), and the bits of those (24-31) */
+    uint32_t multi[TABLE];  /* entry v: the symbols whose codes lie whole in the 12 bits v, up to 3 */
     uint8_t lens[256];
     uint16_t words[LANES];
 } Code;
@@ -73,19 +80,29 @@ static inline uint32_t load32(const uint8_t *p) {
     return w; /* little-endian hosts only (checked at import) */
 }
 
-static inline void store16(uint8_t *p, uint32_t w) {
-    uint16_t h = (uint16_t)w;
-    memcpy(p, &h, 2);
-}
-
 #if defined(__GNUC__) || defined(__clang__)
-#define LIKELY(x) __builtin_expect(!!(x), 1)
 #define BSWAP32 __builtin_bswap32
 #define BSWAP64 __builtin_bswap64
+#define CTZ64 __builtin_ctzll
+#define PREFETCH_W(p) __builtin_prefetch((p), 1)
 #else
-#define LIKELY(x) (x)
 static uint32_t BSWAP32(uint32_t x) { return x >> 24 | (x >> 8 & 0xFF00) | (x << 8 & 0xFF0000) | x << 24; }
 static uint64_t BSWAP64(uint64_t x) { return (uint64_t)BSWAP32((uint32_t)x) << 32 | BSWAP32((uint32_t)(x >> 32)); }
+#define PREFETCH_W(p) ((void)(p))
+#if defined(_MSC_VER)
+#include <intrin.h>
+static unsigned CTZ64(uint64_t x) { /* x is not 0 */
+    unsigned long i;
+    _BitScanForward64(&i, x);
+    return (unsigned)i;
+}
+#else
+static unsigned CTZ64(uint64_t x) { /* x is not 0 */
+    unsigned n = 0;
+    for (; !(x & 1); x >>= 1) n++;
+    return n;
+}
+#endif
 #endif
 
 /* A 32-bit word most significant byte first (the lanes' bit order), little-endian otherwise. */
@@ -116,10 +133,48 @@ static void first_codes(const unsigned *bl, uint32_t *next) {
 
 /* ---------------------------------------------------------------- decoding */
 
-/* The code of a Huffman chunk's header: its lengths checked, its tables built. */
+/* Entries at..end of the table: `count` symbols of `bits` bits in all. */
+static inline void fill(uint32_t *table, uint32_t at, uint32_t end, uint32_t symbols, uint32_t bits, uint32_t count) {
+    uint32_t e = ENTRY(symbols, bits, count);
+    for (; at < end; at++) table[at] = e;
+}
+
+/* The table of a complete code of bl[n] codes of each length n (the lengths in c->lens): entry v
+ * holds the symbols, up to 3, whose codes lie whole within the 12 bits of v, first to last.
+ *
+ * It is filled by sequences of symbols rather than entry by entry, in canonical order (by length,
+ * then symbol), where the codes are consecutive: code i begins at the 12-bit value at[i] and takes
+ * 2^(12 - length) values, at[i + 1] = at[i] + 2^(12 - length of i). The codes of at most r bits
+ * are the first le[r] of that order and fill the values below at[le[r]]: so within a symbol's
+ * values, whose low r bits are the bits after its code, a second symbol of at most r bits begins
+ * at its at[] shifted right by the first's length, and the rest (from at[le[r]] so shifted on)
+ * hold no second symbol; likewise a third within the values of a pair. Each entry is written once. */
+static void build_table(Code *c, const unsigned *bl) {
+    unsigned order[256], le[MAX_LEN + 1], start[MAX_LEN + 1], n, s, i, j, m;
+    uint32_t at[257];
+    for (n = 1, le[0] = 0; n <= MAX_LEN; n++) le[n] = le[n - 1] + bl[n];
+    for (n = 1; n <= MAX_LEN; n++) start[n] = le[n - 1];
+    for (s = 0; s < 256; s++)
+        if (c->lens[s]) order[start[c->lens[s]]++] = s;
+    for (i = 0, at[0] = 0; i < le[MAX_LEN]; i++) at[i + 1] = at[i] + (TABLE >> c->lens[order[i]]);
+    for (i = 0; i < le[MAX_LEN]; i++) {
+        uint32_t s1 = order[i], n1 = c->lens[s1], r1 = MAX_LEN - n1, base1 = at[i];
+        for (j = 0; j < le[r1]; j++) {
+            uint32_t s2 = order[j], n2 = c->lens[s2], r2 = r1 - n2, shift = n1 + n2, base2 = base1 + (at[j] >> n1);
+            uint32_t pair = s1 | s2 << 8;
+            for (m = 0; m < le[r2]; m++)
+                fill(c->multi, base2 + (at[m] >> shift), base2 + (at[m + 1] >> shift), pair | order[m] << 16,
+                     shift + c->lens[order[m]], 3);
+            fill(c->multi, base2 + (at[le[r2]] >> shift), base2 + (1u << r2), pair, shift, 2);
+        }
+        fill(c->multi, base1 + (at[le[r1]] >> n1), base1 + (1u << r1), s1, n1, 1);
+    }
+}
+
+/* The code of a Huffman chunk's header: its lengths checked, its table built. */
 static Status read_code(Code *c, const uint8_t *in, size_t len, size_t *payload) {
     unsigned s, k = 0, bl[MAX_LEN + 1] = {0}, i;
-    uint32_t next[MAX_LEN + 1], kraft = 0, v;
+    uint32_t kraft = 0;
     size_t size, total = 0;
     const uint8_t *present = in + 4 + 2 * LANES, *nibbles = in + FIXED_HEADER;
     if (len < FIXED_HEADER) return SYMBOLS;
@@ -147,98 +202,159 @@ static Status read_code(Code *c, const uint8_t *in, size_t len, size_t *payload)
     }
     if (size + 4 * total != len) return FILL;
     *payload = size;
-    first_codes(bl, next);
-    for (s = 0; s < 256; s++) { /* each code fills the entries it begins */
-        unsigned n = c->lens[s];
-        uint32_t at, end;
-        if (!n) continue;
-        at = next[n]++ << (MAX_LEN - n);
-        for (end = at + (TABLE >> n); at < end; at++) c->single[at] = (uint16_t)(s | n << 8);
-    }
-    for (v = 0; v < TABLE; v++) {
-        uint32_t e = c->single[v], n = e >> 8, f = c->single[(v << n) & (TABLE - 1)], m = f >> 8;
-        c->pair[v] = n + m <= MAX_LEN ? (e & 0xFF) | (f & 0xFF) << 8 | PAIR | (n + m) << 24 : (e & 0xFF) | n << 24;
-    }
+    build_table(c, bl);
     return OK;
 }
 
-/* The 64 bits from bit `pos` of the payload on (57 or more whole). */
-static inline uint64_t window(const uint8_t *payload, uint64_t pos) {
+/* The 64 bits from p on, the first the most significant. */
+static inline uint64_t load64_be(const uint8_t *p) {
     uint64_t w;
-    memcpy(&w, payload + (pos >> 3), 8);
-    return BSWAP64(w) << (pos & 7);
+    memcpy(&w, p, 8);
+    return BSWAP64(w);
 }
+
+/* The 64 bits from bit `pos` of the payload on (57 or more whole). */
+static inline uint64_t window(const uint8_t *payload, uint64_t pos) { return load64_be(payload + (pos >> 3)) << (pos & 7); }
 
 /* The same anywhere: bytes past the payload's `len` read as zeros. */
 static uint64_t window_safe(const uint8_t *payload, size_t len, uint64_t pos) {
     uint8_t bytes[8] = {0};
     uint64_t at = pos >> 3;
-    if (at < len) memcpy(bytes, payload + at, len - at < 8 ? (size_t)(len - at) : 8);
+    if (at + 8 <= len) return window(payload, pos);
+    if (at < len) memcpy(bytes, payload + at, (size_t)(len - at));
     return window(bytes, pos & 7);
 }
 
-/* One symbol from the window w to out[0]; returns its bits. */
-static inline uint32_t one(const Code *c, uint64_t w, uint8_t *out) {
-    uint32_t e = c->single[w >> (64 - MAX_LEN)];
-    out[0] = (uint8_t)e;
-    return e >> 8;
-}
+#define SIDE 8 /* lanes decoded side by side: enough lookups in flight for a core; more spill registers */
+#define STEP_BYTES 12 /* the most bytes a step decodes: four lookups of 3 */
+#define STEP_BITS (4 * MAX_LEN) /* the most bits it reads */
+#if defined(__GNUC__) && !defined(__clang__)
+#define UNROLLED _Pragma("GCC unroll 8")
+#else
+#define UNROLLED
+#endif
 
-/* Two symbols from the window w (24 bits or more whole) to out[0] and out[1]; returns their bits. */
-static inline uint32_t two(const Code *c, uint64_t w, uint8_t *out) {
-    uint32_t e = c->pair[w >> (64 - MAX_LEN)], n = e >> 24;
-    store16(out, e);
-    return LIKELY(e & PAIR) ? n : n + one(c, w << n, out + 1);
-}
-
-/* Four symbols from the window w (48 bits or more whole). */
-static inline uint32_t four(const Code *c, uint64_t w, uint8_t *out) {
-    uint32_t n = two(c, w, out);
-    return n + two(c, w << n, out + 2);
-}
-
-/* `count` (at most GROUP) symbols of the lane at bit *pos, reading within the payload's len bytes. */
-static void lane_group(const Code *c, const uint8_t *payload, size_t len, uint64_t *pos, uint8_t *out, size_t count) {
-    size_t i;
-    for (i = 0; i + 4 <= count; i += 4) *pos += four(c, window_safe(payload, len, *pos), out + i);
-    for (; i < count; i++) *pos += one(c, window_safe(payload, len, *pos), out + i);
-}
-
-#define SIDE 8 /* lanes decoded side by side */
-
-/* Full rounds of SIDE lanes side by side from round r while none of them can read past the
- * payload (a round takes at most 24 bytes of a lane, a window 8 more; bit positions in locals,
- * which the output's byte stores cannot alias); returns the next round. */
-static size_t lanes_side_by_side(const Code *c, const uint8_t *payload, size_t len, uint64_t *pos, uint8_t *out,
-                                 size_t r, size_t rounds) {
-    uint64_t p0 = pos[0], p1 = pos[1], p2 = pos[2], p3 = pos[3], p4 = pos[4], p5 = pos[5], p6 = pos[6], p7 = pos[7];
-    for (; r < rounds; r++) {
-        uint8_t *o = out + r * ROUND;
-        uint64_t a = p0 > p1 ? p0 : p1, b = p2 > p3 ? p2 : p3, d = p4 > p5 ? p4 : p5, e = p6 > p7 ? p6 : p7;
-        unsigned i;
-        a = a > b ? a : b;
-        d = d > e ? d : e;
-        if ((a > d ? a : d) / 8 + 32 > len) break;
-        for (i = 0; i < GROUP; i += 4) {
-            p0 += four(c, window(payload, p0), o + i);
-            p1 += four(c, window(payload, p1), o + GROUP + i);
-            p2 += four(c, window(payload, p2), o + 2 * GROUP + i);
-            p3 += four(c, window(payload, p3), o + 3 * GROUP + i);
-            p4 += four(c, window(payload, p4), o + 4 * GROUP + i);
-            p5 += four(c, window(payload, p5), o + 5 * GROUP + i);
-            p6 += four(c, window(payload, p6), o + 6 * GROUP + i);
-            p7 += four(c, window(payload, p7), o + 7 * GROUP + i);
+/* A step of SIDE lanes at bits p[j] to o[j]: four lookups of `multi` in each one's window (four
+ * take at most STEP_BITS of its 57), lane after lane for each lookup, so that the CPU finds the
+ * lanes' independent lookups next to each other. A lookup stores its entry's 4 bytes, of which
+ * the symbols it decoded (1 to 3) are kept and the rest overwritten by the next: the step writes
+ * up to 3 bytes past its last symbol. Each window's lowest bit that came from the payload is set
+ * (it lies past the STEP_BITS + 7 bits a step looks at), so that after the step's shifts its
+ * trailing zeros count the bits the step took, plus the position's bits within its byte. */
+static inline void step(const uint32_t *multi, const uint8_t *payload, uint64_t *p, uint8_t **o) {
+    uint64_t w[SIDE];
+    unsigned i, j;
+    UNROLLED
+    for (j = 0; j < SIDE; j++) w[j] = (load64_be(payload + (p[j] >> 3)) | 1) << (p[j] & 7);
+    UNROLLED
+    for (i = 0; i < 4; i++) {
+        UNROLLED
+        for (j = 0; j < SIDE; j++) {
+            const uint32_t *t = &multi[w[j] >> (64 - MAX_LEN)];
+            uint32_t e = *t;
+            store32(o[j], e);
+            o[j] += COUNT(e);
+            w[j] <<= ((const uint8_t *)t)[3] & 63; /* BITS(e): its top byte (little-endian), loaded, not shifted out */
         }
     }
-    pos[0] = p0, pos[1] = p1, pos[2] = p2, pos[3] = p3, pos[4] = p4, pos[5] = p5, pos[6] = p6, pos[7] = p7;
-    return r;
+    UNROLLED
+    for (j = 0; j < SIDE; j++) p[j] = (p[j] & ~(uint64_t)7) + CTZ64(w[j]);
 }
 
-static Status decode_huffman(Code *c, const uint8_t *in, size_t len, uint8_t *out, size_t n) {
-    size_t start = 0, rounds = n / ROUND, r, tail = n % ROUND, body;
+/* Steps every lane of a group can take unchecked: steps whose reads stay within the payload's
+ * len bytes (a step reads 8 bytes from its position's byte on and advances STEP_BITS at most),
+ * and that leave no lane with fewer bytes to decode than a step may decode. */
+static size_t safe_steps(const uint64_t *pos, uint8_t *const *out, uint8_t *const *end, size_t len) {
+    size_t k = SIZE_MAX, j;
+    for (j = 0; j < SIDE; j++) {
+        size_t left = (size_t)(end[j] - out[j]), at = (size_t)(pos[j] >> 3), by_bytes, by_bits;
+        if (left < STEP_BYTES || at + 8 > len) return 0;
+        by_bytes = (left - STEP_BYTES) / STEP_BYTES + 1;
+        by_bits = (len - 8 - at) / (STEP_BITS / 8) + 1;
+        by_bytes = by_bytes < by_bits ? by_bytes : by_bits;
+        k = k < by_bytes ? k : by_bytes;
+    }
+    return k;
+}
+
+/* A decoded group's rounds on their way to the chunk: lane j's k-th 16 bytes, from stage + j *
+ * stride + k * GROUP, are the chunk's bytes from dest + k * ROUND + j * GROUP on; rounds `next`
+ * to `rounds` are still to go. */
+typedef struct {
+    const uint8_t *stage;
+    uint8_t *dest;
+    size_t stride, next, rounds;
+} Pending;
+
+static inline void copy_round(Pending *q) {
+    unsigned j;
+    for (j = 0; j < SIDE; j++)
+        memcpy(q->dest + q->next * ROUND + j * GROUP, q->stage + j * q->stride + q->next * GROUP, GROUP);
+    q->next++;
+}
+
+/* The SIDE lanes of a group side by side, each into its own run of bytes (out[j] to end[j]), as
+ * long as every one of them can step unchecked: independent lanes keep the CPU's table lookups
+ * in flight together. The lanes' state lives in locals, which the byte stores cannot alias.
+ * Each step also sends a round of the group before (q) to the chunk, so that those writes wait
+ * on memory while the lookups run, and fetches a round of this group's places in the chunk
+ * (from `dest` to `last`) for writing, so that they are in cache when their turn comes (a lane
+ * takes more steps than rounds). */
+static void lanes_side_by_side(const uint32_t *multi, const uint8_t *payload, size_t len, uint64_t *pos,
+                               uint8_t **out, uint8_t *const *end, Pending *q, const uint8_t *dest,
+                               const uint8_t *last) {
+    uint64_t p[SIDE];
+    uint8_t *o[SIDE];
+    size_t j, k;
+    for (j = 0; j < SIDE; j++) p[j] = pos[j], o[j] = out[j];
+    while ((k = safe_steps(p, o, end, len)) > 0)
+        for (; k > 0; k--) {
+            step(multi, payload, p, o);
+            if (q->next < q->rounds) copy_round(q);
+            if (dest < last) {
+                PREFETCH_W(dest);
+                PREFETCH_W(dest + SIDE * GROUP - 1);
+                dest += ROUND;
+            }
+        }
+    for (j = 0; j < SIDE; j++) pos[j] = p[j], out[j] = o[j];
+}
+
+/* The rest of a lane, one lookup at a time: a lookup's symbols where the lane has room for them
+ * all, else its first alone (store32's 3 extra bytes fall in the gap after the lane's bytes). */
+static void lane_rest(const Code *c, const uint8_t *payload, size_t len, uint64_t *pos, uint8_t *o,
+                      const uint8_t *end) {
+    while (o < end) {
+        uint64_t w = window_safe(payload, len, *pos);
+        uint32_t e = c->multi[w >> (64 - MAX_LEN)];
+        if (COUNT(e) <= (size_t)(end - o)) {
+            store32(o, e);
+            o += COUNT(e);
+            *pos += BITS(e);
+        } else { /* its first symbol alone */
+            *o++ = (uint8_t)e;
+            *pos += c->lens[e & 0xFF];
+        }
+    }
+}
+
+/* Bytes between the starts of two lanes in the staging buffer: a lane's most bytes, and a gap
+ * of one group for the bytes a lookup writes past the lane's last. */
+static size_t lane_stride(size_t n) { return (n / ROUND + 1) * GROUP + GROUP; }
+
+/* The staging buffer's bytes for chunks of at most n bytes: two groups (one decoding, the one
+ * before on its way to the chunk). */
+static size_t stage_bytes(size_t n) { return 2 * SIDE * lane_stride(n); }
+
+/* The lanes, SIDE at a time: each lane's bytes decoded into its run of the staging buffer (a lane
+ * takes 1 to 3 bytes a lookup, so its bytes are contiguous there), then copied to the chunk while
+ * the next group decodes. */
+static Status decode_huffman(Code *c, uint8_t *stage, const uint8_t *in, size_t len, uint8_t *out, size_t n) {
+    size_t start = 0, r, body, stride = lane_stride(n), rounds = n / ROUND, tail = n % ROUND;
     uint64_t pos[LANES];
     const uint8_t *payload;
-    unsigned l, g;
+    unsigned l, g, j;
+    Pending q = {NULL, NULL, 0, 0, 0};
     Status st = read_code(c, in, len, &start);
     if (st != OK) return st;
     payload = in + start;
@@ -248,12 +364,21 @@ static Status decode_huffman(Code *c, const uint8_t *in, size_t len, uint8_t *ou
         pos[l] = 32 * (uint64_t)r;
         r += c->words[l];
     }
-    for (g = 0; g < LANES; g += SIDE)
-        for (r = lanes_side_by_side(c, payload, body, pos + g, out + g * GROUP, 0, rounds); r < rounds; r++)
-            for (l = g; l < g + SIDE; l++) lane_group(c, payload, body, &pos[l], out + r * ROUND + l * GROUP, GROUP);
-    for (l = 0; l < LANES && l * GROUP < tail; l++)
-        lane_group(c, payload, body, &pos[l], out + rounds * ROUND + l * GROUP,
-                   tail - l * GROUP < GROUP ? tail - l * GROUP : GROUP);
+    for (g = 0; g < LANES; g += SIDE) {
+        uint8_t *o[SIDE], *end[SIDE], *half = stage + (g / SIDE % 2) * SIDE * stride, *dest = out + g * GROUP;
+        for (j = 0; j < SIDE; j++) {
+            o[j] = half + j * stride;
+            end[j] = o[j] + lane_bytes(n, g + j);
+        }
+        lanes_side_by_side(c->multi, payload, body, pos + g, o, end, &q, dest, out + rounds * ROUND);
+        for (j = 0; j < SIDE; j++) lane_rest(c, payload, body, &pos[g + j], o[j], end[j]);
+        while (q.next < q.rounds) copy_round(&q);
+        for (j = 0; j < SIDE && (g + j) * GROUP < tail; j++) /* the last round, short of a whole one */
+            memcpy(dest + rounds * ROUND + j * GROUP, half + j * stride + rounds * GROUP,
+                   tail - (g + j) * GROUP < GROUP ? tail - (g + j) * GROUP : GROUP);
+        q.stage = half, q.dest = dest, q.stride = stride, q.next = 0, q.rounds = rounds;
+    }
+    while (q.next < q.rounds) copy_round(&q);
     for (l = 0, r = 0; l < LANES; l++) { /* each lane ends in its last word, whose unused bits are zero */
         uint64_t end = 32 * (uint64_t)(r + c->words[l]);
         r += c->words[l];
@@ -263,7 +388,7 @@ static Status decode_huffman(Code *c, const uint8_t *in, size_t len, uint8_t *ou
     return OK;
 }
 
-static Status decode_chunk(Code *c, const uint8_t *in, size_t len, uint8_t *out, size_t n) {
+static Status decode_chunk(Code *c, uint8_t *stage, const uint8_t *in, size_t len, uint8_t *out, size_t n) {
     uint32_t word, form;
     if (len < 4) return SHORT;
     word = load32(in);
@@ -280,7 +405,7 @@ static Status decode_chunk(Code *c, const uint8_t *in, size_t len, uint8_t *out,
         return OK;
     }
     if (form != HUFFMAN) return FORM;
-    return decode_huffman(c, in, len, out, n);
+    return decode_huffman(c, stage, in, len, out, n);
 }
 
 /* ---------------------------------------------------------------- encoding */
@@ -457,22 +582,30 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     Py_ssize_t n, r = 0;
     Status st = OK;
     Code *c;
+    uint8_t *stage;
+    size_t most = 1;
     (void)self;
     if ((n = get_rows(args, &rows, &sizes)) < 0) return NULL;
+    for (r = 0; r < n; r++) { /* the staging buffer's size: the largest chunk a size word can declare, at most */
+        int64_t want = ((const int64_t *)rows.buf)[4 * r + 3];
+        if (want > (int64_t)most) most = want < (int64_t)MAX_DECLARED ? (size_t)want : MAX_DECLARED;
+    }
     Py_BEGIN_ALLOW_THREADS
     c = (Code *)malloc(sizeof(Code));
-    if (c == NULL) {
+    stage = (uint8_t *)malloc(stage_bytes(most));
+    if (c == NULL || stage == NULL) {
         st = NO_MEMORY;
     } else {
         for (r = 0; r < n; r++) {
             const int64_t *row = (const int64_t *)rows.buf + 4 * r;
-            st = decode_chunk(c, (const uint8_t *)(uintptr_t)row[0], (size_t)row[1], (uint8_t *)(uintptr_t)row[2],
-                              (size_t)row[3]);
+            st = decode_chunk(c, stage, (const uint8_t *)(uintptr_t)row[0], (size_t)row[1],
+                              (uint8_t *)(uintptr_t)row[2], (size_t)row[3]);
             if (st != OK) break;
             ((uint64_t *)sizes.buf)[r] = (uint64_t)row[3];
         }
-        free(c);
     }
+    free(c);
+    free(stage);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&rows);
     PyBuffer_Release(&sizes);
