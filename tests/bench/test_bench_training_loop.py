@@ -74,8 +74,13 @@ def test_runs_interleave_methods_and_the_medians_say_each_run(tmp_path: Path,
     rows = _run(tmp_path, "torch.save,ckptzip.save", "--runs", "2")
     timed = [(r["method"], r["run"]) for r in rows if "lost_per_checkpoint_s" in r]
     assert timed == [("torch.save", 1), ("ckptzip.save", 1), ("torch.save", 2), ("ckptzip.save", 2)]
+    for r in rows:  # the first interval reported apart: the two parts make the whole, to rounding
+        if "lost_per_checkpoint_s" in r:
+            whole = 2 * r["lost_per_checkpoint_s"]  # type: ignore[operator]
+            assert abs(whole - r["lost_first_s"] - 2 * r["lost_after_first_s"]) < 0.005, r  # type: ignore[operator]
     out = capsys.readouterr().out
     assert "| method | every | lost/ckpt s, median | each run | out of memory / failed |" in out
+    assert "| method | every | lost/ckpt s | after the 1st interval, /ckpt s | lost first s |" in out
     assert out.count("| 0 of 2 |") == 2
 
 
