@@ -4,7 +4,8 @@ and UndefinedBehaviorSanitizer: a file is untrusted, so no damaged chunk may rea
 its buffers, whatever its bytes.
 
 Valid chunks of every sample kind of the specification's reference (tests/ckzhuff_reference.py)
-and of a trained-like exponent plane, from 700 bytes to past the GPU's 256 KiB, are damaged at
+and of the trained-like exponent planes bench/coder_gpu.py makes, from 700 bytes to past the GPU's
+256 KiB, are damaged at
 random (truncated, extended, bytes and bits changed, lanes replaced, the lanes' word counts
 shuffled) and decoded from a buffer of exactly their size into a slot between two guard zones. A
 decode either fills its slot or raises ``CorruptChunkError``; anything else, a guard zone written
@@ -35,6 +36,7 @@ import ckzhuff_reference as ref  # noqa: E402  (the specification's reference, b
 
 from ckptzip.codecs import get_codec  # noqa: E402
 from ckptzip.codecs.ckzhuff import CkzHuffCpuCodec  # noqa: E402
+from coder_gpu import high_plane, trained_like  # noqa: E402
 from ckptzip.errors import CorruptChunkError  # noqa: E402
 
 SIZES = (700, 5000, 20000, 65536, 262144, 262144 + 37)
@@ -42,16 +44,12 @@ GUARD = 32  # bytes either side of a decode's slot that it must leave as they we
 MARK = 0xA5
 
 
-def plane_of_trained(n: int, rng: np.random.Generator) -> np.ndarray:
-    """``n`` sign/exponent bytes of small normal fp32 values, as weights and moments have."""
-    values = (rng.standard_normal(n) * 1e-3).astype(np.float32)
-    return np.ascontiguousarray(values.view(np.uint8).reshape(-1, 4)[:, 3])
-
-
 def samples(rng: np.random.Generator) -> Iterator[np.ndarray]:
+    g = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
+    trained = [high_plane(t).numpy() for t in trained_like(512, 1024, 3, g).values()]  # 512 KiB or more each
     for n in SIZES:
         yield from ref.samples(n, int(rng.integers(1 << 30))).values()
-        yield plane_of_trained(n, rng)
+        yield from (plane[:n] for plane in trained)
 
 
 def decode(codec: CkzHuffCpuCodec, chunk: np.ndarray, n: int, out: np.ndarray, at: int) -> None:
