@@ -256,3 +256,22 @@ def test_shared_memory_is_taken_all_or_none_when_made(monkeypatch: pytest.Monkey
     with pytest.raises(CheckpointWriteError, match=r"shared memory \(/dev/shm\) could not take 0\.00 GiB: No space "
                                                    r"left on device"):
         shared_empty(1 << 20)
+
+
+def test_closing_a_manager_while_prepare_reserves_leaves_no_coding_process_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptzip.staging import HostSnapshots
+
+    reserve = HostSnapshots.reserve
+
+    def slow(self: HostSnapshots, staging: int, pinned: int) -> None:
+        time.sleep(0.5)  # the reservation is still running when close() is called
+        reserve(self, staging, pinned)
+
+    monkeypatch.setattr(HostSnapshots, "reserve", slow)
+    manager = ckptzip.CheckpointManager(tmp_path, snapshot="host")
+    manager.prepare({"w": torch.ones(1 << 10)})
+    coder = manager._snapshots._coder
+    assert coder is not None
+    manager.close()
+    assert coder._child is None and manager._snapshots._reserving is None

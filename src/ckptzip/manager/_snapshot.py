@@ -209,6 +209,12 @@ class SnapshotPool:
         self._reserving = thread
         return thread
 
+    def _reserved(self) -> None:
+        """Wait for :meth:`reserve_host`'s thread, if one runs."""
+        if self._reserving is not None:
+            self._reserving.join()
+            self._reserving = None
+
     # ------------------------------------------------------------------------- taking
 
     def take(self, state: Any, base: DeltaBase | None, keep: bool) -> Snapshot:
@@ -230,9 +236,7 @@ class SnapshotPool:
             return Snapshot(flat.tree, names, copied.tensors, buffers, copied, True, choice.caps)
         self._buffers.release_device_buffers()
         plan = self._plan(sources, choice.overlap, choice.overlap is not None, keep)
-        if self._reserving is not None:  # its buffers, not a second set beside them
-            self._reserving.join()
-            self._reserving = None
+        self._reserved()  # its buffers, not a second set beside them
         taken = self._host.take(names, sources, plan, base)
         return Snapshot(flat.tree, names, taken.kept, taken.buffers, taken.staged,
                         keep or isinstance(taken.staged, CopiedState), None)
@@ -280,7 +284,9 @@ class SnapshotPool:
             self._buffers.give_back(snapshot.buffers)
 
     def clear(self) -> None:
-        """Free the pooled buffers; stop the coding process."""
+        """Free the pooled buffers; stop the coding process (after a reservation in flight, which
+        would otherwise pool buffers and start the process once this returned)."""
+        self._reserved()
         self._buffers.clear()
         self._staging.clear()
         if self._coder is not None:
