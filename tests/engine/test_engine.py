@@ -399,7 +399,7 @@ def test_a_pool_pins_buffers_one_by_one_where_host_memory_cannot_be_registered(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from ckptzip.memory import pinned
 
-    def refused(nbytes: int, shared: bool = False) -> pinned.Slab:
+    def refused(nbytes: int, shared: bool = False, **pieces: object) -> pinned.Slab:
         raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error 801")
 
     pins: list[bool] = []

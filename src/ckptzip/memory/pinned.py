@@ -7,6 +7,14 @@ disk, the GPU side waits too (back-pressure). Pools that grow with the state (sn
 reserve their buffers in slabs (at most :data:`SLAB_BYTES` unless the pool says otherwise), so they
 can shrink again by whole slabs (:meth:`PinnedPool.trim`) once a smaller state, or a better ratio,
 needs less.
+
+A slab is registered with CUDA a piece at a time (:data:`REGISTER_BYTES`): page-locking holds
+driver-wide locks for as long as one registration pins, and every CUDA call of the process's
+other threads (the training's launches) that needs them waits; a piece holds them a few
+milliseconds, which the training's queued kernels cover. A reservation made while training runs
+(``paced``) also rests after each piece (:data:`PACE`). A copy between a GPU and a slab
+stays inside one piece (the pools' buffers divide it; :func:`piece_ends` cuts longer copies): a
+range across two registrations is not one the driver registered as a whole.
 """
 
 from __future__ import annotations
@@ -16,8 +24,10 @@ import mmap
 import os
 import queue
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -27,6 +37,11 @@ from .shared import shared_empty
 
 BUFFER_BYTES = 64 << 20
 SLAB_BYTES = 1 << 30
+# the most one cudaHostRegister call pins (a multiple of every pool's buffer size that divides it)
+REGISTER_BYTES = 64 << 20
+# a paced registration rests this long per second its last piece took: the driver's locks are free
+# for the training's calls at least half the time
+PACE = 1.0
 # GPU tensors at least this large come to the host through the pool (smaller ones: Tensor.to)
 STAGED_TO_HOST_BYTES = 1 << 20
 _COPY_OUT_THREADS = max(1, min(8, os.cpu_count() or 1))
@@ -59,23 +74,60 @@ def _fresh_memory(nbytes: int, shared: bool = False) -> torch.Tensor:
 
 class Slab:
     """Pageable memory made pinned by registering it with CUDA: for gigabytes several times faster
-    than allocating pinned memory (pages are touched by torch's thread pool, then registered in
-    one call). Unregistered when dropped, so nothing may use its memory after that."""
+    than allocating pinned memory (pages are touched by torch's thread pool, then registered). It
+    is registered in pieces of :data:`REGISTER_BYTES` rounded up to a multiple of ``unit`` (so
+    buffers of ``unit`` bytes each lie in one piece); ``paced``: resting between pieces, for a
+    reservation that overlaps training. Unregistered when dropped, so nothing may use its memory
+    after that."""
 
-    def __init__(self, nbytes: int, shared: bool = False) -> None:
+    def __init__(self, nbytes: int, shared: bool = False, *, unit: int = 1, paced: bool = False) -> None:
         self.nbytes = nbytes
         self.memory = _fresh_memory(nbytes, shared)
-        self._cudart = torch.cuda.cudart()
-        error = self._cudart.cudaHostRegister(self.memory.data_ptr(), nbytes, 0)
-        if int(error) != 0:
-            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {int(error)}")
+        self.piece_bytes = -(-REGISTER_BYTES // unit) * unit
+        self._cudart = _cudart()
+        self._pieces: list[int] = []  # addresses registered so far
+        start = self.memory.data_ptr()
+        try:
+            for offset in range(0, nbytes, self.piece_bytes):
+                began = time.perf_counter()
+                n = min(self.piece_bytes, nbytes - offset)
+                error = int(self._cudart.cudaHostRegister(start + offset, n, 0))
+                if error != 0:
+                    raise RuntimeError(f"cudaHostRegister of {n} bytes (of a slab of {nbytes}) failed with CUDA "
+                                       f"error {error}")
+                self._pieces.append(start + offset)
+                if paced:
+                    time.sleep(PACE * (time.perf_counter() - began))
+        except BaseException:
+            self._unregister()
+            raise
 
     def holds(self, buffer: torch.Tensor) -> bool:
         start = self.memory.data_ptr()
         return start <= buffer.data_ptr() < start + self.nbytes
 
+    def _unregister(self) -> None:
+        while self._pieces:
+            self._cudart.cudaHostUnregister(self._pieces.pop())
+
     def __del__(self) -> None:
-        self._cudart.cudaHostUnregister(self.memory.data_ptr())
+        self._unregister()
+
+
+def _cudart() -> Any:
+    """CUDA's runtime API as torch binds it (its calls release the interpreter lock)."""
+    return torch.cuda.cudart()
+
+
+def piece_ends(offset: int, nbytes: int, piece_bytes: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` ranges that cover ``nbytes`` from ``offset`` of a slab, each inside one of
+    its pieces of ``piece_bytes`` (the first and last may be shorter): copies so cut stay
+    inside one registration."""
+    at, end = offset, offset + nbytes
+    while at < end:
+        cut = min(end, (at // piece_bytes + 1) * piece_bytes)
+        yield at, cut
+        at = cut
 
 
 class PinnedPool:
@@ -116,11 +168,11 @@ class PinnedPool:
     def _per_slab(self) -> int:
         return max(1, self.slab_bytes // self.buffer_bytes)
 
-    def _add_slab(self, n: int) -> list[torch.Tensor]:
+    def _add_slab(self, n: int, paced: bool = False) -> list[torch.Tensor]:
         """``n`` new buffers, in one slab (the caller holds the lock); pinned one by one where host
         memory cannot be registered (the driver refuses cudaHostRegister), so saves and loads still run."""
         try:
-            slab = Slab(n * self.buffer_bytes, self.shared)
+            slab = Slab(n * self.buffer_bytes, self.shared, unit=self.buffer_bytes, paced=paced)
         except RuntimeError as exc:
             _LOG.debug("ckptzip: pinning host buffers one by one: %s", exc)
             buffers = [torch.empty(self.buffer_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
@@ -135,13 +187,14 @@ class PinnedPool:
         """Bytes of pinned buffers the pool holds (free or in use)."""
         return self._created * self.buffer_bytes
 
-    def reserve(self, nbytes: int) -> None:
-        """Make sure about ``nbytes`` of buffers are free, creating the missing ones in slabs."""
+    def reserve(self, nbytes: int, paced: bool = False) -> None:
+        """Make sure about ``nbytes`` of buffers are free, creating the missing ones in slabs
+        (``paced``: registered as :class:`Slab` says, while training runs)."""
         with self._lock:
             missing = min(-(-nbytes // self.buffer_bytes) - self._free.qsize(), self.count - self._created)
             while missing > 0:
                 n = min(missing, self._per_slab)
-                for buffer in self._add_slab(n):
+                for buffer in self._add_slab(n, paced):
                     self._free.put(buffer)
                 missing -= n
 

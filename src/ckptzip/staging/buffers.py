@@ -15,7 +15,7 @@ import torch
 from ..errors import CheckpointWriteError
 from ..memory.pinned import Slab
 from ..memory.shared import shared_empty
-from .copies import Copied, Trickle, copy_batched, queued
+from .copies import TRICKLE_PIECE_BYTES, Copied, Trickle, copy_batched, queued
 
 ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
 BufferKey = tuple[torch.device, bool]  # (device, pinned)
@@ -45,8 +45,9 @@ class SnapshotBuffers:
             stream = self._streams[role, device] = torch.cuda.Stream(device)
         return stream
 
-    def acquire(self, key: BufferKey, nbytes: int) -> torch.Tensor:
-        """A buffer of at least ``nbytes`` for ``key``: a pooled one, else a new one."""
+    def acquire(self, key: BufferKey, nbytes: int, paced: bool = False) -> torch.Tensor:
+        """A buffer of at least ``nbytes`` for ``key``: a pooled one, else a new one (``paced``: a
+        pinned one registered while training runs, :class:`~ckptzip.memory.pinned.Slab`)."""
         with self._lock:
             free = self._free.setdefault(key, [])
             for i, buf in enumerate(free):
@@ -63,7 +64,8 @@ class SnapshotBuffers:
             return torch.empty(nbytes, dtype=torch.uint8, device=device)
         # registered pageable memory: torch's pinned allocator would round tens of GB up to a power of two
         try:
-            slab = Slab(nbytes, shared=self._shared)  # shared where shared memory has room
+            # shared where shared memory has room; pieces of whole trickled copies
+            slab = Slab(nbytes, shared=self._shared, unit=TRICKLE_PIECE_BYTES, paced=paced)
         except RuntimeError as exc:  # the driver refuses to register it: pageable memory, slower copies
             _LOG.warning("ckptzip: snapshot buffers in pageable host memory (copies to them are slower): %s", exc)
             return torch.empty(nbytes, dtype=torch.uint8)

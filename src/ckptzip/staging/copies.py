@@ -9,8 +9,11 @@ from collections.abc import Callable
 
 import torch
 
+from ..memory.pinned import piece_ends
+
 # Pieces of copies to the host, and how many may wait in the copy engine at once (other copies of
-# the device wait behind them: a piece is about a millisecond of the link).
+# the device wait behind them: a piece is about a millisecond of the link). Pieces are cut at
+# multiples of this from their buffer's start, so each lies in one registration of a slab.
 TRICKLE_PIECE_BYTES = 16 << 20
 TRICKLE_AHEAD = 3
 
@@ -71,9 +74,9 @@ class Trickle:
                         copy_batched([into], [out_of], non_blocking=True)
                         continue
                     a, b = into.reshape(-1).view(torch.uint8), out_of.reshape(-1).view(torch.uint8)
-                    for start in range(0, b.numel(), TRICKLE_PIECE_BYTES):
-                        a[start : start + TRICKLE_PIECE_BYTES].copy_(b[start : start + TRICKLE_PIECE_BYTES],
-                                                                   non_blocking=True)
+                    at = a.data_ptr() - a.untyped_storage().data_ptr()  # pieces from the buffer's start
+                    for start, end in piece_ends(at, a.numel(), TRICKLE_PIECE_BYTES):
+                        a[start - at : end - at].copy_(b[start - at : end - at], non_blocking=True)
                         waiting.append(torch.cuda.Event())
                         waiting[-1].record(stream)
                         if len(waiting) > TRICKLE_AHEAD:

@@ -112,10 +112,11 @@ class HostSnapshots:
         return None if self._staged_bytes is None else int(self._staged_bytes * STAGING_MARGIN)
 
     def reserve(self, staging: int, pinned: int) -> None:
-        """Reserve ``staging`` bytes of the pool and a pooled pinned buffer of ``pinned`` bytes."""
-        self.pool.reserve(staging)
+        """Reserve ``staging`` bytes of the pool and a pooled pinned buffer of ``pinned`` bytes,
+        while training runs (paced: :class:`~ckptzip.memory.pinned.Slab`)."""
+        self.pool.reserve(staging, paced=True)
         if pinned:
-            self._buffers.give_back([(HOST_PINNED, self._buffers.acquire(HOST_PINNED, pinned))])
+            self._buffers.give_back([(HOST_PINNED, self._buffers.acquire(HOST_PINNED, pinned, paced=True))])
 
     def take(self, names: list[str], sources: list[torch.Tensor], plan: HostPlan, base: DeltaBase | None) -> Taken:
         """Stage ``sources`` as ``plan`` says, its table rewritten against ``base``: now, or where
