@@ -23,6 +23,7 @@ import collections
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Literal
@@ -200,9 +201,14 @@ class SnapshotPool:
             return None
 
         def reserve() -> None:
+            began = time.perf_counter()
             self._host.reserve(nbytes, pinned)
+            reserved = time.perf_counter()
             if self._coder is not None:
                 self._coder.start()
+            _LOG.debug("ckptzip: prepare() reserved %.2f GiB of pinned host memory in %.2f s, then started the "
+                       "coding process in %.2f s", (nbytes + pinned) / _GIB, reserved - began,
+                       time.perf_counter() - reserved)
 
         thread = threading.Thread(target=reserve, name="ckptzip-reserve", daemon=True)
         thread.start()
