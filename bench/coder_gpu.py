@@ -15,7 +15,11 @@
    loaded onto the CPU by a process that sees no GPU (every chunk decoded on the CPU's cores; the
    tensor checksums the GPU wrote verified);
 4. the C decoder (codecs/_ckzhuff.c) on the GPU's chunks of step 2: 1 core and all cores, GB/s of
-   decoded bytes, beside ckptzip's GDeflate decoder on gdeflate's chunks of the same planes.
+   decoded bytes, beside ckptzip's GDeflate decoder on gdeflate's chunks of the same planes;
+5. with ``--encoder-split``, where ckz-huff's encode spends its time: each kernel's GPU time
+   (torch.profiler) on the fp32 weights' and exp_avg's planes, for the planning program's bytes a
+   step and warps (``ENCODER_VARIANTS``: the shipped one first, the others through Triton's JIT),
+   every variant's chunks checked equal to the shipped one's.
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl   # nvCOMP wheels
     python3 setup.py -q build_ext --inplace                                       # the C coders
@@ -28,6 +32,7 @@ chunk or a state is not bit-exact.
 from __future__ import annotations
 
 import argparse
+import collections
 import io
 import json
 import math
@@ -51,7 +56,7 @@ from ckptzip_bench.pipeline import discard_sink
 
 GB = 1e9
 # nvCOMP's formats, each in its engine chunk size (gdeflate: auto's Huffman-only plane codec)
-NVCOMP = [{"id": "ans", "data_type": "|u1"}, {"id": "gdeflate", "algorithm_type": 0}, {"id": "zstd"}]
+NVCOMP: list[dict[str, Any]] = [{"id": "ans", "data_type": "|u1"}, {"id": "gdeflate", "algorithm_type": 0}, {"id": "zstd"}]
 
 
 def trained_like(rows: int, cols: int, steps: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -117,6 +122,55 @@ def coder_row(name: str, codec: Any, plane: torch.Tensor, reps: int) -> dict[str
             "stored": int(sizes.sum()), "enc_gbs": n / enc / GB, "dec_gbs": n / dec / GB,
             "first_enc_s": first_e, "first_dec_s": first_d, "exact": error is None and bool(torch.equal(back, plane)),
             "error": error, "coded": (out, out_offsets, sizes, offsets, lengths)}
+
+
+# (bytes a planning program reads at once, its warps): the shipped variant first
+ENCODER_VARIANTS = [(gpu_huff.BLOCK, gpu_huff.PLAN_WARPS), (8192, 8), (16384, 8), (4096, 4), (8192, 16), (16384, 16)]
+
+
+def kernel_seconds(fn: Callable[[], Any], reps: int) -> dict[str, float]:
+    """GPU seconds of each kernel in one call of ``fn`` (by name; torch.profiler), medians of ``reps``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    seconds: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(reps):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        for event in prof.key_averages():
+            us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
+            if us:
+                seconds[event.key].append(us / 1e6)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def compacted(out: torch.Tensor, offsets: np.ndarray, sizes: np.ndarray) -> torch.Tensor:
+    return torch.cat([out[o : o + n] for o, n in zip(offsets.tolist(), sizes.tolist())])
+
+
+def encoder_split(plane: torch.Tensor, reps: int) -> list[dict[str, Any]]:
+    """ckz-huff's encode of ``plane`` in each of ``ENCODER_VARIANTS``: GB/s, each kernel's GPU
+    seconds, and whether its chunks are the shipped variant's."""
+    shipped = gpu_huff.BLOCK, gpu_huff.PLAN_WARPS
+    codec = gpu_huff.CkzHuffCudaCodec()
+    offsets, lengths = chunks_of(plane.numel(), codec.chunk_bytes)
+    reference: torch.Tensor | None = None
+    rows = []
+    for block, warps in ENCODER_VARIANTS:
+        gpu_huff.BLOCK, gpu_huff.PLAN_WARPS = block, warps
+        try:
+            def encode() -> Any:
+                return codec.encode_segments(plane, offsets, lengths)
+
+            first, median, (out, out_offsets, sizes) = first_and_median(encode, reps)
+            kernels = kernel_seconds(encode, reps)
+        finally:
+            gpu_huff.BLOCK, gpu_huff.PLAN_WARPS = shipped
+        coded = compacted(out, out_offsets, sizes)
+        reference = coded if reference is None else reference
+        rows.append({"block": block, "warps": warps, "enc_gbs": plane.numel() / median / GB, "first_s": first,
+                     "kernels_s": kernels, "same_chunks": bool(torch.equal(coded, reference))})
+    return rows
 
 
 def decodes_to(expected: torch.Tensor, decode: Callable[[torch.Tensor], object]) -> bool:
@@ -253,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions after the first call (median)")
     parser.add_argument("--huff-chunks", type=lambda v: [int(x) for x in v.split(",") if x], default=[64, 128],
                         help="ckz-huff also in chunks of these KiB (comma-separated; empty: none)")
+    parser.add_argument("--encoder-split", action="store_true",
+                        help="also time ckz-huff's encode kernel by kernel in the planning program's variants")
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("--cpu-load", help=argparse.SUPPRESS)  # the child process of cpu_load
     args = parser.parse_args(argv)
@@ -311,6 +367,17 @@ def main(argv: list[str] | None = None) -> int:
             row.pop("coded")
         results["planes"][name] = rows_out
         results["problems"] += [f"{name}: {p}" for p in problems]
+    if args.encoder_split:
+        results["encoder_split"] = {}
+        print("\nckz-huff's encode by kernel (GPU ms of one call; variants: the planning program's bytes a step, warps)")
+        for name in ("fp32 weights", "exp_avg"):
+            rows_out = results["encoder_split"][name] = encoder_split(planes[name], args.reps)
+            for row in rows_out:
+                kernels = ", ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(row["kernels_s"].items(), key=lambda kv: -kv[1]))
+                print(f"  {name:<14}BLOCK {row['block']:>5} warps {row['warps']:>2}: {row['enc_gbs']:6.1f} GB/s "
+                      f"(first {row['first_s']:.3f} s) | {kernels}", flush=True)
+                results["problems"] += [] if row["same_chunks"] else \
+                    [f"{name}: ckz-huff's encode with BLOCK={row['block']}, warps={row['warps']} gives other chunks"]
     del planes
     torch.cuda.empty_cache()
     state, size = state_of(args.state_gib, g)
