@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import logging
 import os
 import time
 from pathlib import Path
@@ -275,3 +276,22 @@ def test_closing_a_manager_while_prepare_reserves_leaves_no_coding_process_behin
     assert coder is not None
     manager.close()
     assert coder._child is None and manager._snapshots._reserving is None
+
+
+def test_a_reservation_that_fails_is_a_warning_and_the_coding_process_still_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from ckptzip.staging import HostSnapshots
+
+    def refused(self: HostSnapshots, staging: int, pinned: int) -> None:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(HostSnapshots, "reserve", refused)
+    with caplog.at_level(logging.WARNING, logger="ckptzip"), \
+            ckptzip.CheckpointManager(tmp_path, snapshot="host") as manager:
+        thread = manager._snapshots.reserve_host([torch.ones(1 << 10)])
+        assert thread is not None
+        thread.join()
+        coder = manager._snapshots._coder
+        assert coder is not None and coder._child is not None
+    assert "ckptzip: prepare() could not reserve 0.00 GiB of pinned host memory; the first host snapshot will: " \
+           "[Errno 12] Cannot allocate memory" in caplog.text

@@ -202,7 +202,11 @@ class SnapshotPool:
 
         def reserve() -> None:
             began = time.perf_counter()
-            self._host.reserve(nbytes, pinned)
+            try:
+                self._host.reserve(nbytes, pinned)
+            except (OSError, RuntimeError) as exc:  # host memory short now: the first snapshot reserves what it needs
+                _LOG.warning("ckptzip: prepare() could not reserve %.2f GiB of pinned host memory; the first host "
+                             "snapshot will: %s", (nbytes + pinned) / _GIB, exc)
             reserved = time.perf_counter()
             if self._coder is not None:
                 self._coder.start()
