@@ -108,3 +108,19 @@ def test_every_cut_lies_in_one_piece_and_the_cuts_cover_the_copy() -> None:
         assert [a for a, _ in cuts[1:]] == [b for _, b in cuts[:-1]]
         assert (cuts[0][0], cuts[-1][1]) == (offset, offset + nbytes) if nbytes else cuts == []
         assert all(a < b and a // piece == (b - 1) // piece for a, b in cuts)
+
+
+def test_a_slab_whose_memory_cannot_be_had_raises_that_error_alone(
+        monkeypatch: pytest.MonkeyPatch, runtime: Runtime) -> None:
+    def short(nbytes: int, shared: bool = False) -> torch.Tensor:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(pinned, "_fresh_memory", short)
+    unraisable: list[object] = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+    with pytest.raises(OSError, match="Cannot allocate memory"):
+        pinned.Slab(200 * KIB)
+    import gc
+
+    gc.collect()
+    assert unraisable == [] and runtime.registered == []  # nothing registered, and __del__ had nothing to undo

@@ -81,11 +81,11 @@ class Slab:
     after that."""
 
     def __init__(self, nbytes: int, shared: bool = False, *, unit: int = 1, paced: bool = False) -> None:
+        self._pieces: list[int] = []  # addresses registered so far (first: __del__ runs after a failed __init__)
         self.nbytes = nbytes
         self.memory = _fresh_memory(nbytes, shared)
         self.piece_bytes = -(-REGISTER_BYTES // unit) * unit
         self._cudart = _cudart()
-        self._pieces: list[int] = []  # addresses registered so far
         start = self.memory.data_ptr()
         try:
             for offset in range(0, nbytes, self.piece_bytes):
