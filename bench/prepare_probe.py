@@ -4,7 +4,8 @@ registered (issue 43: the first interval of the training-loop bench).
 The training-loop bench's model (``--config``; :mod:`ckptzip_bench.training_loop`) trains; after
 warm steps, the median of ``--base-steps`` synced steps is the base. Then each variant in turn
 (``--rounds`` rounds, variants interleaved) runs one interval as a training script's first: a
-fresh ``CheckpointManager()`` with its defaults, ``prepare(state)``, ``--steps`` steps beside its
+fresh ``CheckpointManager()`` with its defaults, ``prepare(state)`` (how long it took to return:
+*prepare*, before the interval as in the training-loop bench), ``--steps`` steps beside its
 reservation, one ``save`` (which waits for a reservation still running), and after the interval
 the wait for the write and ``close()``. *Lost*: the interval's wall time less ``--steps`` base
 steps. CUDA events after each step give the GPU's time from one step's end to the next, so a
@@ -92,10 +93,12 @@ def first_interval(trainer: Trainer, variant: str, steps: int, base: float, root
             manager = ckptzip.CheckpointManager(directory, keep_last=1)
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
             sync(device)
+            began = time.perf_counter()
+            if prepares:  # before the interval, as a training script calls it before its loop
+                manager.prepare(trainer.state())
+            prepared = time.perf_counter() - began
             started = time.perf_counter()
             ends[0].record()
-            if prepares:
-                manager.prepare(trainer.state())
             for i in range(steps):
                 trainer.step()
                 ends[i + 1].record()
@@ -115,7 +118,8 @@ def first_interval(trainer: Trainer, variant: str, steps: int, base: float, root
         shutil.rmtree(directory, ignore_errors=True)
     del manager
     gc.collect()
-    return {"variant": variant, "lost_s": round(interval - steps * base, 3), "save_blocked_s": round(blocked, 3),
+    return {"variant": variant, "prepare_s": round(prepared, 3), "lost_s": round(interval - steps * base, 3),
+            "save_blocked_s": round(blocked, 3),
             "worst_step_s": round(max(gaps), 3), "steps_over_base_s": round(sum(g - base for g in gaps), 3),
             "reserved_gib": log.seen[0][0] if log.seen else None,
             "reservation_s": log.seen[0][1] if log.seen else None, "write_after_s": round(write, 2)}
@@ -152,7 +156,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
-    keys = ("lost_s", "save_blocked_s", "worst_step_s", "steps_over_base_s", "reservation_s")
+    keys = ("prepare_s", "lost_s", "save_blocked_s", "worst_step_s", "steps_over_base_s", "reservation_s")
     print("\n| variant | " + " | ".join(keys) + " | (medians of the rounds after the first; round 1 apart) |")
     print("|---|" + "---|" * (len(keys) + 1))
     for variant in variants:
