@@ -295,3 +295,17 @@ def test_a_reservation_that_fails_is_a_warning_and_the_coding_process_still_star
         assert coder is not None and coder._child is not None
     assert "ckptzip: prepare() could not reserve 0.00 GiB of pinned host memory; the first host snapshot will: " \
            "[Errno 12] Cannot allocate memory" in caplog.text
+
+
+def test_a_child_whose_parent_is_gone_before_its_reply_exits_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+    import socket
+
+    monkeypatch.setattr(_coding.os, "nice", lambda increment: 0)
+    monkeypatch.setattr("sys.stdin", io.StringIO(bytes(multiprocessing.current_process().authkey).hex() + "\n"))
+    ours, theirs = socket.socketpair()
+    parent = multiprocessing.connection.Connection(ours.detach())
+    parent.send(("ring", b"a ring", 16))
+    parent.send(("write", b"not a staged state", b""))  # fails in the child, which then replies
+    parent.close()  # gone before the reply
+    _coding._child(theirs.detach())  # returns, rather than raising BrokenPipeError

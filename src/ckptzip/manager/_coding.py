@@ -311,5 +311,8 @@ def _child(fd: int) -> None:
         except Exception as exc:  # reported to the parent, which then writes this snapshot itself
             reply = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
         staged = message = None  # its shared memory unmapped before the parent reuses it
-        conn.send(reply)
+        try:
+            conn.send(reply)
+        except OSError:  # the parent is gone (killed, or exited mid-write): nothing is waiting for it
+            return
 
