@@ -207,12 +207,11 @@ class SnapshotPool:
             except (OSError, RuntimeError) as exc:  # host memory short now: the first snapshot reserves what it needs
                 _LOG.warning("ckptzip: prepare() could not reserve %.2f GiB of pinned host memory; the first host "
                              "snapshot will: %s", (nbytes + pinned) / _GIB, exc)
-            reserved = time.perf_counter()
+            else:
+                _LOG.debug("ckptzip: prepare() reserved %.2f GiB of pinned host memory in %.2f s",
+                           (nbytes + pinned) / _GIB, time.perf_counter() - began)
             if self._coder is not None:
                 self._coder.start()
-            _LOG.debug("ckptzip: prepare() reserved %.2f GiB of pinned host memory in %.2f s, then started the "
-                       "coding process in %.2f s", (nbytes + pinned) / _GIB, reserved - began,
-                       time.perf_counter() - reserved)
 
         thread = threading.Thread(target=reserve, name="ckptzip-reserve", daemon=True)
         thread.start()

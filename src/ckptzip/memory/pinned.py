@@ -10,8 +10,8 @@ needs less.
 
 A slab is registered with CUDA a piece at a time (:data:`REGISTER_BYTES`): page-locking holds
 driver-wide locks for as long as one registration pins, and every CUDA call of the process's
-other threads (the training's launches) that needs them waits; a piece holds them a few
-milliseconds, which the training's queued kernels cover. A reservation made while training runs
+other threads (the training's launches) that needs them waits, so a piece holds them a few
+milliseconds at a time. A reservation made while training runs
 (``paced``) also rests after each piece (:data:`PACE`). A copy between a GPU and a slab
 stays inside one piece (the pools' buffers divide it; :func:`piece_ends` cuts longer copies): a
 range across two registrations is not one the driver registered as a whole.
@@ -37,7 +37,7 @@ from .shared import shared_empty
 
 BUFFER_BYTES = 64 << 20
 SLAB_BYTES = 1 << 30
-# the most one cudaHostRegister call pins (a multiple of every pool's buffer size that divides it)
+# the most one cudaHostRegister call pins (a slab rounds it up to a whole number of its buffers)
 REGISTER_BYTES = 64 << 20
 # a paced registration rests this long per second its last piece took: the driver's locks are free
 # for the training's calls at least half the time
@@ -115,7 +115,7 @@ class Slab:
 
 
 def _cudart() -> Any:
-    """CUDA's runtime API as torch binds it (its calls release the interpreter lock)."""
+    """CUDA's runtime API as torch binds it (one place, so tests can stand in for it)."""
     return torch.cuda.cudart()
 
 
