@@ -52,24 +52,28 @@ def _pool_buffers() -> int:
     return max(2, settings.pinned_bytes() // BUFFER_BYTES)
 
 
-def _fresh_memory(nbytes: int, shared: bool = False) -> torch.Tensor:
-    """``nbytes`` of host memory with every page in, zeroed: on Linux an anonymous mapping advised
+def _mapped(nbytes: int, shared: bool = False) -> torch.Tensor:
+    """``nbytes`` of host memory, its pages not faulted in here: on Linux an anonymous mapping advised
     to take transparent huge pages, whose first touches run two to three times faster and which
     leave fewer pages to pin (results: "Host snapshots and the manager").
     ``shared``: torch's shared memory instead, which ``torch.multiprocessing`` hands to another
     process without a copy, where it has room (else private memory, which a handover copies)."""
     if shared:
         try:
-            return shared_empty(nbytes).fill_(0)
+            return shared_empty(nbytes)
         except CheckpointWriteError as exc:
             _LOG.debug("ckptzip: private host memory instead of shared: %s", exc)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         region.madvise(mmap.MADV_HUGEPAGE)
-        memory = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
-    else:
-        memory = torch.empty(nbytes, dtype=torch.uint8)
-    return memory.fill_(0)  # fault every page in, on several threads
+        return torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def _fresh_memory(nbytes: int, shared: bool = False) -> torch.Tensor:
+    """:func:`_mapped` memory with every page in, zeroed: faulted in on torch's thread pool, several
+    threads at once (registering it would fault it in on one)."""
+    return _mapped(nbytes, shared).fill_(0)
 
 
 class Slab:
