@@ -11,21 +11,29 @@ the wait for the write and ``close()``. *Lost*: the interval's wall time less ``
 steps. CUDA events after each step give the GPU's time from one step's end to the next, so a
 stall shows where it fell (*worst step*: the longest, against the base). The reservation's own
 time comes from ckptzip's debug log. Variants set how slabs are registered
-(``ckptzip.memory.pinned.REGISTER_BYTES`` and ``PACE``):
+(``ckptzip.memory.pinned.REGISTER_BYTES`` and ``PACE``), how their pages are faulted in, and
+whether ``prepare()`` starts the coding child:
 
-    none        no prepare(): the first save reserves while it blocks
-    whole       one registration a slab, no rest (ckptzip before pieces)
-    64m         64 MiB pieces, no rest
-    64m-paced   64 MiB pieces, resting as long as each took (the default)
-    16m-paced   16 MiB pieces, resting as long as each took
+    none               no prepare(): the first save reserves while it blocks
+    whole              one registration a slab, no rest (ckptzip before pieces)
+    64m                64 MiB pieces, no rest
+    64m-paced          64 MiB pieces, resting as long as each took (the default)
+    64m-paced-serial   as 64m-paced, but each piece is faulted in (memset on the registering thread)
+                       just before its registration, not every slab's pages at once on torch's
+                       thread pool: the rest covers both
+    64m-paced-nochild  as 64m-paced, but prepare() starts no coding child (the save's write does)
+    16m-paced          16 MiB pieces, resting as long as each took
 
     python bench/prepare_probe.py --config h100 --steps 25 --rounds 3 --json prepare.json
+    python bench/prepare_probe.py --config h100 --steps 25 --rounds 2 \\
+        --variants 64m-paced,64m-paced-serial,64m-paced-nochild --json causes.json
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import gc
 import json
 import logging
@@ -35,23 +43,43 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import ckptzip
+from ckptzip.manager._coding import CodingProcess
 from ckptzip.memory import pinned
 from ckptzip_bench.training_loop import Trainer, pick_config, step_times, sync
 
 MIB = 1 << 20
-# variant: (registration piece, rest per second of registration, whether prepare() is called)
-VARIANTS: dict[str, tuple[int, float, bool]] = {
-    "none": (64 * MIB, 1.0, False),
-    "whole": (1 << 62, 0.0, True),
-    "64m": (64 * MIB, 0.0, True),
-    "64m-paced": (64 * MIB, 1.0, True),
-    "16m-paced": (16 * MIB, 1.0, True),
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How ``prepare()`` reserves: slabs registered ``piece`` bytes at a time, resting ``pace``
+    per second of each registration; ``prepares``: whether ``prepare()`` is called at all;
+    ``serial_fault_in``: each piece faulted in on the registering thread just before its
+    registration (:class:`FaultingCudart`); ``starts_child``: whether ``prepare()`` starts the
+    coding child."""
+
+    piece: int
+    pace: float
+    prepares: bool = True
+    serial_fault_in: bool = False
+    starts_child: bool = True
+
+
+VARIANTS: dict[str, Variant] = {
+    "none": Variant(64 * MIB, 1.0, prepares=False),
+    "whole": Variant(1 << 62, 0.0),
+    "64m": Variant(64 * MIB, 0.0),
+    "64m-paced": Variant(64 * MIB, 1.0),
+    "64m-paced-serial": Variant(64 * MIB, 1.0, serial_fault_in=True),
+    "64m-paced-nochild": Variant(64 * MIB, 1.0, starts_child=False),
+    "16m-paced": Variant(16 * MIB, 1.0),
 }
 _RESERVED = re.compile(r"reserved ([\d.]+) GiB of pinned host memory in ([\d.]+) s")
 
@@ -70,17 +98,53 @@ class Reservations(logging.Handler):
 
 
 @contextlib.contextmanager
-def registering(piece: int, pace: float) -> Iterator[None]:
-    saved = pinned.REGISTER_BYTES, pinned.PACE
-    pinned.REGISTER_BYTES, pinned.PACE = piece, pace
+def patched(owner: object, name: str, value: object) -> Iterator[None]:
+    """``owner.name`` set to ``value`` until exit (then what it was)."""
+    saved = getattr(owner, name)
+    setattr(owner, name, value)
     try:
         yield
     finally:
-        pinned.REGISTER_BYTES, pinned.PACE = saved
+        setattr(owner, name, saved)
+
+
+class FaultingCudart:
+    """CUDA's runtime as torch binds it, but ``cudaHostRegister`` first faults its range in on the
+    calling thread (``ctypes.memset``, which releases the GIL): a slab's pages come in a piece at a
+    time, each just before its registration, so a paced slab rests after both."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def cudaHostRegister(self, address: int, nbytes: int, flags: int) -> Any:
+        ctypes.memset(address, 0, nbytes)
+        return self._real.cudaHostRegister(address, nbytes, flags)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _no_child(self: CodingProcess) -> None:
+    """``CodingProcess.start`` in 64m-paced-nochild: nothing (the save's write starts the child)."""
+
+
+@contextlib.contextmanager
+def reserving(variant: Variant) -> Iterator[None]:
+    """ckptzip's reservations made as ``variant`` says, until exit."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched(pinned, "REGISTER_BYTES", variant.piece))
+        stack.enter_context(patched(pinned, "PACE", variant.pace))
+        if variant.serial_fault_in:
+            cudart = pinned._cudart
+            stack.enter_context(patched(pinned, "_fresh_memory", pinned._mapped))
+            stack.enter_context(patched(pinned, "_cudart", lambda: FaultingCudart(cudart())))
+        if not variant.starts_child:
+            stack.enter_context(patched(CodingProcess, "start", _no_child))
+        yield
 
 
 def first_interval(trainer: Trainer, variant: str, steps: int, base: float, root: Path) -> dict[str, Any]:
-    piece, pace, prepares = VARIANTS[variant]
+    how = VARIANTS[variant]
     device = trainer.device
     directory = Path(tempfile.mkdtemp(prefix=f"prepare-{variant}-", dir=root))
     log = Reservations()
@@ -89,12 +153,12 @@ def first_interval(trainer: Trainer, variant: str, steps: int, base: float, root
     level = logger.level
     logger.setLevel(logging.DEBUG)
     try:
-        with registering(piece, pace):
+        with reserving(how):
             manager = ckptzip.CheckpointManager(directory, keep_last=1)
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
             sync(device)
             began = time.perf_counter()
-            if prepares:  # before the interval, as a training script calls it before its loop
+            if how.prepares:  # before the interval, as a training script calls it before its loop
                 manager.prepare(trainer.state())
             prepared = time.perf_counter() - began
             started = time.perf_counter()
@@ -137,6 +201,9 @@ def main() -> None:
     p.add_argument("--json", help="write every row here")
     args = p.parse_args()
     variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     if not torch.cuda.is_available():
         raise SystemExit("prepare_probe.py needs a CUDA device")
     device = torch.device("cuda")
