@@ -44,6 +44,21 @@ def test_torch_allocates_a_shared_storage_of_a_size() -> None:
     assert storage.nbytes() == 64 and storage.is_shared(), what
 
 
+def test_torch_maps_a_shared_storage_from_a_descriptor() -> None:
+    import tempfile
+
+    what = (
+        "torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes) changed: ckptzip/memory/shared.py (shared_empty) "
+        "maps the shared memory it makes (without holding the GIL) as a storage torch hands over by descriptor"
+    )
+    from_fd = getattr(torch.UntypedStorage, "_new_shared_fd_cpu", None)
+    assert callable(from_fd), what
+    with tempfile.TemporaryFile() as f:
+        f.truncate(64)
+        storage = from_fd(f.fileno(), 64)
+    assert storage.nbytes() == 64 and storage.is_shared(), what
+
+
 def test_dcp_loads_a_whole_checkpoint_without_a_template() -> None:
     from torch.distributed.checkpoint import default_planner, state_dict_loader
 

@@ -1,4 +1,4 @@
-"""Shared memory (``/dev/shm`` on Linux, where torch puts it): host tensors that
+"""Shared memory (``/dev/shm`` on Linux): host tensors that
 ``torch.multiprocessing`` hands to another process by their file descriptor, without a copy (a
 staging's bytes for a checkpoint process, the manager's coding process and its ring), allocated
 only where the file system has room for them.
@@ -7,8 +7,10 @@ only where the file system has room for them.
 from __future__ import annotations
 
 import os
+import secrets
 
 import torch
+import torch.multiprocessing
 
 from ..errors import CheckpointWriteError
 
@@ -28,7 +30,7 @@ def shared_room() -> int | None:
 
 
 def shared_empty(nbytes: int) -> torch.Tensor:
-    """A 1-D uint8 tensor of ``nbytes`` in torch's shared memory (not zeroed): what
+    """A 1-D uint8 tensor of ``nbytes`` in shared memory (not zeroed): what
     ``torch.multiprocessing`` hands to another process by its file descriptor, without a copy.
     :class:`~ckptzip.errors.CheckpointWriteError` where shared memory has no room for it (a
     container's small ``/dev/shm``): touching pages beyond its size would kill the process."""
@@ -39,20 +41,49 @@ def shared_empty(nbytes: int) -> torch.Tensor:
         raise CheckpointWriteError(f"shared memory ({_SHARED_MEMORY}) has {room / 2**30:.2f} GiB free; "
                                    f"{nbytes / 2**30:.2f} GiB and a margin of {SHARED_MEMORY_MARGIN / 2**30:.2f} GiB "
                                    "were needed")
-    storage = torch.UntypedStorage._new_shared(nbytes)
-    _reserve(storage, nbytes)
+    # a /dev/shm to make files in (its room is known), and torch hands storages over by descriptor
+    by_descriptor = room is not None and torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+    storage = _descriptor_storage(nbytes) if by_descriptor else _torch_storage(nbytes)
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
-def _reserve(storage: torch.UntypedStorage, nbytes: int) -> None:
-    """Take the pages of a new shared storage from the file system now, all or none, so that
-    processes that allocated at once (ranks of one host) cannot overdraw it between the room
-    check and the first touch. Storages not backed by a descriptor (torch's ``file_system``
-    sharing strategy) keep only the room check."""
+def _descriptor_storage(nbytes: int) -> torch.UntypedStorage:
+    """Shared memory made here rather than by torch, whose ``_new_shared`` takes the pages while
+    it holds the interpreter lock (GIL): for the gigabytes of a manager's staging, seconds in
+    which every other thread of the process, the training's included, waits. A file of
+    ``/dev/shm``, unlinked at once (only its descriptor names it), takes its pages all or none
+    in ``posix_fallocate``, which releases the lock; torch then maps it as a storage that it
+    hands over by that descriptor."""
+    path = os.path.join(_SHARED_MEMORY, f"ckptzip-{os.getpid()}-{secrets.token_hex(8)}")
+    try:  # a new file, never one that is there (a link included: O_EXCL)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise CheckpointWriteError(f"shared memory ({_SHARED_MEMORY}) could not be made: {exc.strerror}") from exc
+    try:
+        os.unlink(path)
+        _allocate(fd, nbytes)
+        storage: torch.UntypedStorage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # type: ignore[attr-defined]
+        return storage  # it maps a duplicate of fd
+    finally:
+        os.close(fd)
+
+
+def _torch_storage(nbytes: int) -> torch.UntypedStorage:
+    """Torch's own shared memory, where ckptzip cannot make it (no ``/dev/shm``, or torch shares
+    by file name): its pages taken from the file system now, where it is backed by a descriptor,
+    so that processes that allocated at once (ranks of one host) cannot overdraw it between the
+    room check and the first touch."""
+    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(nbytes)
     try:
         fd, _ = storage._share_fd_cpu_()
-    except RuntimeError:
-        return
+    except RuntimeError:  # torch's ``file_system`` sharing strategy: the room check alone
+        return storage
+    _allocate(fd, nbytes)
+    return storage
+
+
+def _allocate(fd: int, nbytes: int) -> None:
+    """Give the shared file ``fd`` its ``nbytes`` of pages now, all or none."""
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as exc:
