@@ -10,10 +10,12 @@ turn, in one process, each after the same warm steps. Per method and interval:
 - *lost* training time per checkpoint: each interval's wall time (its steps, the save, the waits
   it caused) less its steps at the median step time of training without checkpoints, measured
   in the same process before and after the methods; the first checkpoint apart, the median of
-  the others, and the wait for the last write at the end;
-- how long ``save`` blocked; GPU memory (torch's peak reserved and allocated) and the process's
-  host RSS (with the children the method starts: torch_checkpointing and ckptzip's manager code
-  or write in processes of their own);
+  the others, and the wait for the last write at the end; the method ``none`` (no checkpoint,
+  the same loop) is the control: what it "loses" is the measure's own bias (the base steps end in
+  a synchronisation each, the loop's steps do not), which the medians' table takes off the others;
+- how long ``save`` blocked, and ``prepare()`` once before the loop (a manager's); GPU memory
+  (torch's peak reserved and allocated) and the process's host RSS (with the children the method
+  starts: torch_checkpointing and ckptzip's manager code or write in processes of their own);
 - with ``--verify``, once per method: a checkpoint taken while training goes on, its bytes on disk,
   and its restore into a fresh process (time onto the GPU, every tensor compared by digest with
   the state when it was saved).
@@ -223,6 +225,8 @@ def _fsync_save(state: dict[str, torch.Tensor], path: Path) -> None:
 
 def make_method(name: str, directory: Path) -> Method:
     """The method called ``name``, writing under ``directory``."""
+    if name == "none":  # the control: the loop without a checkpoint
+        return Method(name, lambda step, state, d: None, path_of=lambda d, step: d / "none")
     if name == "torch.save":
         return Method(name, lambda step, state, d: _fsync_save(state, d / f"step_{step}.pt"), kind="torch",
                       path_of=lambda d, step: d / f"step_{step}.pt")
@@ -389,7 +393,7 @@ def _torch_checkpointing_method(name: str) -> Method:
     return Method(name, save, finish, before_update, close, kind="torch_checkpointing")
 
 
-METHODS = ("torch.save", "dcp-async", "dcp-async-pinned", "torch_checkpointing", "ckptzip.save",
+METHODS = ("none", "torch.save", "dcp-async", "dcp-async-pinned", "torch_checkpointing", "ckptzip.save",
            "ckptzip-dcp-async", "ckptzip-dcp-async-process", "ckptzip-dcp-async-pinned", "ckptzip-torch_checkpointing",
            "ckptzip-manager", "ckptzip-manager-host", "ckptzip-manager-device", "ckptzip-manager-blocking",
            "ckptzip-manager-thread")
@@ -431,7 +435,9 @@ def run_method(trainer: Trainer, name: str, every: int, checkpoints: int, base: 
     row: dict[str, Any] = {"method": name, "every": every, "checkpoints": checkpoints}
     with _fresh(root / name.replace(".", "_")) as directory:
         method = make_method(name, directory)
+        t = time.perf_counter()
         method.prepare(trainer.state())  # as a training script does once its model and optimizer exist
+        row["prepare_s"] = round(time.perf_counter() - t, 3)  # a one-time block, apart from the intervals
         rss = HostRss()
         blocked: list[float] = []
         intervals: list[float] = []
@@ -641,7 +647,7 @@ def run(args: argparse.Namespace) -> int:
     report(step_s_before=round(statistics.median(before), 4), step_s_after=round(statistics.median(after), 4))
     if args.verify:
         taken = []
-        for name in methods:
+        for name in (m for m in methods if m != "none"):  # the control has nothing to restore
             try:
                 taken.append(take_verified(trainer, name, root))
             except Exception as exc:
@@ -685,17 +691,26 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def medians(rows: list[dict[str, Any]]) -> str:
-    """Per method and interval: the median over its runs of the lost time per checkpoint, each
-    run's figure, and the runs that ran out of memory or failed."""
+    """Per method and interval: the median over its runs of the lost time per checkpoint, that
+    median less the control's (``none``, where it ran at that interval), each run's figure, and the
+    runs that ran out of memory or failed."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["method"], r["every"]), []).append(r)
-    lines = ["| method | every | lost/ckpt s, median | each run | out of memory / failed |", "|" + "---|" * 5]
-    for (method, every), runs in groups.items():
+
+    def median_lost(runs: list[dict[str, Any]]) -> float | None:
         lost = [r["lost_per_checkpoint_s"] for r in runs if "lost_per_checkpoint_s" in r]
+        return round(statistics.median(lost), 3) if lost else None
+
+    lines = ["| method | every | lost/ckpt s, median | less the control's | each run | out of memory / failed |",
+             "|" + "---|" * 6]
+    for (method, every), runs in groups.items():
+        median, control = median_lost(runs), median_lost(groups.get(("none", every), []))
+        net = round(median - control, 3) if median is not None and control is not None and method != "none" else "–"
+        each = ", ".join(str(r["lost_per_checkpoint_s"]) for r in runs if "lost_per_checkpoint_s" in r)
         bad = sum("lost_per_checkpoint_s" not in r for r in runs)
-        median = round(statistics.median(lost), 3) if lost else "–"
-        lines.append(f"| {method} | {every} | {median} | {', '.join(map(str, lost))} | {bad} of {len(runs)} |")
+        lines.append(f"| {method} | {every} | {'–' if median is None else median} | {net} | {each} | "
+                     f"{bad} of {len(runs)} |")
     return "\n".join(lines)
 
 

@@ -34,7 +34,7 @@ def test_each_method_is_timed_in_the_loop_and_restores_bit_exactly_in_a_fresh_pr
     for row in timed.values():
         assert row["every"] == 2 and row["checkpoints"] == 2
         assert isinstance(row["bytes_last"], int) and row["bytes_last"] > 0
-        assert row["host_rss_gb"] > 0
+        assert row["host_rss_gb"] > 0 and row["prepare_s"] >= 0
     verified = {r["method"]: r for r in rows if r.get("verify")}
     assert set(verified) == {"torch.save", "ckptzip.save", "ckptzip-manager"}
     assert all(r["bit_exact"] is True for r in verified.values()), verified
@@ -79,9 +79,22 @@ def test_runs_interleave_methods_and_the_medians_say_each_run(tmp_path: Path,
             whole = 2 * r["lost_per_checkpoint_s"]  # type: ignore[operator]
             assert abs(whole - r["lost_first_s"] - 2 * r["lost_after_first_s"]) < 0.005, r  # type: ignore[operator]
     out = capsys.readouterr().out
-    assert "| method | every | lost/ckpt s, median | each run | out of memory / failed |" in out
+    assert "| method | every | lost/ckpt s, median | less the control's | each run | out of memory / failed |" in out
     assert "| method | every | lost/ckpt s | after the 1st interval, /ckpt s | lost first s |" in out
     assert out.count("| 0 of 2 |") == 2
+
+
+def test_the_control_checkpoints_nothing_and_the_medians_take_its_bias_off_the_others(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _run(tmp_path, "none,ckptzip.save", "--runs", "2", "--verify")
+    control = [r for r in rows if r.get("method") == "none"]
+    assert [r["run"] for r in control] == [1, 2] and all(r["bytes_last"] == 0 for r in control)
+    assert not any(r.get("verify") and r["method"] == "none" for r in rows)  # nothing to restore
+    lines = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()
+             if line.startswith("| none | 2 | ") or line.startswith("| ckptzip.save | 2 | ")}
+    assert lines["none"][3] == "–"
+    ours, theirs = float(lines["ckptzip.save"][2]), float(lines["none"][2])
+    assert float(lines["ckptzip.save"][3]) == pytest.approx(ours - theirs, abs=0.0015)
 
 
 def test_an_unknown_method_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
