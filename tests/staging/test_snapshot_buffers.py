@@ -23,6 +23,28 @@ def test_where_host_memory_cannot_be_registered_snapshot_buffers_are_pageable(
         in caplog.text
 
 
+def test_a_pinned_buffers_registrations_are_whole_pieces_of_the_copies_as_they_are_when_it_is_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptzip.memory import pinned
+    from ckptzip.staging import copies
+
+    registered: list[int] = []
+
+    class Runtime:  # CUDA's runtime as far as a slab uses it: every registration succeeds
+        def cudaHostRegister(self, address: int, nbytes: int, flags: int) -> int:
+            registered.append(nbytes)
+            return 0
+
+        def cudaHostUnregister(self, address: int) -> int:
+            return 0
+
+    monkeypatch.setattr(pinned, "_cudart", Runtime)
+    monkeypatch.setattr(pinned, "REGISTER_BYTES", 200 << 10)
+    monkeypatch.setattr(copies, "TRICKLE_PIECE_BYTES", 48 << 10)
+    SnapshotBuffers().acquire((torch.device("cpu"), True), 500 << 10)
+    assert registered == [240 << 10, 240 << 10, 20 << 10]  # 200 KiB rounded up to 5 copies' pieces
+
+
 @pytest.mark.gpu
 def test_copies_to_a_pinned_buffer_registered_in_pieces_are_bit_exact_across_its_pieces(
         monkeypatch: pytest.MonkeyPatch) -> None:

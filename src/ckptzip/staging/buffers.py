@@ -15,7 +15,8 @@ import torch
 from ..errors import CheckpointWriteError
 from ..memory.pinned import Slab
 from ..memory.shared import shared_empty
-from .copies import TRICKLE_PIECE_BYTES, Copied, Trickle, copy_batched, queued
+from . import copies
+from .copies import Copied, Trickle, copy_batched, queued
 
 ALIGN = 256  # byte alignment of each tensor inside a snapshot buffer
 BufferKey = tuple[torch.device, bool]  # (device, pinned)
@@ -64,8 +65,9 @@ class SnapshotBuffers:
             return torch.empty(nbytes, dtype=torch.uint8, device=device)
         # registered pageable memory: torch's pinned allocator would round tens of GB up to a power of two
         try:
-            # shared where shared memory has room; pieces of whole trickled copies
-            slab = Slab(nbytes, shared=self._shared, unit=TRICKLE_PIECE_BYTES, paced=paced)
+            # shared where shared memory has room; pieces of whole trickled copies (the copies'
+            # piece read now, so that the slab's registrations and the copies' cuts agree)
+            slab = Slab(nbytes, shared=self._shared, unit=copies.TRICKLE_PIECE_BYTES, paced=paced)
         except RuntimeError as exc:  # the driver refuses to register it: pageable memory, slower copies
             _LOG.warning("ckptzip: snapshot buffers in pageable host memory (copies to them are slower): %s", exc)
             return torch.empty(nbytes, dtype=torch.uint8)
