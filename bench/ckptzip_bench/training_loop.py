@@ -49,11 +49,16 @@ import torch
 
 GIB = 1 << 30
 RESULTS: list[dict[str, Any]] = []
+_json_path: Path | None = None  # --json: rewritten after every row, so a run cut short keeps the rows it made
 
 
 def report(**row: Any) -> None:
     RESULTS.append(row)
     print(json.dumps(row), flush=True)
+    if _json_path is not None:
+        partial = _json_path.with_name(_json_path.name + ".partial")
+        partial.write_text(json.dumps(RESULTS, indent=1))
+        partial.replace(_json_path)
 
 
 # --------------------------------------------------------------------------- the model
@@ -602,6 +607,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    global _json_path
     if args.restore:
         return _restore_main(args)
     methods = [m for m in args.methods.split(",") if m]
@@ -612,6 +618,7 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
 
     root = Path(args.dir or tempfile.gettempdir()) / "ckptzip-training-loop"
+    _json_path = Path(args.json) if args.json else None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = pick_config(args.config)
     trainer = Trainer(config, device)
@@ -658,8 +665,6 @@ def run(args: argparse.Namespace) -> int:
             torch.cuda.empty_cache()
         for t in taken:
             report(**restore_verified(t, args.config))
-    if args.json:
-        Path(args.json).write_text(json.dumps(RESULTS, indent=1))
     print(table(rows))
     if args.runs > 1:
         print(medians(rows))

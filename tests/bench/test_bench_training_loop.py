@@ -69,6 +69,26 @@ def test_a_method_that_fails_is_a_result_with_where_it_failed(tmp_path: Path, mo
     assert len(failed) == 1 and str(failed[0]["error"]).startswith("OSError: disk gone at test_bench_training_loop.py:")
 
 
+def test_a_run_cut_short_keeps_the_rows_it_made_in_its_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def cut(step: int, state: dict[str, torch.Tensor], d: Path) -> None:
+        raise KeyboardInterrupt  # as a time limit's signal ends the run
+
+    real = training_loop.make_method
+
+    def make(name: str, directory: Path) -> training_loop.Method:
+        method = real(name, directory)
+        if name == "ckptzip.save":
+            method.save = cut
+        return method
+
+    monkeypatch.setattr(training_loop, "make_method", make)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "none,ckptzip.save")
+    rows = json.loads((tmp_path / "loop.json").read_text())
+    assert "step_s" in rows[0] and [r.get("method") for r in rows[1:]] == ["none"]
+    assert not (tmp_path / "loop.json.partial").exists()
+
+
 def test_runs_interleave_methods_and_the_medians_say_each_run(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     rows = _run(tmp_path, "torch.save,ckptzip.save", "--runs", "2")
