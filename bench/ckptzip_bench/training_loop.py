@@ -15,7 +15,8 @@ turn, in one process, each after the same warm steps. Per method and interval:
   a synchronisation each, the loop's steps do not), which the medians' table takes off the others;
 - how long ``save`` blocked, and ``prepare()`` once before the loop (a manager's); GPU memory
   (torch's peak reserved and allocated) and the process's host RSS (with the children the method
-  starts: torch_checkpointing and ckptzip's manager code or write in processes of their own);
+  starts: torch_checkpointing and ckptzip's manager code or write in processes of their own),
+  summed and with the shared memory they all map counted once (:class:`HostRss`);
 - with ``--verify``, once per method: a checkpoint taken while training goes on, its bytes on disk,
   and its restore into a fresh process (time onto the GPU, every tensor compared by digest with
   the state when it was saved).
@@ -150,30 +151,74 @@ def sync(device: torch.device) -> None:
 class HostRss:
     """The peak resident memory of this process and of the children it starts from now on,
     sampled every 50 ms (the background processes an earlier method left running, DCP's
-    checkpoint process or torch_checkpointing's writer, are not this method's)."""
+    checkpoint process or torch_checkpointing's writer, are not this method's): ``peak``, their
+    RSS summed, and ``peak_once``, with shared memory counted once. A page of ``/dev/shm`` that
+    the training's process and a child both map (a staging handed over without a copy) is in
+    both processes' RSS, so the sum overstates what the host gives; their private pages
+    (anonymous and file-backed) and the ``/dev/shm`` files they map, each file once, count it
+    once."""
 
     def __init__(self) -> None:
-        self.peak = 0
+        self.peak = self.peak_once = 0
         self._earlier = set(_children(os.getpid()))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def now(self) -> int:
-        total = 0
-        for pid in [os.getpid(), *(c for c in _children(os.getpid()) if c not in self._earlier)]:
-            with contextlib.suppress(OSError, StopIteration, ValueError), open(f"/proc/{pid}/status") as f:
-                total += next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
-        return total
+    def now(self) -> tuple[int, int]:
+        """The processes' RSS summed, and with shared memory counted once, in bytes, now."""
+        pids = [os.getpid(), *(c for c in _children(os.getpid()) if c not in self._earlier)]
+        rss = private = 0
+        for pid in pids:
+            status = _status_kib(pid, ("VmRSS", "RssAnon", "RssFile"))
+            rss += status.get("VmRSS", 0) << 10
+            private += (status.get("RssAnon", 0) + status.get("RssFile", 0)) << 10
+        return rss, private + _shared_mapped(pids)
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
-            self.peak = max(self.peak, self.now())
+            self._sample()
 
-    def stop(self) -> int:
+    def _sample(self) -> None:
+        rss, once = self.now()
+        self.peak, self.peak_once = max(self.peak, rss), max(self.peak_once, once)
+
+    def stop(self) -> tuple[int, int]:
+        """The peaks (``peak``, ``peak_once``), in bytes, once sampling has ended."""
         self._stop.set()
         self._thread.join()
-        return max(self.peak, self.now())
+        self._sample()
+        return self.peak, self.peak_once
+
+
+def _status_kib(pid: int, fields: tuple[str, ...]) -> dict[str, int]:
+    """Fields of ``/proc/<pid>/status`` given in kB (none of a process that has ended)."""
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in fields:
+                out[name] = int(value.split()[0])
+    return out
+
+
+def _shared_mapped(pids: list[int]) -> int:
+    """Bytes of the ``/dev/shm`` files (unlinked ones included) that ``pids`` map, each file once,
+    by its device and inode, at the largest extent mapped: shared memory that other processes
+    of the host make or free does not count."""
+    extents: dict[tuple[str, str], int] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                lines = [line for line in f.read().split("\n") if " /dev/shm/" in line]
+        except OSError:  # it has ended
+            continue
+        for line in lines:  # "start-end perms offset device inode path"
+            span, _, offset, dev, inode = line.split(maxsplit=5)[:5]
+            start, end = span.split("-")
+            key = (dev, inode)
+            extents[key] = max(extents.get(key, 0), int(offset, 16) + int(end, 16) - int(start, 16))
+    return sum(extents.values())
 
 
 def _children(pid: int) -> list[int]:
@@ -470,7 +515,8 @@ def run_method(trainer: Trainer, name: str, every: int, checkpoints: int, base: 
         finally:
             with contextlib.suppress(Exception):
                 method.close()
-            row["host_rss_gb"] = round(rss.stop() / 1e9, 2)
+            peak, once = rss.stop()
+            row.update(host_rss_gb=round(peak / 1e9, 2), host_memory_gb=round(once / 1e9, 2))
         steps = every * (checkpoints + 1)
         lost = [t - every * base for t in intervals]
         row.update(
@@ -682,16 +728,16 @@ def _failure(exc: BaseException) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| method | every | lost/ckpt s | after the 1st interval, /ckpt s | lost first s | lost median s | end wait s | "
-            "blocked s | GPU peak reserved GB | host RSS GB |")
-    lines = [head, "|" + "---|" * 10]
+            "blocked s | GPU peak reserved GB | host RSS GB | host memory, shared once, GB |")
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         if "error" in r or "oom" in r:
-            lines.append(f"| {r['method']} | {r['every']} | {(r.get('oom') and 'OOM') or r.get('error')} ||||||||")
+            lines.append(f"| {r['method']} | {r['every']} | {(r.get('oom') and 'OOM') or r.get('error')} |||||||||")
             continue
         lines.append(f"| {r['method']} | {r['every']} | {r['lost_per_checkpoint_s']} | {r['lost_after_first_s']} | "
                      f"{r['lost_first_s']} | "
                      f"{r['lost_median_s']} | {r['end_wait_s']} | {r['blocked_median_s']} | "
-                     f"{r.get('gpu_peak_reserved_gb', '–')} | {r['host_rss_gb']} |")
+                     f"{r.get('gpu_peak_reserved_gb', '–')} | {r['host_rss_gb']} | {r['host_memory_gb']} |")
     return "\n".join(lines)
 
 

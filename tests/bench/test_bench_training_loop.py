@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ def test_each_method_is_timed_in_the_loop_and_restores_bit_exactly_in_a_fresh_pr
     for row in timed.values():
         assert row["every"] == 2 and row["checkpoints"] == 2
         assert isinstance(row["bytes_last"], int) and row["bytes_last"] > 0
-        assert row["host_rss_gb"] > 0 and row["prepare_s"] >= 0
+        assert row["host_rss_gb"] > 0 and row["host_memory_gb"] > 0 and row["prepare_s"] >= 0
     verified = {r["method"]: r for r in rows if r.get("verify")}
     assert set(verified) == {"torch.save", "ckptzip.save", "ckptzip-manager"}
     assert all(r["bit_exact"] is True for r in verified.values()), verified
@@ -115,6 +116,34 @@ def test_the_control_checkpoints_nothing_and_the_medians_take_its_bias_off_the_o
     assert lines["none"][3] == "–"
     ours, theirs = float(lines["ckptzip.save"][2]), float(lines["none"][2])
     assert float(lines["ckptzip.save"][3]) == pytest.approx(ours - theirs, abs=0.0015)
+
+
+def _touch_shared(tensor: torch.Tensor, ready: Any, done: Any) -> None:
+    tensor.add_(1)  # every page mapped and touched here too
+    ready.set()
+    done.wait(30)
+
+
+def test_host_memory_counts_shared_memory_a_child_maps_once() -> None:
+    import torch.multiprocessing as mp
+
+    from ckptzip.memory.shared import shared_empty
+
+    rss = training_loop.HostRss()
+    shared = shared_empty(256 << 20).fill_(1)
+    context = mp.get_context("spawn")
+    ready, done = context.Event(), context.Event()
+    child = context.Process(target=_touch_shared, args=(shared, ready, done))
+    child.start()
+    try:
+        assert ready.wait(60)
+        summed, once = rss.now()
+    finally:
+        done.set()
+        child.join(30)
+        rss.stop()
+    # both processes map every page of the 256 MiB: the summed RSS holds it twice, the other once
+    assert (250 << 20) < summed - once < (262 << 20), (summed, once)
 
 
 def test_an_unknown_method_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
