@@ -200,10 +200,17 @@ def _child_environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env["CUDA_VISIBLE_DEVICES"] = ""
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if settings.threads() is None and local.isdigit() and int(local) > 1:
-        env[settings.THREADS] = str(max(1, cpu_threads() // int(local)))
+    ranks = local_ranks()
+    if settings.threads() is None and ranks > 1:
+        env[settings.THREADS] = str(max(1, cpu_threads() // ranks))
     return env
+
+
+def local_ranks() -> int:
+    """The training processes of this host: torchrun's ``LOCAL_WORLD_SIZE``, else 1. They share
+    its cores and its memory, and take their checkpoints at the same steps."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(local) if local.isdigit() and int(local) > 1 else 1
 
 
 class _Relay(io.RawIOBase):

@@ -31,7 +31,7 @@ from ..storage import WriterLock, open_storage
 from ..tier import MemoryTier, TieredStorage
 from ..tier.store import Tier
 from ..tree import flatten
-from ._snapshot import Snapshot, SnapshotMode, SnapshotPool, Write, Written
+from ._snapshot import Snapshot, SnapshotMode, SnapshotPool, TakenMode, Write, Written
 
 # Longest chain ``incremental=`` allows: restoring its last step reads (and decodes) every file of it.
 MAX_INCREMENTAL = 1000
@@ -86,8 +86,10 @@ class CheckpointManager:
             training leaves unused at its peak (torch's peak of reserved memory, less a margin:
             never what torch caches between two steps, which is the training's working set), once
             an optimizer step has shown that peak; else ``"host"``, logging a warning the first time
-            (``last_snapshot``, ``last_snapshot_reason`` say what it chose and why). docs/MANAGER.md,
-            "GPU memory".
+            (``last_snapshot``, ``last_snapshot_reason`` say what it chose and why). In any mode, a
+            snapshot that would take more host memory than the host can give is not taken: that
+            checkpoint is written before ``save`` returns (``last_snapshot`` ``"direct"``).
+            docs/MANAGER.md, "GPU memory" and "Host memory".
         overlap: a host snapshot reads the tensors that torch optimizers own (parameters, their
             state) while the next forward and backward run: ``save`` returns at once and the
             optimizer's next ``step`` waits until the read is over (a process-wide step pre-hook).
@@ -182,8 +184,9 @@ class CheckpointManager:
         self._restored = False
 
     @property
-    def last_snapshot(self) -> Literal["device", "host"] | None:
-        """The kind of snapshot the latest asynchronous ``save`` took (what ``"auto"`` chose)."""
+    def last_snapshot(self) -> TakenMode | None:
+        """The kind of snapshot the latest asynchronous ``save`` took (what ``"auto"`` chose), or
+        ``"direct"``: none, the host's memory being short, and the checkpoint written before it returned."""
         return self._snapshots.last_mode
 
     @property
@@ -270,23 +273,33 @@ class CheckpointManager:
                 "separate run"
             )
         if self._executor is None:
-            flat = flatten(state)
-            names, tensors = [item.name for item in flat.tensors], [item.tensor for item in flat.tensors]
-            self._write(step, lambda f, base: Written(write_state(f, names, tensors, flat.tree,
-                                                                  SaveOptions(self._policy, base, self._gpu_memory)),
-                                                      dict(zip(names, tensors))))
-            self._after_commit(step)
-            future: concurrent.futures.Future[None] = concurrent.futures.Future()
-            future.set_result(None)
-            return future
+            return self._write_now(step, state, keep_base=True)
         while len(self._pending) >= self._max_pending:
             concurrent.futures.wait([self._pending[0][1]])
             self._reap()
         # a host snapshot is encoded now, against the base of the latest save (none while one is pending)
         snapshot = self._snapshots.take(state, None if self._pending else self._delta_base(),
                                         self._incremental is not None)
+        if snapshot is None:  # the host's memory is short for one: written now, after the saves in flight
+            self.wait()
+            return self._write_now(step, state, keep_base=False)
         future = self._executor.submit(self._save_snapshot, step, snapshot)
         self._pending.append((step, future))
+        return future
+
+    def _write_now(self, step: int, state: Any, *, keep_base: bool) -> concurrent.futures.Future[None]:
+        """Write ``state`` as ``step`` in the caller's thread (no save in flight), in the bounded
+        memory of a synchronous save; a done future. ``keep_base``: an incremental manager keeps a
+        copy of the state as the next save's base (else the next save is whole: a copy takes the
+        memory that was short)."""
+        flat = flatten(state)
+        names, tensors = [item.name for item in flat.tensors], [item.tensor for item in flat.tensors]
+        self._write(step, lambda f, base: Written(write_state(f, names, tensors, flat.tree,
+                                                              SaveOptions(self._policy, base, self._gpu_memory)),
+                                                  dict(zip(names, tensors)) if keep_base else None))
+        self._after_commit(step)
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        future.set_result(None)
         return future
 
     def _drop_orphans(self, step: int) -> None:

@@ -15,6 +15,9 @@ A snapshot is one of two kinds, chosen per save (:meth:`SnapshotPool.take`):
 Whatever holds GPU memory while training runs (a device snapshot's buffers, its coding in the
 background, a read that overlaps training) is sized from what the training leaves unused at its
 peak (:func:`~ckptzip.memory.gpu.beside_training`), never from what is free between two steps.
+Host memory likewise: a snapshot that would take more of it than the host can give (every
+training process of the host as much, with a margin left) is not taken, and the manager writes
+that checkpoint before ``save`` returns, in bounded memory, as a synchronous save does.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from ..engine import (
 from ..errors import GpuMemoryError
 from ..format import TensorEntry
 from ..memory import gpu
+from ..memory.declared import host_available
 from ..staging import (
     HOST_RAW_SHARE,
     OVERLAP_RAW_SHARE,
@@ -57,14 +61,18 @@ from ..staging import (
 )
 from ..staging.buffers import BufferKey, aligned
 from ..tree import flatten
-from ._coding import CodingProcess
+from ._coding import CodingProcess, local_ranks
 
 SnapshotMode = Literal["auto", "device", "host"]
+TakenMode = Literal["device", "host", "direct"]  # "direct": none taken, written before save returns
 # GPU memory beside training that a read overlapping training needs at least for its batches, and
 # a device snapshot's coding beside its copy (its batches are larger, and slow batches would slow
 # the write that the next save waits for); below them a snapshot is a host one, read in the caller.
 READ_MIN_BYTES = 1 << 30
 DEVICE_CODING_MIN_BYTES = 2 << 30
+# Host memory a snapshot leaves unused: this, and a tenth of what the host has available (the
+# training's own host memory grows too: data loaders, the next batch)
+HOST_MARGIN_BYTES = 2 << 30
 _GIB = 1 << 30
 _LOG = logging.getLogger("ckptzip")
 
@@ -119,7 +127,7 @@ class SnapshotPool:
         self._where = where
         self._options = SaveOptions(policy, gpu_memory=gpu_memory)
         self._overlap = overlap
-        self.last_mode: Literal["device", "host"] | None = None
+        self.last_mode: TakenMode | None = None
         self.last_reason: str | None = None
         self.last_overlapped = False
         # where a process codes, host memory it reads is shared memory (handed over without a copy)
@@ -185,6 +193,35 @@ class SnapshotPool:
         share = OVERLAP_RAW_SHARE if overlapped and self._coder is not None else HOST_RAW_SHARE
         return HostPlan.of(sources, self._options.policy, self._options.gpu_memory, overlap, share, keep)
 
+    def _host_held(self) -> int:
+        """Host memory the pools hold already, which a snapshot reuses."""
+        return self._buffers.pooled_host() + self._staging.reserved
+
+    def _host_short(self, nbytes: int) -> str | None:
+        """Why taking ``nbytes`` more of host memory than the pools hold could run the host out of
+        it (each training process of the host taking as much, as ranks do at the same step), or
+        None where it fits or where the host's memory cannot be read."""
+        need = nbytes - self._host_held()
+        available = host_available()
+        if need <= 0 or available is None:
+            return None
+        ranks = local_ranks()
+        keep = HOST_MARGIN_BYTES + available // 10
+        if need * ranks + keep <= available:
+            return None
+        each = f" (and each of the {ranks} training processes of this host as much)" if ranks > 1 else ""
+        return (f"a snapshot of the state needs {need / _GIB:.2f} GiB more host memory{each}, but the host has "
+                f"{available / _GIB:.2f} GiB available, of which {keep / _GIB:.2f} GiB are left to the training")
+
+    @staticmethod
+    def _host_bytes(sources: list[torch.Tensor], choice: _Choice, keep: bool) -> int:
+        """Host memory a snapshot of ``sources`` takes at most: copies of the host tensors, and for a
+        host one the CUDA tensors' bytes too (raw or coded), twice with ``keep`` (the next save's base)."""
+        host = sum(aligned(t.nbytes) for t in sources if not t.is_cuda)
+        if not choice.host:
+            return host
+        return host + sum(aligned(t.nbytes) for t in sources if t.is_cuda) * (2 if keep else 1)
+
     def reserve_host(self, sources: list[torch.Tensor]) -> threading.Thread | None:
         """Where host snapshots are (or now would be) taken, reserve pinned staging for the GPU
         bytes of ``sources`` on a background thread (a save's staging waits for it)."""
@@ -198,6 +235,10 @@ class SnapshotPool:
             coded, pinned = [t.is_cuda for t in sources], 0
         nbytes = self._host.expected() or sum(t.nbytes for t, c in zip(sources, coded) if c)
         if not nbytes and not pinned and self._coder is None:
+            return None
+        short = self._host_short(nbytes + pinned)
+        if short is not None:  # the saves will say what they do instead
+            _LOG.warning("ckptzip: prepare() reserves no host memory: %s", short)
             return None
 
         def reserve() -> None:
@@ -226,14 +267,24 @@ class SnapshotPool:
 
     # ------------------------------------------------------------------------- taking
 
-    def take(self, state: Any, base: DeltaBase | None, keep: bool) -> Snapshot:
+    def take(self, state: Any, base: DeltaBase | None, keep: bool) -> Snapshot | None:
         """Validate ``state`` (raises :class:`~ckptzip.errors.UnsupportedObjectError`) and snapshot
         it. A host snapshot rewrites its table against ``base`` as it reads the state; with
-        ``keep`` it also copies the CUDA tensors it encodes to host memory, as the next save's base."""
+        ``keep`` it also copies the CUDA tensors it encodes to host memory, as the next save's base.
+        None, having taken nothing, where the snapshot would take more host memory than the host
+        can give (:attr:`last_mode` ``"direct"``): the caller writes the state itself."""
         flat = flatten(state)  # also a deep copy of every non-tensor value
         names = [item.name for item in flat.tensors]
         sources = [item.tensor for item in flat.tensors]
         choice = self._choose(sources)
+        if choice.host:
+            self._reserved()  # its buffers, not a second set beside them (and the check counts them)
+        short = self._host_short(self._host_bytes(sources, choice, keep))
+        if short is not None:
+            if self.last_mode != "direct":
+                _LOG.warning("ckptzip: writing checkpoints before save returns, without a snapshot: %s", short)
+            self.last_mode, self.last_reason, self.last_overlapped = "direct", short, False
+            return None
         if choice.host and self._where == "auto" and self.last_mode != "host":
             _LOG.warning("ckptzip: taking host snapshots (compressed on the GPU in small batches, stored in pinned "
                          "host memory) instead of device copies: %s", choice.reason)
@@ -245,7 +296,6 @@ class SnapshotPool:
             return Snapshot(flat.tree, names, copied.tensors, buffers, copied, True, choice.caps)
         self._buffers.release_device_buffers()
         plan = self._plan(sources, choice.overlap, choice.overlap is not None, keep)
-        self._reserved()  # its buffers, not a second set beside them
         taken = self._host.take(names, sources, plan, base)
         return Snapshot(flat.tree, names, taken.kept, taken.buffers, taken.staged,
                         keep or isinstance(taken.staged, CopiedState), None)

@@ -81,6 +81,11 @@ class SnapshotBuffers:
             for key, buf in buffers:
                 self._free.setdefault(key, []).append(buf)
 
+    def pooled_host(self) -> int:
+        """Bytes of the host buffers the pool holds (pinned or not)."""
+        with self._lock:
+            return sum(b.numel() for (device, _), free in self._free.items() if device.type == "cpu" for b in free)
+
     def pooled(self, device: torch.device) -> int:
         """Bytes of the device buffers the pool holds for ``device``."""
         with self._lock:
