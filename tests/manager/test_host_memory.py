@@ -5,7 +5,9 @@ much), the checkpoint is written before ``save`` returns, in a synchronous save'
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,8 +21,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 
 def _state(device: str = "cpu") -> dict[str, torch.Tensor]:
-    g = torch.Generator(device=device).manual_seed(3)
-    return {f"w{i}": torch.randn((STATE_MIB << 20) // 16, generator=g, device=device) for i in range(4)}
+    g = torch.Generator(device=device).manual_seed(3)  # four tensors of 64 MiB
+    return {f"w{i}": torch.randn((STATE_MIB << 20) // 4, generator=g, device=device) for i in range(4)}
 
 
 def _host_has(monkeypatch: pytest.MonkeyPatch, available: int | None) -> None:
@@ -30,7 +32,7 @@ def _host_has(monkeypatch: pytest.MonkeyPatch, available: int | None) -> None:
 def test_a_save_the_hosts_memory_cannot_snapshot_is_written_before_it_returns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    _host_has(monkeypatch, 2 * GIB)  # less than the margin alone: 2 GiB and a tenth
+    _host_has(monkeypatch, 300 << 20)  # 0.25 GiB and a fifth of 0.29 GiB do not fit
     state = _state()
     expected = {k: v.clone() for k, v in state.items()}
     with caplog.at_level(logging.WARNING, logger="ckptzip"), CheckpointManager(tmp_path) as manager:
@@ -38,8 +40,8 @@ def test_a_save_the_hosts_memory_cannot_snapshot_is_written_before_it_returns(
             future = manager.save(step, state)
             assert future.done() and future.result() is None  # committed already
             assert manager.last_snapshot == "direct"
-            assert manager.last_snapshot_reason == ("a snapshot of the state needs 0.06 GiB more host memory, but the "
-                                                    "host has 2.00 GiB available, of which 2.20 GiB are left to the "
+            assert manager.last_snapshot_reason == ("a snapshot of the state needs 0.25 GiB more host memory, but the "
+                                                    "host has 0.29 GiB available, of which 0.06 GiB are left to the "
                                                     "training")
             assert manager.all_steps() == list(range(1, step + 1))
             for v in state.values():
@@ -54,8 +56,8 @@ def test_a_save_the_hosts_memory_cannot_snapshot_is_written_before_it_returns(
 
 def test_each_training_process_of_the_host_is_counted_as_taking_as_much(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _host_has(monkeypatch, int(2.6 * GIB))  # 0.25 GiB and the margin fit; 8 times 0.25 GiB do not
-    state = {k: torch.cat([v, v, v, v]) for k, v in _state().items()}  # 256 MiB
+    _host_has(monkeypatch, 2 * GIB)  # 0.25 GiB and a fifth fit; 8 times 0.25 GiB do not
+    state = _state()
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     with CheckpointManager(tmp_path / "one") as manager:
         manager.save(1, state)
@@ -74,13 +76,22 @@ def test_a_save_written_at_once_waits_for_the_saves_in_flight_and_keeps_step_ord
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     state = _state()
     first = {k: v.clone() for k, v in state.items()}
+    gate = threading.Event()
     with CheckpointManager(tmp_path, max_pending=2) as manager:
+        write = manager._write
+
+        def held(step: int, body: Any) -> None:  # the first write waits for the gate: still in flight
+            gate.wait(30)
+            write(step, body)
+
+        monkeypatch.setattr(manager, "_write", held)
         _host_has(monkeypatch, 64 * GIB)
-        pending = manager.save(1, state)  # a snapshot, written in the background
+        pending = manager.save(1, state)
         assert manager.last_snapshot == "device"
         for v in state.values():
             v.add_(1.0)
-        _host_has(monkeypatch, GIB)
+        _host_has(monkeypatch, 256 << 20)  # its buffers are in use: the next snapshot would need 0.25 GiB more
+        threading.Timer(0.3, gate.set).start()
         manager.save(2, state)
         assert pending.done() and manager.last_snapshot == "direct"
         assert manager.all_steps() == [1, 2]
@@ -104,7 +115,7 @@ def test_where_the_hosts_memory_cannot_be_read_snapshots_are_taken(
 def test_a_gpu_states_host_snapshot_the_host_cannot_hold_is_neither_reserved_nor_taken(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    _host_has(monkeypatch, 2 * GIB)
+    _host_has(monkeypatch, 300 << 20)
     state = _state("cuda")
     expected = {k: v.cpu() for k, v in state.items()}
     with caplog.at_level(logging.WARNING, logger="ckptzip"), CheckpointManager(tmp_path, snapshot="host") as manager:

@@ -70,9 +70,9 @@ TakenMode = Literal["device", "host", "direct"]  # "direct": none taken, written
 # the write that the next save waits for); below them a snapshot is a host one, read in the caller.
 READ_MIN_BYTES = 1 << 30
 DEVICE_CODING_MIN_BYTES = 2 << 30
-# Host memory a snapshot leaves unused: this, and a tenth of what the host has available (the
-# training's own host memory grows too: data loaders, the next batch)
-HOST_MARGIN_BYTES = 2 << 30
+# The share of the host's available memory snapshots leave unused (the training's own host memory
+# grows too: data loaders, the next batch); a share, so that a small state on a small machine fits
+HOST_MARGIN = 0.2
 _GIB = 1 << 30
 _LOG = logging.getLogger("ckptzip")
 
@@ -206,7 +206,7 @@ class SnapshotPool:
         if need <= 0 or available is None:
             return None
         ranks = local_ranks()
-        keep = HOST_MARGIN_BYTES + available // 10
+        keep = int(available * HOST_MARGIN)
         if need * ranks + keep <= available:
             return None
         each = f" (and each of the {ranks} training processes of this host as much)" if ranks > 1 else ""
