@@ -48,7 +48,11 @@ def _written(staged: StagedState, tree: Any) -> bytes:
 
 def _through_a_pickle(staged: StagedState) -> StagedState:
     """What torch.multiprocessing sends another process (received here, in this one)."""
-    got = pickle.loads(bytes(ForkingPickler.dumps(staged.portable())))
+    return _received(staged.portable())
+
+
+def _received(portable: StagedState) -> StagedState:
+    got = pickle.loads(bytes(ForkingPickler.dumps(portable)))
     assert isinstance(got, StagedState)
     return got
 
@@ -96,3 +100,17 @@ def test_a_gpu_staging_crosses_without_cuda_objects(shared: bool) -> None:
     assert data == _written(again, tree)
     assert_same(ckptzip.load(data, map_location="cpu"), {k: v.cpu() if isinstance(v, torch.Tensor) else v
                                                           for k, v in state.items()})
+
+
+def test_the_copies_a_staging_hands_over_are_not_left_mapped_in_this_process() -> None:
+    state = {"big": torch.randn(16 << 20), "step": 3}  # 64 MiB, copied to shared memory for the other process
+    staged, tree = _stage(state, PinnedPool())
+
+    def shared_rss() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) << 10 for line in f if line.startswith("RssShmem:"))
+
+    before = shared_rss()
+    portable = staged.portable()
+    assert shared_rss() - before < 8 << 20  # its pages are the other process's to map
+    assert_same(ckptzip.load(_written(_received(portable), tree)), state)

@@ -15,7 +15,7 @@ import torch
 
 from ..format import ContainerWriter, TensorEntry
 from ..memory.pinned import PinnedPool
-from ..memory.shared import shared_copy, shared_empty
+from ..memory.shared import shared_copy, shared_empty, unmap_pages
 from .pipeline import encode_all
 from .plan import GpuLimits
 from .policy import Policy
@@ -88,6 +88,7 @@ class StagedState:
         for buffer, n in private:
             moved[id(buffer)] = copy[start : start + n].copy_(buffer[:n])
             start += n
+        unmap_pages(copy)  # the other process reads it: dropping it later then costs this one nothing
         jobs = []
         for job in self.jobs:
             buffer, n = job.piece
@@ -98,9 +99,16 @@ class StagedState:
                 record = dataclasses.replace(record, meta=torch.from_numpy(record.meta.numpy().copy()))
             piece = moved.get(id(buffer), buffer if n else torch.empty(0, dtype=torch.uint8))
             jobs.append(Job((piece, n), job.first, record))
-        tensors = [torch.empty_like(t, device="meta") if t.is_cuda else t if t.is_shared() else shared_copy(t)
+        tensors = [torch.empty_like(t, device="meta") if t.is_cuda else t if t.is_shared() else _handed_copy(t)
                    for t in self.table.tensors]
         return StagedState(jobs, None, dataclasses.replace(self.table, tensors=tensors), list(self.rest))
+
+
+def _handed_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A shared copy of a host tensor for another process, unmapped here (:func:`unmap_pages`)."""
+    copy = shared_copy(tensor)
+    unmap_pages(copy)
+    return copy
 
 
 def staged_table(names: list[str], tensors: list[torch.Tensor], base: DeltaBase | None,

@@ -6,8 +6,13 @@ only where the file system has room for them.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
 import os
 import secrets
+import sys
+from typing import Any
 
 import torch
 import torch.multiprocessing
@@ -95,3 +100,35 @@ def shared_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of a host tensor in shared memory (contiguous, same dtype and shape)."""
     out = shared_empty(tensor.numel() * tensor.element_size()).view(tensor.dtype).view(tensor.shape)
     return out.copy_(tensor)
+
+
+def unmap_pages(tensor: torch.Tensor) -> None:
+    """Drop this process's mappings of the pages of a tensor :func:`shared_empty` or
+    :func:`shared_copy` made, which another process now reads (a staging handed over): the bytes
+    stay in shared memory, for that process, and a later touch here maps them again. Without it,
+    freeing the storage unmaps them while holding the interpreter lock (tens of ms a GiB, in which
+    the training's thread waits); ``madvise`` here releases it. Only whole pages inside the
+    storage, and nothing where those functions gave private memory. Never for other tensors:
+    torch calls a private mapping of a file shared too, and this would discard its bytes."""
+    if tensor.device.type != "cpu" or not tensor.is_shared() or _madvise() is None:
+        return
+    storage = tensor.untyped_storage()
+    page = mmap.PAGESIZE
+    start = -(-storage.data_ptr() // page) * page
+    end = (storage.data_ptr() + storage.nbytes()) // page * page
+    if end > start:
+        _madvise()(start, end - start, _MADV_DONTNEED)
+
+
+_MADV_DONTNEED = 4  # Linux's value on every architecture it runs torch on
+
+
+@functools.cache
+def _madvise() -> Any:
+    """libc's ``madvise`` (the interpreter lock released while it runs), or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    function = ctypes.CDLL(None, use_errno=True).madvise
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
