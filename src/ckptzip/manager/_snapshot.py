@@ -45,7 +45,7 @@ from ..engine import (
 from ..errors import GpuMemoryError
 from ..format import TensorEntry
 from ..memory import gpu
-from ..memory.declared import host_available
+from ..memory.host import host_available
 from ..staging import (
     HOST_RAW_SHARE,
     OVERLAP_RAW_SHARE,

@@ -6,16 +6,14 @@ tensors, is its budget: :mod:`.gpu`.)"""
 
 from __future__ import annotations
 
-import contextlib
 import operator
-import os
-import resource
 from collections.abc import Mapping
 
 import torch
 
 from ..errors import DecodeBudgetError
 from . import gpu
+from .host import host_available
 
 
 def validate_max_bytes(max_bytes: object) -> int | None:
@@ -28,46 +26,6 @@ def validate_max_bytes(max_bytes: object) -> int | None:
     if value < 0:
         raise ValueError(f"max_bytes must be None or an int >= 0 (a number of bytes), got {value}")
     return value
-
-
-def _kib_fields(path: str, names: tuple[bytes, ...]) -> dict[bytes, int]:
-    """The ``name: N kB`` fields ``names`` of a /proc file, in bytes (those it has)."""
-    found = {}
-    with contextlib.suppress(OSError, ValueError, IndexError), open(path, "rb") as f:
-        for line in f:
-            name, _, rest = line.partition(b":")
-            if name in names:
-                found[name] = int(rest.split()[0]) * 1024
-    return found
-
-
-def host_available() -> int | None:
-    """Bytes the host can still give this process: ``MemAvailable`` (else the free physical
-    pages), within a cgroup v2 memory limit, the process's address-space limit (``ulimit -v``)
-    and, where the kernel never overcommits, its commit limit; None where none can be read."""
-    meminfo = _kib_fields("/proc/meminfo", (b"MemAvailable", b"CommitLimit", b"Committed_AS"))
-    available = meminfo.get(b"MemAvailable")
-    if available is None:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    rooms = []
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    mapped = _kib_fields("/proc/self/status", (b"VmSize",)).get(b"VmSize")
-    if soft != resource.RLIM_INFINITY and mapped is not None:
-        rooms.append(soft - mapped)
-    with contextlib.suppress(OSError, ValueError), open("/proc/sys/vm/overcommit_memory", "rb") as f:
-        if f.read().strip() == b"2" and {b"CommitLimit", b"Committed_AS"} <= meminfo.keys():
-            rooms.append(meminfo[b"CommitLimit"] - meminfo[b"Committed_AS"])
-    try:
-        with open("/sys/fs/cgroup/memory.max", "rb") as f, open("/sys/fs/cgroup/memory.current", "rb") as g:
-            limit, used = f.read().strip(), int(g.read())
-        if limit != b"max":
-            rooms.append(int(limit) - used)
-    except (OSError, ValueError):
-        pass
-    for room in rooms:
-        available = max(0, room) if available is None else min(available, max(0, room))
-    return available
 
 
 def available(device: torch.device) -> int | None:
