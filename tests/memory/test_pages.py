@@ -26,7 +26,7 @@ def test_populate_leaves_contents_and_views_as_they_were() -> None:
 
 def test_populate_skips_small_and_non_host_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, int, int]] = []
-    monkeypatch.setattr(pages, "_madvise", lambda: lambda *args: calls.append(args) or 0)
+    monkeypatch.setattr(pages, "libc_madvise", lambda: lambda *args: calls.append(args) or 0)
     big = torch.empty(2 << 20, dtype=torch.uint8)
     pages.populate([torch.empty(pages.MIN_BYTES - 1, dtype=torch.uint8), big, torch.empty(0, dtype=torch.uint8)])
     assert len(calls) == 1
@@ -36,13 +36,13 @@ def test_populate_skips_small_and_non_host_tensors(monkeypatch: pytest.MonkeyPat
 
 
 def test_populate_does_nothing_where_the_platform_has_no_such_advice(monkeypatch: pytest.MonkeyPatch) -> None:
-    pages._madvise.cache_clear()
+    pages.libc_madvise.cache_clear()
     monkeypatch.setattr(sys, "platform", "darwin")
     try:
-        assert pages._madvise() is None
+        assert pages.libc_madvise() is None
         pages.populate([torch.empty(4 << 20, dtype=torch.uint8)])
     finally:
-        pages._madvise.cache_clear()
+        pages.libc_madvise.cache_clear()
 
 
 def test_a_cpu_load_fills_populated_outputs_bit_exactly() -> None:
@@ -57,7 +57,7 @@ def test_a_cpu_load_fills_populated_outputs_bit_exactly() -> None:
 def _recording(monkeypatch: pytest.MonkeyPatch, mode: str = "always [madvise] never") -> list[tuple[int, int, int]]:
     """Record the madvise calls, with transparent huge pages in ``mode``."""
     calls: list[tuple[int, int, int]] = []
-    monkeypatch.setattr(pages, "_madvise", lambda: lambda *args: calls.append(args) or 0)
+    monkeypatch.setattr(pages, "libc_madvise", lambda: lambda *args: calls.append(args) or 0)
     monkeypatch.setattr(pages, "_huge_pages_on_request", lambda: "[madvise]" in mode)
     return calls
 

@@ -32,8 +32,9 @@ MAX_MAP_COUNT = "/proc/sys/vm/max_map_count"
 
 
 @functools.cache
-def _madvise() -> Callable[[int, int, int], int] | None:
-    """libc's madvise, where the platform has MADV_POPULATE_WRITE's meaning (Linux)."""
+def libc_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's madvise (the interpreter lock released while it runs), on Linux, whose advice values
+    this package uses; None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -59,7 +60,7 @@ def populate(tensors: Iterable[torch.Tensor]) -> None:
     """Fault in the whole pages of each host tensor of at least :data:`MIN_BYTES` (their contents
     stay as they are). A kernel that refuses (before 5.14: EINVAL) leaves the pages to be faulted
     in by the writes, as without this call."""
-    madvise = _madvise()
+    madvise = libc_madvise()
     if madvise is None:
         return
     for address, nbytes in _large(tensors):
@@ -100,7 +101,7 @@ def prefer_huge_pages(tensors: Iterable[torch.Tensor]) -> None:
     them on request. The advice covers each tensor's whole pages, so adjacent advised outputs
     stay one mapping; it changes no contents. Meant for outputs just allocated: a caller's own
     tensors are left as they are."""
-    madvise = _madvise()
+    madvise = libc_madvise()
     ranges = _large(tensors)
     if madvise is None or not ranges or not _huge_pages_on_request() or not _room_for_mappings(2 * len(ranges)):
         return

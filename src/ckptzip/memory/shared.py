@@ -6,19 +6,17 @@ only where the file system has room for them.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import mmap
 import os
 import secrets
-import sys
-from typing import Any
 
 import torch
 import torch.multiprocessing
 
 from ..errors import CheckpointWriteError
+from .pages import libc_madvise
 
+MADV_DONTNEED = 4  # Linux's value on every architecture torch runs on
 # Shared memory is left this much room by ckptzip's allocations in it (other processes share it).
 SHARED_MEMORY_MARGIN = 256 << 20
 _SHARED_MEMORY = "/dev/shm"
@@ -110,25 +108,12 @@ def unmap_pages(tensor: torch.Tensor) -> None:
     the training's thread waits); ``madvise`` here releases it. Only whole pages inside the
     storage, and nothing where those functions gave private memory. Never for other tensors:
     torch calls a private mapping of a file shared too, and this would discard its bytes."""
-    if tensor.device.type != "cpu" or not tensor.is_shared() or _madvise() is None:
+    madvise = libc_madvise()
+    if tensor.device.type != "cpu" or not tensor.is_shared() or madvise is None:
         return
     storage = tensor.untyped_storage()
     page = mmap.PAGESIZE
     start = -(-storage.data_ptr() // page) * page
     end = (storage.data_ptr() + storage.nbytes()) // page * page
     if end > start:
-        _madvise()(start, end - start, _MADV_DONTNEED)
-
-
-_MADV_DONTNEED = 4  # Linux's value on every architecture it runs torch on
-
-
-@functools.cache
-def _madvise() -> Any:
-    """libc's ``madvise`` (the interpreter lock released while it runs), or None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    function = ctypes.CDLL(None, use_errno=True).madvise
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
+        madvise(start, end - start, MADV_DONTNEED)
