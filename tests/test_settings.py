@@ -119,8 +119,10 @@ def test_switches_and_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
 # Other programs' variables the library reads or sets: Triton's (its interpreter; no line information,
 # which would put the build's absolute path in the shipped kernels), the XDG cache root, and
-# torchrun's count of the ranks on this host (each rank's coding process takes its share of the cores).
-OTHER_PROGRAMS = ("TRITON_INTERPRET", "TRITON_DISABLE_LINE_INFO", "XDG_CACHE_HOME", "LOCAL_WORLD_SIZE")
+# the launchers' counts of the ranks on this host (torchrun's, Open MPI's, MPICH's, Slurm's: each
+# rank's coding process takes its share of the cores, and its snapshots of the host's memory).
+OTHER_PROGRAMS = ("TRITON_INTERPRET", "TRITON_DISABLE_LINE_INFO", "XDG_CACHE_HOME", "LOCAL_WORLD_SIZE",
+                  "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE")
 
 
 def test_only_the_settings_module_reads_ckptzips_variables() -> None:

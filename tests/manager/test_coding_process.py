@@ -204,6 +204,18 @@ def test_ranks_of_one_host_share_the_cores_between_their_children(monkeypatch: p
     assert "CKPTZIP_THREADS" not in _coding._child_environment()
 
 
+def test_the_ranks_of_a_host_are_counted_as_their_launcher_counts_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    assert _coding.local_ranks() == 1
+    for name, value, counted in (("SLURM_NTASKS_PER_NODE", "8", 8), ("MPI_LOCALNRANKS", "4", 4),
+                                 ("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 2), ("LOCAL_WORLD_SIZE", "1", 1)):
+        monkeypatch.setenv(name, value)
+        assert _coding.local_ranks() == counted  # each launcher's count before those after it
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")  # not a count: the next launcher's
+    assert _coding.local_ranks() == 2
+
+
 def test_a_child_gone_between_writes_is_replaced() -> None:
     state = _state()
     process = CodingProcess()

@@ -29,9 +29,15 @@ def _host_has(monkeypatch: pytest.MonkeyPatch, available: int | None) -> None:
     monkeypatch.setattr(_snapshot, "host_available", lambda: available)
 
 
+@pytest.fixture(autouse=True)
+def _one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No launcher's count of the host's ranks: one training process, unless a test sets one."""
+    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def test_a_save_the_hosts_memory_cannot_snapshot_is_written_before_it_returns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     _host_has(monkeypatch, 300 << 20)  # 0.25 GiB and a fifth of 0.29 GiB do not fit
     state = _state()
     expected = {k: v.clone() for k, v in state.items()}
@@ -58,7 +64,6 @@ def test_each_training_process_of_the_host_is_counted_as_taking_as_much(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _host_has(monkeypatch, 2 * GIB)  # 0.25 GiB and a fifth fit; 8 times 0.25 GiB do not
     state = _state()
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     with CheckpointManager(tmp_path / "one") as manager:
         manager.save(1, state)
         assert manager.last_snapshot == "device"  # a CPU state's copy, taken
@@ -73,7 +78,6 @@ def test_each_training_process_of_the_host_is_counted_as_taking_as_much(
 
 def test_a_save_written_at_once_waits_for_the_saves_in_flight_and_keeps_step_order(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     state = _state()
     first = {k: v.clone() for k, v in state.items()}
     gate = threading.Event()
@@ -114,7 +118,6 @@ def test_where_the_hosts_memory_cannot_be_read_snapshots_are_taken(
 @cuda
 def test_a_gpu_states_host_snapshot_the_host_cannot_hold_is_neither_reserved_nor_taken(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     _host_has(monkeypatch, 300 << 20)
     state = _state("cuda")
     expected = {k: v.cpu() for k, v in state.items()}

@@ -207,10 +207,14 @@ def _child_environment() -> dict[str, str]:
 
 
 def local_ranks() -> int:
-    """The training processes of this host: torchrun's ``LOCAL_WORLD_SIZE``, else 1. They share
+    """The training processes of this host, as their launcher counts them (torchrun's
+    ``LOCAL_WORLD_SIZE``, else Open MPI's, MPICH's, or Slurm's tasks per node), else 1. They share
     its cores and its memory, and take their checkpoints at the same steps."""
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return int(local) if local.isdigit() and int(local) > 1 else 1
+    for value in (os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE"),
+                  os.environ.get("MPI_LOCALNRANKS"), os.environ.get("SLURM_NTASKS_PER_NODE")):
+        if value and value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
 
 
 class _Relay(io.RawIOBase):
