@@ -4,7 +4,9 @@
 #   (b) `python -m ckptzip_bench.training_loop` on the GPU's configuration (h100 or h200, by the
 #       name nvidia-smi gives; CONFIG overrides it): the control (`none`), the default manager and torch_checkpointing,
 #       RUNS runs interleaved (default 3), every EVERY steps (default 45), CKPTS checkpoints a run
-#       (default 2); its JSON is kept row by row, so a run the time limit ends keeps its rows.
+#       (default 2); its JSON is kept row by row, so a run the time limit ends keeps its rows. On an
+#       H100 a method's run takes about a minute: the defaults fill one call, and the limit may
+#       end run 3's last method.
 # Extra arguments go to (b) (for instance --verify, or --methods ...). The exit status is 1 if a step
 # failed. Usage, from the repository root, with .whl/ carried (bench/gpu-wheels.sh torch_checkpointing==0.1.1):
 #   bash bench/training_loop_gpu.sh [--verify]      (logs and JSON in $OUT; LIMIT: seconds in all, default 590)
