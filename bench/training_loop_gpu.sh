@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call, one GPU: issue 43's loop measured as its targets ask, within one call's time.
-#   (a) the GPU tests of the memory the manager takes and of its staging (skipped with SKIP_TESTS=1);
+#   (a) the GPU tests of the memory the manager takes, of its staging and of stagings handed to
+#       another process (skipped with SKIP_TESTS=1);
 #   (b) `python -m ckptzip_bench.training_loop` on the GPU's configuration (h100 or h200, by the
 #       name nvidia-smi gives; CONFIG overrides it): the control (`none`), the default manager and torch_checkpointing,
 #       RUNS runs interleaved (default 3), every EVERY steps (default 45), CKPTS checkpoints a run
@@ -24,7 +25,8 @@ left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 
 status=0
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/memory tests/staging tests/manager/test_snapshot.py \
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/memory tests/staging tests/manager/test_snapshot.py \
+    tests/manager/test_host_memory.py tests/engine/test_staged_portable.py \
     > "$OUT/gpu-tests.txt" 2>&1 || status=1
   tail -n 3 "$OUT/gpu-tests.txt"
 fi
