@@ -382,3 +382,9 @@ def stand_in_triton(root: Path, monkeypatch: pytest.MonkeyPatch) -> types.Simple
     for name, module in (("triton", package), ("triton.runtime", runtime), ("triton.runtime.cache", cache)):
         monkeypatch.setitem(sys.modules, name, module)
     return types.SimpleNamespace(root=root, calls=calls, cache=cache, compute=triton_key)
+
+
+def shared_rss() -> int:
+    """Bytes of shared memory this process has mapped in (Linux's ``RssShmem``)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("RssShmem:"))

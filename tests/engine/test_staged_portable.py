@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import assert_same
+from helpers import assert_same, shared_rss
 
 import ckptzip
 from ckptzip.engine.policy import Policy
@@ -105,10 +105,6 @@ def test_a_gpu_staging_crosses_without_cuda_objects(shared: bool) -> None:
 def test_the_copies_a_staging_hands_over_are_not_left_mapped_in_this_process() -> None:
     state = {"big": torch.randn(16 << 20), "step": 3}  # 64 MiB, copied to shared memory for the other process
     staged, tree = _stage(state, PinnedPool())
-
-    def shared_rss() -> int:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) << 10 for line in f if line.startswith("RssShmem:"))
 
     before = shared_rss()
     portable = staged.portable()

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing
+from helpers import shared_rss
 
 from ckptzip.errors import CheckpointWriteError
 from ckptzip.memory import shared
@@ -67,11 +68,6 @@ def test_torchs_shared_memory_where_ckptzip_cannot_make_it(monkeypatch: pytest.M
     assert memory.is_shared() and memory.numel() == 1 << 16
 
 
-def _shared_rss() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) << 10 for line in f if line.startswith("RssShmem:"))
-
-
 def _child_reads(tensor: torch.Tensor, out: torch.Tensor) -> None:
     out[0] = int(tensor.sum())
 
@@ -79,9 +75,9 @@ def _child_reads(tensor: torch.Tensor, out: torch.Tensor) -> None:
 @linux_descriptors
 def test_unmapped_pages_leave_this_process_and_keep_their_bytes_for_the_one_it_was_handed_to() -> None:
     memory = shared.shared_copy(torch.arange(64 << 20, dtype=torch.uint8))  # 64 MiB, every page mapped here
-    mapped = _shared_rss()
+    mapped = shared_rss()
     shared.unmap_pages(memory[1:])  # a view: its storage's pages
-    assert mapped - _shared_rss() >= 63 << 20
+    assert mapped - shared_rss() >= 63 << 20
     total = torch.zeros(1, dtype=torch.int64).share_memory_()
     child = torch.multiprocessing.get_context("spawn").Process(target=_child_reads, args=(memory, total))
     child.start()

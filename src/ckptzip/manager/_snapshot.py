@@ -202,8 +202,10 @@ class SnapshotPool:
         it (each training process of the host taking as much, as ranks do at the same step), or
         None where it fits or where the host's memory cannot be read."""
         need = nbytes - self._host_held()
+        if need <= 0:  # the pools hold it (every save after the first, as a rule): nothing to read
+            return None
         available = host_available()
-        if need <= 0 or available is None:
+        if available is None:
             return None
         ranks = local_ranks()
         keep = int(available * HOST_MARGIN)
